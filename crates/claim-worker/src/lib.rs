@@ -1,0 +1,1 @@
+//! claim-worker (to be written)

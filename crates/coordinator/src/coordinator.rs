@@ -1,0 +1,96 @@
+//! The seam between the workers and the store.
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::types::*;
+
+/// Everything a worker may ask of the store. Method names are the SQL function names; each
+/// takes one params struct and returns one outcome struct. Object-safe: workers hold an
+/// `Arc<dyn WorkCoordinator>`, so the PostgreSQL implementation ([`crate::PgCoordinator`]) and
+/// the in-memory fake (`FakeCoordinator`, feature `testing`) are interchangeable; the
+/// conformance suite holds them to the same behaviour.
+///
+/// Every timestamp is the store's clock; a caller never passes one it computed, only
+/// durations (and business times for scheduling).
+#[async_trait]
+pub trait WorkCoordinator: Send + Sync + 'static {
+    /// Declares a queue or updates its settings. Idempotent.
+    async fn register_queue(&self, params: RegisterQueueParams) -> Result<RegisterQueueOutcome>;
+
+    /// Enqueues a batch in one round trip, all or nothing. Unknown queue, invalid payload or
+    /// oversized batch: an error naming the problem and nothing written.
+    async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome>;
+
+    /// Leases runnable and orphaned items; see `sql/migrations/0005_claim_work.sql`.
+    async fn claim_work(&self, params: ClaimWorkParams) -> Result<ClaimWorkOutcome>;
+
+    /// Extends a batch of leases fenced to the caller; see `0006_renew_leases.sql`.
+    async fn renew_leases(&self, params: RenewLeasesParams) -> Result<RenewLeasesOutcome>;
+
+    /// Records success (fenced).
+    async fn complete_work(&self, params: CompleteWorkParams) -> Result<CompleteWorkOutcome>;
+
+    /// Records failed attempts and where each item goes next (fenced).
+    async fn fail_work(&self, params: FailWorkParams) -> Result<FailWorkOutcome>;
+
+    /// Gives leases back before they expire (fenced).
+    async fn release_work(&self, params: ReleaseWorkParams) -> Result<ReleaseWorkOutcome>;
+
+    /// Saves a checkpoint (fenced); [`crate::Error::FencedOut`] when the claim lost the item.
+    async fn checkpoint_work(&self, params: CheckpointWorkParams)
+        -> Result<CheckpointWorkOutcome>;
+
+    /// Refreshes the instance's heartbeat and, when a peer is stale, sweeps stale instances.
+    async fn record_heartbeat(
+        &self,
+        params: RecordHeartbeatParams,
+    ) -> Result<RecordHeartbeatOutcome>;
+
+    /// Deletes stale instances (alive-lock guard, definitive-dead bypass) and releases their
+    /// leases.
+    async fn cleanup_stale_instances(
+        &self,
+        params: CleanupStaleInstancesParams,
+    ) -> Result<CleanupStaleInstancesOutcome>;
+
+    /// Deletes the instance's row and releases any lease it still holds (end of a drain).
+    async fn deregister_instance(
+        &self,
+        params: DeregisterInstanceParams,
+    ) -> Result<DeregisterInstanceOutcome>;
+
+    /// Opens a dedicated session (not from the shared pool) and takes the instance's
+    /// alive-lock on it.
+    async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome>;
+
+    /// Whether some session holds the instance's alive-lock.
+    async fn is_instance_alive(
+        &self,
+        params: IsInstanceAliveParams,
+    ) -> Result<IsInstanceAliveOutcome>;
+
+    /// Opens a listener for wake signals on a dedicated connection.
+    async fn listen(&self, params: ListenParams) -> Result<Box<dyn WakeListener>>;
+}
+
+/// A dedicated session that holds an instance's alive-lock. Dropping it ends the session,
+/// which releases the lock.
+#[async_trait]
+pub trait AliveLockSession: Send + Sync {
+    /// Takes the lock if this session does not hold it yet, and says whether it holds it now.
+    /// An error means the session is gone (the lock with it): drop it and open a new one.
+    async fn retake(&mut self) -> Result<bool>;
+
+    /// The server process id of the session, when there is one (for diagnostics and tests).
+    fn session_id(&self) -> Option<i32>;
+}
+
+/// A listener for wake signals. The first event after opening is
+/// [`ListenEvent::Connected`]; after [`ListenEvent::Disconnected`] the next call reconnects
+/// (an error means it could not, and the caller retries later).
+#[async_trait]
+pub trait WakeListener: Send {
+    /// Waits for the next event.
+    async fn next_event(&mut self) -> Result<ListenEvent>;
+}

@@ -1,0 +1,1042 @@
+//! [`FakeCoordinator`]: an in-memory [`WorkCoordinator`] with the store's semantics, for
+//! worker-logic tests under paused tokio time. The conformance suite runs the same cases
+//! against it and against PostgreSQL, so it cannot drift from the real thing unnoticed.
+//!
+//! Its clock is tokio's: `now` is the wall time at creation plus the tokio time elapsed since,
+//! so `tokio::time::pause` / `advance` move it deterministically. Besides the trait it offers
+//! what worker tests need: a call log, injected failures and hangs per method, an unreachable
+//! switch, control over listeners and alive-lock sessions, and direct row access.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, watch, Notify};
+use tokio::time::Instant;
+
+use crate::conformance::{ErrorEntry, WorkRow};
+use crate::coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
+use crate::error::{Error, Result};
+use crate::types::*;
+use crate::validate::{self, sanitize_text};
+
+/// The coordinator methods, for the fake's call log and fault injection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum Method {
+    RegisterQueue,
+    EnqueueWork,
+    ClaimWork,
+    RenewLeases,
+    CompleteWork,
+    FailWork,
+    ReleaseWork,
+    CheckpointWork,
+    RecordHeartbeat,
+    CleanupStaleInstances,
+    DeregisterInstance,
+    TakeAliveLock,
+    IsInstanceAlive,
+    Listen,
+}
+
+/// One call the fake received.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// Which method.
+    pub method: Method,
+    /// When, on tokio's clock.
+    pub at: Instant,
+    /// How many items the call carried (leases renewed, items claimed at most, ...).
+    pub items: usize,
+}
+
+/// An in-memory coordinator; see the module docs. Clones share the same store.
+#[derive(Clone)]
+pub struct FakeCoordinator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    base_wall: DateTime<Utc>,
+    base_instant: Instant,
+    wake: broadcast::Sender<String>,
+    listeners: watch::Sender<ListenerControl>,
+    release_hangs: Notify,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ListenerControl {
+    up: bool,
+    epoch: u64,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: i64,
+    next_token: i64,
+    next_session: u64,
+    queues: HashMap<String, QueueRow>,
+    instances: HashMap<InstanceId, InstanceRow>,
+    evicted: HashSet<InstanceId>,
+    work: BTreeMap<i64, Row>,
+    /// Which session holds each instance's alive-lock.
+    alive_locks: HashMap<InstanceId, u64>,
+    killed_sessions: HashSet<u64>,
+    calls: Vec<Call>,
+    fail_next: HashMap<Method, usize>,
+    hang_next: HashMap<Method, usize>,
+    unreachable: bool,
+}
+
+struct QueueRow {
+    max_attempts: i32,
+    paused: bool,
+}
+
+struct InstanceRow {
+    last_heartbeat_at: DateTime<Utc>,
+}
+
+#[derive(Clone)]
+struct Row {
+    id: i64,
+    queue: String,
+    state: WorkState,
+    priority: i16,
+    attempt: i32,
+    max_attempts: i32,
+    run_at: DateTime<Utc>,
+    instance: Option<InstanceId>,
+    lease_expiry: Option<DateTime<Utc>>,
+    claim_token: Option<i64>,
+    renewals: i32,
+    cancel_requested: bool,
+    payload: Value,
+    checkpoint: Option<Value>,
+    errors: Vec<Value>,
+    unique_key: Option<String>,
+    created_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+impl Row {
+    fn is_orphan(&self, now: DateTime<Utc>) -> bool {
+        self.state == WorkState::Running
+            && match self.lease_expiry {
+                None => true,
+                Some(e) => e < now,
+            }
+    }
+
+    fn fenced_to(&self, instance: InstanceId, token: i64) -> bool {
+        self.state == WorkState::Running
+            && self.instance == Some(instance)
+            && self.claim_token == Some(token)
+    }
+
+    fn finish(&mut self, state: WorkState, now: DateTime<Utc>) {
+        self.state = state;
+        self.instance = None;
+        self.lease_expiry = None;
+        self.finished_at = state.is_finished().then_some(now);
+    }
+
+    fn push_error(
+        &mut self,
+        now: DateTime<Utc>,
+        instance: Option<InstanceId>,
+        kind: &str,
+        error: &str,
+    ) {
+        let error: String = error.chars().take(8192).collect();
+        self.errors.push(json!({
+            "attempt": self.attempt,
+            "at": now.to_rfc3339(),
+            "instance": instance.map(|i| i.to_string()),
+            "kind": kind,
+            "error": error,
+        }));
+    }
+}
+
+impl Default for FakeCoordinator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for FakeCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeCoordinator").finish_non_exhaustive()
+    }
+}
+
+impl FakeCoordinator {
+    /// An empty store whose clock starts now.
+    pub fn new() -> Self {
+        let (wake, _) = broadcast::channel(4096);
+        let (listeners, _) = watch::channel(ListenerControl { up: true, epoch: 0 });
+        FakeCoordinator {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    next_id: 1,
+                    next_token: 1,
+                    next_session: 1,
+                    ..State::default()
+                }),
+                base_wall: Utc::now(),
+                base_instant: Instant::now(),
+                wake,
+                listeners,
+                release_hangs: Notify::new(),
+            }),
+        }
+    }
+
+    /// The store's clock.
+    pub fn now(&self) -> DateTime<Utc> {
+        let elapsed = Instant::now().saturating_duration_since(self.inner.base_instant);
+        self.inner.base_wall + chrono::Duration::from_std(elapsed).unwrap_or_default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock poisons it; the store's data is still consistent
+        // (every mutation completes under the lock), so keep going.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    // -- test controls ----------------------------------------------------------------------
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    /// The calls of one method so far.
+    pub fn calls_of(&self, method: Method) -> Vec<Call> {
+        self.state()
+            .calls
+            .iter()
+            .filter(|c| c.method == method)
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the call log.
+    pub fn clear_calls(&self) {
+        self.state().calls.clear();
+    }
+
+    /// The next `n` calls of `method` fail with a database error.
+    pub fn fail_next(&self, method: Method, n: usize) {
+        *self.state().fail_next.entry(method).or_default() += n;
+    }
+
+    /// The next `n` calls of `method` hang until [`release_hangs`](Self::release_hangs) (or
+    /// until the caller gives up on them).
+    pub fn hang_next(&self, method: Method, n: usize) {
+        *self.state().hang_next.entry(method).or_default() += n;
+    }
+
+    /// Lets every hanging call go on.
+    pub fn release_hangs(&self) {
+        self.inner.release_hangs.notify_waiters();
+    }
+
+    /// While set, every call fails as if the database were unreachable, and listeners
+    /// disconnect.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        self.state().unreachable = unreachable;
+        self.inner.listeners.send_modify(|c| {
+            c.up = !unreachable;
+            c.epoch += 1;
+        });
+    }
+
+    /// Drops every listener's connection (they report `Disconnected`, then reconnect).
+    pub fn disconnect_listeners(&self) {
+        self.inner.listeners.send_modify(|c| c.epoch += 1);
+    }
+
+    /// Keeps listeners from (re)connecting while `down`, without affecting other calls.
+    pub fn set_listeners_down(&self, down: bool) {
+        self.inner.listeners.send_modify(|c| {
+            c.up = !down;
+            c.epoch += 1;
+        });
+    }
+
+    /// Sends a wake signal for `queue`, as a NOTIFY from another process would.
+    pub fn notify(&self, queue: &str) {
+        let _ = self.inner.wake.send(queue.to_owned());
+    }
+
+    /// Ends the session holding `instance`'s alive-lock, as if its connection were killed.
+    /// Returns whether one was held.
+    pub fn kill_alive_lock_session(&self, instance: InstanceId) -> bool {
+        let mut st = self.state();
+        match st.alive_locks.remove(&instance) {
+            Some(session) => {
+                st.killed_sessions.insert(session);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A snapshot of one work item.
+    pub fn work_row(&self, id: WorkId) -> Option<WorkRow> {
+        self.state().work.get(&id).map(snapshot)
+    }
+
+    /// Snapshots of every work item, by id.
+    pub fn work_rows(&self) -> Vec<WorkRow> {
+        self.state().work.values().map(snapshot).collect()
+    }
+
+    /// Sets an item's lease expiry to `now + offset` (negative: in the past).
+    pub fn set_lease_expiry(&self, id: WorkId, offset: chrono::Duration) {
+        let now = self.now();
+        if let Some(r) = self.state().work.get_mut(&id) {
+            if r.instance.is_some() {
+                r.lease_expiry = Some(now + offset);
+            }
+        }
+    }
+
+    /// Moves an instance's last heartbeat `by` into the past.
+    pub fn age_heartbeat(&self, instance: InstanceId, by: Duration) {
+        if let Some(i) = self.state().instances.get_mut(&instance) {
+            i.last_heartbeat_at -= chrono::Duration::from_std(by).unwrap_or_default();
+        }
+    }
+
+    /// Sets an item's cancel flag, as an operator's cancel of a running item does.
+    pub fn request_cancel(&self, id: WorkId) {
+        if let Some(r) = self.state().work.get_mut(&id) {
+            r.cancel_requested = true;
+        }
+    }
+
+    /// Whether the instance has a row.
+    pub fn instance_registered(&self, instance: InstanceId) -> bool {
+        self.state().instances.contains_key(&instance)
+    }
+
+    /// Sets an item's lease expiry to exactly the store's now and claims, both at one instant.
+    pub fn claim_with_lease_expiring_now(
+        &self,
+        id: WorkId,
+        params: ClaimWorkParams,
+    ) -> Result<ClaimWorkOutcome> {
+        let now = self.now();
+        let mut st = self.state();
+        if let Some(r) = st.work.get_mut(&id) {
+            if r.instance.is_some() {
+                r.lease_expiry = Some(now);
+            }
+        }
+        claim(&mut st, now, &params)
+    }
+
+    async fn enter(&self, method: Method, items: usize) -> Result<()> {
+        let hang = {
+            let mut st = self.state();
+            st.calls.push(Call {
+                method,
+                at: Instant::now(),
+                items,
+            });
+            if st.unreachable {
+                return Err(Error::database(
+                    format!("{method:?}"),
+                    "the fake database is unreachable",
+                ));
+            }
+            if let Some(n) = st.fail_next.get_mut(&method).filter(|n| **n > 0) {
+                *n -= 1;
+                return Err(Error::database(format!("{method:?}"), "injected failure"));
+            }
+            match st.hang_next.get_mut(&method).filter(|n| **n > 0) {
+                Some(n) => {
+                    *n -= 1;
+                    true
+                }
+                None => false,
+            }
+        };
+        if hang {
+            self.inner.release_hangs.notified().await;
+        }
+        Ok(())
+    }
+}
+
+fn snapshot(r: &Row) -> WorkRow {
+    WorkRow {
+        id: r.id,
+        queue: r.queue.clone(),
+        state: r.state,
+        priority: r.priority,
+        attempt: r.attempt,
+        max_attempts: r.max_attempts,
+        instance: r.instance,
+        has_lease: r.lease_expiry.is_some(),
+        claim_token: r.claim_token,
+        renewals: r.renewals,
+        cancel_requested: r.cancel_requested,
+        payload: r.payload.clone(),
+        checkpoint: r.checkpoint.clone(),
+        errors: r.errors.iter().map(ErrorEntry::from_json).collect(),
+        unique_key: r.unique_key.clone(),
+        finished: r.finished_at.is_some(),
+    }
+}
+
+fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<ClaimWorkOutcome> {
+    if !st.instances.contains_key(&p.instance) {
+        return Err(Error::NotRegistered(p.instance));
+    }
+    let queues: HashSet<&str> = p
+        .queues
+        .iter()
+        .map(String::as_str)
+        .filter(|q| st.queues.get(*q).is_some_and(|row| !row.paused))
+        .collect();
+    if queues.is_empty() {
+        return Ok(ClaimWorkOutcome::default());
+    }
+    let max = p.max_items as usize;
+    let lease = chrono::Duration::from_std(p.lease).unwrap_or_default();
+
+    // 1. Promote due scheduled rows.
+    for r in st.work.values_mut() {
+        if r.state == WorkState::Scheduled && r.run_at <= now && queues.contains(r.queue.as_str())
+        {
+            r.state = WorkState::Available;
+        }
+    }
+    // 2. Orphans that must not run again.
+    for r in st.work.values_mut() {
+        if r.is_orphan(now)
+            && queues.contains(r.queue.as_str())
+            && (r.attempt >= r.max_attempts || r.cancel_requested)
+        {
+            let (state, error) = if r.cancel_requested {
+                (
+                    WorkState::Cancelled,
+                    "lease expired after a cancel was requested".to_owned(),
+                )
+            } else {
+                (
+                    WorkState::Dead,
+                    format!(
+                        "lease expired on attempt {} of {}; no attempts left",
+                        r.attempt, r.max_attempts
+                    ),
+                )
+            };
+            let owner = r.instance;
+            r.push_error(now, owner, "lease_expired", &error);
+            r.finish(state, now);
+        }
+    }
+    let in_claim_order = |rows: &mut Vec<&Row>| {
+        rows.sort_by_key(|r| (r.priority, r.run_at, r.id));
+    };
+    // 3. Reclaim orphans.
+    let mut orphans: Vec<&Row> = st
+        .work
+        .values()
+        .filter(|r| r.is_orphan(now) && queues.contains(r.queue.as_str()))
+        .collect();
+    in_claim_order(&mut orphans);
+    let orphan_ids: Vec<i64> = orphans.iter().take(max).map(|r| r.id).collect();
+    let mut has_more = orphan_ids.len() >= max;
+    let mut items = Vec::new();
+    for id in orphan_ids {
+        let token = st.next_token;
+        st.next_token += 1;
+        let r = st.work.get_mut(&id).expect("orphan exists");
+        let error = if r.instance.is_none() {
+            "lease released: the owning instance was declared dead"
+        } else {
+            "lease expired: the owning instance stopped renewing"
+        };
+        let owner = r.instance;
+        r.push_error(now, owner, "lease_expired", error);
+        items.push(take_lease(r, p.instance, token, now, lease, true));
+    }
+    // 4. Available due rows.
+    let remaining = max - items.len();
+    if remaining > 0 {
+        let mut available: Vec<&Row> = st
+            .work
+            .values()
+            .filter(|r| {
+                r.state == WorkState::Available
+                    && r.run_at <= now
+                    && queues.contains(r.queue.as_str())
+            })
+            .collect();
+        in_claim_order(&mut available);
+        has_more = available.len() > remaining;
+        let ids: Vec<i64> = available.iter().take(remaining).map(|r| r.id).collect();
+        for id in ids {
+            let token = st.next_token;
+            st.next_token += 1;
+            let r = st.work.get_mut(&id).expect("available row exists");
+            r.state = WorkState::Running;
+            items.push(take_lease(r, p.instance, token, now, lease, false));
+        }
+    }
+    Ok(ClaimWorkOutcome { items, has_more })
+}
+
+fn take_lease(
+    r: &mut Row,
+    instance: InstanceId,
+    token: i64,
+    now: DateTime<Utc>,
+    lease: chrono::Duration,
+    reclaimed: bool,
+) -> ClaimedWork {
+    r.instance = Some(instance);
+    r.lease_expiry = Some(now + lease);
+    r.claim_token = Some(token);
+    r.attempt += 1;
+    r.renewals = 0;
+    ClaimedWork {
+        fence: Fence { id: r.id, token },
+        queue: r.queue.clone(),
+        payload: r.payload.clone(),
+        priority: r.priority,
+        attempt: r.attempt,
+        max_attempts: r.max_attempts,
+        checkpoint: r.checkpoint.clone(),
+        lease_expiry: now + lease,
+        created_at: r.created_at,
+        reclaimed,
+    }
+}
+
+fn cleanup(
+    st: &mut State,
+    now: DateTime<Utc>,
+    stale_after: Duration,
+    dead_after: Option<Duration>,
+) -> Vec<ReapedInstance> {
+    let stale_cutoff = now - chrono::Duration::from_std(stale_after).unwrap_or_default();
+    let dead_cutoff = dead_after.map(|d| now - chrono::Duration::from_std(d).unwrap_or_default());
+    let reaped: Vec<InstanceId> = st
+        .instances
+        .iter()
+        .filter(|(id, i)| {
+            i.last_heartbeat_at < stale_cutoff
+                && (dead_cutoff.is_some_and(|c| i.last_heartbeat_at < c)
+                    || !st.alive_locks.contains_key(id))
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    let mut out = Vec::new();
+    for id in reaped {
+        st.instances.remove(&id);
+        st.evicted.insert(id);
+        let mut released = 0;
+        for r in st.work.values_mut() {
+            if r.state == WorkState::Running && r.instance == Some(id) {
+                r.instance = None;
+                r.lease_expiry = None;
+                released += 1;
+            }
+        }
+        out.push(ReapedInstance {
+            instance: id,
+            released,
+        });
+    }
+    out
+}
+
+#[async_trait]
+impl WorkCoordinator for FakeCoordinator {
+    async fn register_queue(&self, params: RegisterQueueParams) -> Result<RegisterQueueOutcome> {
+        self.enter(Method::RegisterQueue, 1).await?;
+        validate::validate_register_queue(&params)?;
+        let mut st = self.state();
+        st.queues
+            .entry(params.name)
+            .and_modify(|q| q.max_attempts = params.max_attempts)
+            .or_insert(QueueRow {
+                max_attempts: params.max_attempts,
+                paused: false,
+            });
+        Ok(RegisterQueueOutcome {})
+    }
+
+    async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome> {
+        self.enter(Method::EnqueueWork, params.items.len()).await?;
+        validate::validate_enqueue(&params)?;
+        let now = self.now();
+        let mut st = self.state();
+        if let Some(unknown) = params
+            .items
+            .iter()
+            .find(|i| !st.queues.contains_key(&i.queue))
+        {
+            return Err(Error::UnknownQueue(unknown.queue.clone()));
+        }
+        let mut out = Vec::with_capacity(params.items.len());
+        let mut woken = Vec::new();
+        for item in params.items {
+            if let Some(key) = &item.unique_key {
+                let existing = st.work.values().find(|r| {
+                    r.queue == item.queue
+                        && r.unique_key.as_deref() == Some(key)
+                        && matches!(
+                            r.state,
+                            WorkState::Available | WorkState::Scheduled | WorkState::Running
+                        )
+                });
+                if let Some(r) = existing {
+                    out.push(Enqueued {
+                        id: r.id,
+                        inserted: false,
+                    });
+                    continue;
+                }
+            }
+            let run_at = match item.schedule {
+                Schedule::Now => now,
+                Schedule::After(d) => now + chrono::Duration::from_std(d).unwrap_or_default(),
+                Schedule::At(t) => t,
+            };
+            let max_attempts = item
+                .max_attempts
+                .unwrap_or_else(|| st.queues[&item.queue].max_attempts);
+            let id = st.next_id;
+            st.next_id += 1;
+            let state = if run_at <= now {
+                woken.push(item.queue.clone());
+                WorkState::Available
+            } else {
+                WorkState::Scheduled
+            };
+            st.work.insert(
+                id,
+                Row {
+                    id,
+                    queue: item.queue,
+                    state,
+                    priority: item.priority,
+                    attempt: 0,
+                    max_attempts,
+                    run_at,
+                    instance: None,
+                    lease_expiry: None,
+                    claim_token: None,
+                    renewals: 0,
+                    cancel_requested: false,
+                    payload: item.payload,
+                    checkpoint: None,
+                    errors: Vec::new(),
+                    unique_key: item.unique_key,
+                    created_at: now,
+                    finished_at: None,
+                },
+            );
+            out.push(Enqueued { id, inserted: true });
+        }
+        drop(st);
+        woken.sort();
+        woken.dedup();
+        for q in woken {
+            let _ = self.inner.wake.send(q);
+        }
+        Ok(EnqueueWorkOutcome { items: out })
+    }
+
+    async fn claim_work(&self, params: ClaimWorkParams) -> Result<ClaimWorkOutcome> {
+        self.enter(Method::ClaimWork, params.max_items as usize)
+            .await?;
+        validate::validate_claim(&params)?;
+        let now = self.now();
+        claim(&mut self.state(), now, &params)
+    }
+
+    async fn renew_leases(&self, params: RenewLeasesParams) -> Result<RenewLeasesOutcome> {
+        self.enter(Method::RenewLeases, params.leases.len()).await?;
+        validate::validate_renew(&params)?;
+        let now = self.now();
+        let lease = chrono::Duration::from_std(params.lease).unwrap_or_default();
+        let mut st = self.state();
+        let items = params
+            .leases
+            .iter()
+            .map(|f| {
+                let row = st.work.get_mut(&f.id).filter(|r| {
+                    r.fenced_to(params.instance, f.token)
+                        && r.lease_expiry.is_some_and(|e| e >= now)
+                });
+                match row {
+                    Some(r) => {
+                        r.lease_expiry = Some(now + lease);
+                        r.renewals += 1;
+                        Renewal {
+                            fence: *f,
+                            status: RenewalStatus::Renewed,
+                            cancel_requested: r.cancel_requested,
+                        }
+                    }
+                    None => Renewal {
+                        fence: *f,
+                        status: RenewalStatus::Lost,
+                        cancel_requested: false,
+                    },
+                }
+            })
+            .collect();
+        Ok(RenewLeasesOutcome { items })
+    }
+
+    async fn complete_work(&self, params: CompleteWorkParams) -> Result<CompleteWorkOutcome> {
+        self.enter(Method::CompleteWork, params.items.len()).await?;
+        let now = self.now();
+        let mut st = self.state();
+        let mut done_here = HashSet::new();
+        let items = params
+            .items
+            .iter()
+            .map(|f| {
+                let recorded = match st.work.get_mut(&f.id) {
+                    Some(r) if r.fenced_to(params.instance, f.token) => {
+                        r.finish(WorkState::Completed, now);
+                        done_here.insert(*f);
+                        true
+                    }
+                    // A repeat, in one batch, of a pair this batch completed.
+                    _ => done_here.contains(f),
+                };
+                OutcomeRecord {
+                    fence: *f,
+                    state: recorded.then_some(WorkState::Completed),
+                }
+            })
+            .collect();
+        Ok(OutcomeBatch { items })
+    }
+
+    async fn fail_work(&self, params: FailWorkParams) -> Result<FailWorkOutcome> {
+        self.enter(Method::FailWork, params.items.len()).await?;
+        validate::validate_fail(&params)?;
+        let now = self.now();
+        let mut st = self.state();
+        let items = params
+            .items
+            .iter()
+            .map(|f| {
+                let state = match st.work.get_mut(&f.fence.id) {
+                    Some(r) if r.fenced_to(params.instance, f.fence.token) => {
+                        let (next, kind) = match f.disposition {
+                            FailDisposition::Cancelled => (WorkState::Cancelled, "cancelled"),
+                            FailDisposition::DeadLetter => (WorkState::Dead, "rejected"),
+                            FailDisposition::RetryAfter(_) if r.attempt >= r.max_attempts => {
+                                (WorkState::Dead, "failed")
+                            }
+                            FailDisposition::RetryAfter(d) if d.is_zero() => {
+                                (WorkState::Available, "failed")
+                            }
+                            FailDisposition::RetryAfter(_) => (WorkState::Scheduled, "failed"),
+                        };
+                        r.push_error(now, Some(params.instance), kind, &sanitize_text(&f.error));
+                        if let FailDisposition::RetryAfter(d) = f.disposition {
+                            if !next.is_finished() {
+                                r.run_at = now + chrono::Duration::from_std(d).unwrap_or_default();
+                            }
+                        }
+                        r.finish(next, now);
+                        Some(next)
+                    }
+                    _ => None,
+                };
+                OutcomeRecord {
+                    fence: f.fence,
+                    state,
+                }
+            })
+            .collect();
+        Ok(OutcomeBatch { items })
+    }
+
+    async fn release_work(&self, params: ReleaseWorkParams) -> Result<ReleaseWorkOutcome> {
+        self.enter(Method::ReleaseWork, params.items.len()).await?;
+        let now = self.now();
+        let mut st = self.state();
+        let items = params
+            .items
+            .iter()
+            .map(|f| {
+                let state = match st.work.get_mut(&f.id) {
+                    Some(r) if r.fenced_to(params.instance, f.token) => {
+                        let next = if params.consume_attempt && r.attempt >= r.max_attempts {
+                            r.push_error(
+                                now,
+                                Some(params.instance),
+                                "released",
+                                "released with no attempts left",
+                            );
+                            WorkState::Dead
+                        } else {
+                            if !params.consume_attempt {
+                                r.attempt -= 1;
+                            }
+                            WorkState::Available
+                        };
+                        r.finish(next, now);
+                        Some(next)
+                    }
+                    _ => None,
+                };
+                OutcomeRecord { fence: *f, state }
+            })
+            .collect();
+        Ok(OutcomeBatch { items })
+    }
+
+    async fn checkpoint_work(
+        &self,
+        params: CheckpointWorkParams,
+    ) -> Result<CheckpointWorkOutcome> {
+        self.enter(Method::CheckpointWork, 1).await?;
+        validate::validate_checkpoint(&params)?;
+        let mut st = self.state();
+        match st.work.get_mut(&params.fence.id) {
+            Some(r) if r.fenced_to(params.instance, params.fence.token) => {
+                r.checkpoint = (!params.checkpoint.is_null()).then_some(params.checkpoint);
+                Ok(CheckpointWorkOutcome {})
+            }
+            _ => Err(Error::FencedOut {
+                id: params.fence.id,
+            }),
+        }
+    }
+
+    async fn record_heartbeat(
+        &self,
+        params: RecordHeartbeatParams,
+    ) -> Result<RecordHeartbeatOutcome> {
+        self.enter(Method::RecordHeartbeat, 1).await?;
+        validate::validate_stale(params.stale_after, params.dead_after)?;
+        let now = self.now();
+        let mut st = self.state();
+        if !st.instances.contains_key(&params.instance) && st.evicted.contains(&params.instance) {
+            return Ok(RecordHeartbeatOutcome {
+                evicted: true,
+                ..Default::default()
+            });
+        }
+        st.instances.insert(
+            params.instance,
+            InstanceRow {
+                last_heartbeat_at: now,
+            },
+        );
+        let stale_cutoff = now - chrono::Duration::from_std(params.stale_after).unwrap_or_default();
+        let peer_stale = st
+            .instances
+            .iter()
+            .any(|(id, i)| *id != params.instance && i.last_heartbeat_at < stale_cutoff);
+        let mut outcome = RecordHeartbeatOutcome::default();
+        if peer_stale {
+            for r in cleanup(&mut st, now, params.stale_after, params.dead_after) {
+                outcome.reaped += 1;
+                outcome.released += r.released;
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn cleanup_stale_instances(
+        &self,
+        params: CleanupStaleInstancesParams,
+    ) -> Result<CleanupStaleInstancesOutcome> {
+        self.enter(Method::CleanupStaleInstances, 0).await?;
+        validate::validate_stale(params.stale_after, params.dead_after)?;
+        let now = self.now();
+        let reaped = cleanup(&mut self.state(), now, params.stale_after, params.dead_after);
+        Ok(CleanupStaleInstancesOutcome { reaped })
+    }
+
+    async fn deregister_instance(
+        &self,
+        params: DeregisterInstanceParams,
+    ) -> Result<DeregisterInstanceOutcome> {
+        self.enter(Method::DeregisterInstance, 1).await?;
+        let mut st = self.state();
+        let mut released = 0;
+        for r in st.work.values_mut() {
+            if r.state == WorkState::Running && r.instance == Some(params.instance) {
+                r.instance = None;
+                r.lease_expiry = None;
+                released += 1;
+            }
+        }
+        st.instances.remove(&params.instance);
+        Ok(DeregisterInstanceOutcome { released })
+    }
+
+    async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
+        self.enter(Method::TakeAliveLock, 1).await?;
+        let session_id = {
+            let mut st = self.state();
+            let id = st.next_session;
+            st.next_session += 1;
+            id
+        };
+        let mut session = FakeAliveLock {
+            fake: Arc::downgrade(&self.inner),
+            instance: params.instance,
+            session_id,
+        };
+        let held = session.retake().await?;
+        Ok(TakeAliveLockOutcome {
+            held,
+            session: Box::new(session),
+        })
+    }
+
+    async fn is_instance_alive(
+        &self,
+        params: IsInstanceAliveParams,
+    ) -> Result<IsInstanceAliveOutcome> {
+        self.enter(Method::IsInstanceAlive, 1).await?;
+        Ok(IsInstanceAliveOutcome {
+            alive: self.state().alive_locks.contains_key(&params.instance),
+        })
+    }
+
+    async fn listen(&self, _params: ListenParams) -> Result<Box<dyn WakeListener>> {
+        self.enter(Method::Listen, 0).await?;
+        let control = self.inner.listeners.subscribe();
+        if !control.borrow().up {
+            return Err(Error::database("listening", "the fake listener is down"));
+        }
+        Ok(Box::new(FakeListener {
+            wake: self.inner.wake.clone(),
+            rx: self.inner.wake.subscribe(),
+            control,
+            state: ListenState::Fresh,
+        }))
+    }
+}
+
+struct FakeAliveLock {
+    fake: Weak<Inner>,
+    instance: InstanceId,
+    session_id: u64,
+}
+
+impl FakeAliveLock {
+    fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
+        let inner = self.fake.upgrade()?;
+        let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        Some(f(&mut st))
+    }
+}
+
+#[async_trait]
+impl AliveLockSession for FakeAliveLock {
+    async fn retake(&mut self) -> Result<bool> {
+        let (instance, session) = (self.instance, self.session_id);
+        let outcome = self.with_state(|st| {
+            if st.unreachable || st.killed_sessions.contains(&session) {
+                return Err(Error::database(
+                    "taking the alive-lock",
+                    "the fake session is gone",
+                ));
+            }
+            let holder = *st.alive_locks.entry(instance).or_insert(session);
+            Ok(holder == session)
+        });
+        outcome.unwrap_or_else(|| Err(Error::database("taking the alive-lock", "the fake is gone")))
+    }
+
+    fn session_id(&self) -> Option<i32> {
+        i32::try_from(self.session_id).ok()
+    }
+}
+
+impl Drop for FakeAliveLock {
+    fn drop(&mut self) {
+        let (instance, session) = (self.instance, self.session_id);
+        self.with_state(|st| {
+            if st.alive_locks.get(&instance) == Some(&session) {
+                st.alive_locks.remove(&instance);
+            }
+        });
+    }
+}
+
+enum ListenState {
+    Fresh,
+    Listening(u64),
+    Down,
+}
+
+struct FakeListener {
+    wake: broadcast::Sender<String>,
+    rx: broadcast::Receiver<String>,
+    control: watch::Receiver<ListenerControl>,
+    state: ListenState,
+}
+
+#[async_trait]
+impl WakeListener for FakeListener {
+    async fn next_event(&mut self) -> Result<ListenEvent> {
+        loop {
+            let ctl = *self.control.borrow_and_update();
+            match self.state {
+                ListenState::Fresh | ListenState::Down => {
+                    if !ctl.up {
+                        self.state = ListenState::Down;
+                        return Err(Error::database("listening", "the fake listener is down"));
+                    }
+                    // Signals sent while down are lost, as with LISTEN/NOTIFY.
+                    self.rx = self.wake.subscribe();
+                    self.state = ListenState::Listening(ctl.epoch);
+                    return Ok(ListenEvent::Connected);
+                }
+                ListenState::Listening(epoch) => {
+                    if !ctl.up || ctl.epoch != epoch {
+                        self.state = ListenState::Down;
+                        return Ok(ListenEvent::Disconnected);
+                    }
+                    tokio::select! {
+                        r = self.rx.recv() => match r {
+                            Ok(queue) => return Ok(ListenEvent::Wake { queue }),
+                            // Missed signals: report a reconnect so the caller catches up.
+                            Err(broadcast::error::RecvError::Lagged(_)) => {
+                                return Ok(ListenEvent::Connected)
+                            }
+                            Err(broadcast::error::RecvError::Closed) => {
+                                self.state = ListenState::Down;
+                                return Ok(ListenEvent::Disconnected);
+                            }
+                        },
+                        changed = self.control.changed() => {
+                            if changed.is_err() {
+                                self.state = ListenState::Down;
+                                return Ok(ListenEvent::Disconnected);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The seam between workpump's workers and its store.
+//!
+//! This crate owns the [`WorkCoordinator`] trait — one method per SQL function in `sql/`
+//! (`claim_work`, `renew_leases`, `record_heartbeat`, `cleanup_stale_instances`, the fenced
+//! outcomes `complete_work` / `fail_work` / `release_work` / `checkpoint_work`,
+//! `enqueue_work`, the alive-lock helpers) — with its types and errors, the PostgreSQL
+//! implementation [`PgCoordinator`] and [`migrate`], which applies the embedded migrations.
+//! With the `testing` feature it also has an in-memory `FakeCoordinator` with the same
+//! semantics, and the conformance suite that holds both to them.
+//!
+//! It does not schedule anything: the workers (claim-worker, heartbeat-worker,
+//! lease-renewal, maintenance) decide when to call it, and the host wires them. Arrows:
+//! coordinator ← workers ← host. No `sqlx` type crosses the trait.
+//!
+//! Two rules hold for every call: the store's clock is the only clock (callers pass
+//! durations, never timestamps they computed), and every write on a leased item is fenced on
+//! the owning instance and the claim token minted by the claim.
+
+mod coordinator;
+mod error;
+mod pg;
+mod types;
+mod validate;
+
+#[cfg(feature = "testing")]
+pub mod conformance;
+#[cfg(feature = "testing")]
+mod fake;
+
+pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
+pub use error::{Error, Result};
+#[cfg(feature = "testing")]
+pub use fake::FakeCoordinator;
+pub use pg::{migrate, FencedTransaction, PgCoordinator, DEFAULT_SCHEMA};
+pub use types::*;
+pub use validate::{validate_queue_name, validate_schema_name};
+
+/// Attempts an item gets unless its queue or the item says otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
+/// The most items one `enqueue_work` call takes.
+pub const MAX_ENQUEUE_BATCH: usize = 50_000;
+/// The most items one `claim_work` call returns.
+pub const MAX_CLAIM_BATCH: u32 = 10_000;
+/// The largest payload, as JSON text.
+pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// The deepest nesting of arrays and objects in a payload (serde_json's own parse limit, so
+/// every accepted payload can be read back).
+pub const MAX_PAYLOAD_DEPTH: usize = 128;
+/// The longest unique key, in bytes.
+pub const MAX_UNIQUE_KEY_BYTES: usize = 512;
+/// The longest lease (and renewal extension) accepted.
+pub const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+/// The furthest into the future an item may be scheduled (by delay or by time).
+pub const MAX_SCHEDULE_AHEAD: std::time::Duration =
+    std::time::Duration::from_secs(100 * 366 * 24 * 60 * 60);

@@ -1,0 +1,81 @@
+//! The wake listener: LISTEN on a dedicated connection, with explicit reconnects.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+
+use super::db_error;
+use crate::coordinator::WakeListener;
+use crate::error::Result;
+use crate::types::ListenEvent;
+
+/// LISTENs on the schema's wake channel. It owns a one-connection pool of its own, so an
+/// exhausted shared pool never blocks a reconnect. Any receive error drops the connection
+/// and reports [`ListenEvent::Disconnected`]; the next call reconnects and reports
+/// [`ListenEvent::Connected`], after which the caller polls once to catch up.
+pub(super) struct PgWakeListener {
+    options: PgConnectOptions,
+    channel: String,
+    state: State,
+}
+
+enum State {
+    /// Connected, and `Connected` not reported yet.
+    Fresh(PgListener),
+    Listening(PgListener),
+    Down,
+}
+
+impl PgWakeListener {
+    pub(super) async fn open(options: PgConnectOptions, channel: String) -> Result<Self> {
+        let listener = connect(&options, &channel).await?;
+        Ok(PgWakeListener {
+            options,
+            channel,
+            state: State::Fresh(listener),
+        })
+    }
+}
+
+async fn connect(options: &PgConnectOptions, channel: &str) -> Result<PgListener> {
+    let ctx = || format!("listening on {channel:?}");
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options.clone());
+    let mut listener = PgListener::connect_with(&pool)
+        .await
+        .map_err(|e| db_error(ctx(), e))?;
+    listener.ignore_pool_close_event(true);
+    listener.listen(channel).await.map_err(|e| db_error(ctx(), e))?;
+    Ok(listener)
+}
+
+#[async_trait]
+impl WakeListener for PgWakeListener {
+    async fn next_event(&mut self) -> Result<ListenEvent> {
+        match std::mem::replace(&mut self.state, State::Down) {
+            State::Fresh(listener) => {
+                self.state = State::Listening(listener);
+                Ok(ListenEvent::Connected)
+            }
+            State::Down => {
+                let listener = connect(&self.options, &self.channel).await?;
+                self.state = State::Listening(listener);
+                Ok(ListenEvent::Connected)
+            }
+            State::Listening(mut listener) => match listener.try_recv().await {
+                Ok(Some(n)) => {
+                    let queue = n.payload().to_owned();
+                    self.state = State::Listening(listener);
+                    Ok(ListenEvent::Wake { queue })
+                }
+                // Ok(None): the connection was lost; Err: the server said goodbye (e.g. a
+                // terminated backend) or the socket broke. Either way start over.
+                Ok(None) | Err(_) => Ok(ListenEvent::Disconnected),
+            },
+        }
+    }
+}

@@ -1,0 +1,700 @@
+//! [`PgCoordinator`]: the [`WorkCoordinator`] over a `PgPool`, calling the SQL functions in
+//! `sql/migrations` with the statements in `sql/queries`.
+
+mod alive_lock;
+mod listener;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgDatabaseError, PgPool, PgPoolOptions};
+use sqlx::postgres::types::PgInterval;
+use sqlx::{Connection, Postgres, Transaction};
+
+use crate::coordinator::{WakeListener, WorkCoordinator};
+use crate::error::{Error, Result};
+use crate::types::*;
+use crate::validate::{self, micros, sanitize_text};
+
+/// The schema that holds workpump's objects unless told otherwise.
+pub const DEFAULT_SCHEMA: &str = "workpump";
+
+static MIGRATOR: Migrator = sqlx::migrate!("../../sql/migrations");
+
+/// Applies workpump's migrations to `schema` (created if missing). Running it again is a
+/// no-op; several processes may run it at once (they take turns on an advisory lock). It uses
+/// a dedicated connection with the pool's options, so the pool's connections never see the
+/// migration's `search_path`.
+pub async fn migrate(pool: &PgPool, schema: &str) -> Result<()> {
+    validate::validate_schema_name(schema)?;
+    let stmts = Statements::new(schema);
+    let ctx = || format!("migrating schema {schema:?}");
+    let options: PgConnectOptions = (*pool.connect_options()).clone();
+    let mut conn = PgConnection::connect_with(&options)
+        .await
+        .map_err(|e| db_error(ctx(), e))?;
+    let result = async {
+        sqlx::query(&stmts.migrate_lock)
+            .bind(schema)
+            .execute(&mut conn)
+            .await?;
+        sqlx::query(&stmts.migrate_create_schema)
+            .execute(&mut conn)
+            .await?;
+        sqlx::query(&stmts.migrate_search_path)
+            .execute(&mut conn)
+            .await?;
+        MIGRATOR.run_direct(&mut conn).await?;
+        sqlx::query(&stmts.migrate_unlock)
+            .bind(schema)
+            .execute(&mut conn)
+            .await?;
+        Ok::<_, sqlx::Error>(())
+    }
+    .await;
+    // Closing the session drops its lock and its search_path, whatever happened above.
+    let _ = conn.close().await;
+    result.map_err(|e| db_error(ctx(), e))
+}
+
+/// The statements of `sql/queries`, with the schema filled in (validated and quoted).
+struct Statements {
+    claim_work: String,
+    renew_leases: String,
+    complete_work: String,
+    fail_work: String,
+    release_work: String,
+    checkpoint_work: String,
+    enqueue_work: String,
+    register_queue: String,
+    record_heartbeat: String,
+    cleanup_stale_instances: String,
+    deregister_instance: String,
+    take_alive_lock: String,
+    is_instance_alive: String,
+    lock_lease: String,
+    migrate_lock: String,
+    migrate_unlock: String,
+    migrate_create_schema: String,
+    migrate_search_path: String,
+}
+
+macro_rules! query_file {
+    ($name:literal) => {
+        include_str!(concat!("../../../../sql/queries/", $name, ".sql"))
+    };
+}
+
+impl Statements {
+    fn new(schema: &str) -> Self {
+        let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+        let s = |text: &str| text.replace("{schema}", &quoted);
+        Statements {
+            claim_work: s(query_file!("claim_work")),
+            renew_leases: s(query_file!("renew_leases")),
+            complete_work: s(query_file!("complete_work")),
+            fail_work: s(query_file!("fail_work")),
+            release_work: s(query_file!("release_work")),
+            checkpoint_work: s(query_file!("checkpoint_work")),
+            enqueue_work: s(query_file!("enqueue_work")),
+            register_queue: s(query_file!("register_queue")),
+            record_heartbeat: s(query_file!("record_heartbeat")),
+            cleanup_stale_instances: s(query_file!("cleanup_stale_instances")),
+            deregister_instance: s(query_file!("deregister_instance")),
+            take_alive_lock: s(query_file!("take_alive_lock")),
+            is_instance_alive: s(query_file!("is_instance_alive")),
+            lock_lease: s(query_file!("lock_lease")),
+            migrate_lock: s(query_file!("migrate_lock")),
+            migrate_unlock: s(query_file!("migrate_unlock")),
+            migrate_create_schema: s(query_file!("migrate_create_schema")),
+            migrate_search_path: s(query_file!("migrate_search_path")),
+        }
+    }
+}
+
+/// The [`WorkCoordinator`] over PostgreSQL. Cheap to clone (the pool and the statements are
+/// shared).
+///
+/// Calls run on the given pool. The alive-lock and the wake listener each get a dedicated
+/// connection made with the pool's options, outside the pool, so a pool exhausted by handler
+/// traffic can starve neither.
+#[derive(Clone)]
+pub struct PgCoordinator {
+    pool: PgPool,
+    schema: Arc<str>,
+    stmts: Arc<Statements>,
+}
+
+impl std::fmt::Debug for PgCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgCoordinator")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgCoordinator {
+    /// A coordinator on `pool` for the default schema (`workpump`).
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_schema(pool, DEFAULT_SCHEMA).expect("the default schema name is valid")
+    }
+
+    /// A coordinator on `pool` for `schema` (see [`crate::validate_schema_name`]).
+    pub fn with_schema(pool: PgPool, schema: &str) -> Result<Self> {
+        validate::validate_schema_name(schema)?;
+        Ok(PgCoordinator {
+            pool,
+            schema: schema.into(),
+            stmts: Arc::new(Statements::new(schema)),
+        })
+    }
+
+    /// Connects a pool of at most `max_connections` to `url` and returns a coordinator on it
+    /// for `schema`. Connecting is lazy: an unreachable database shows up on the first call.
+    pub fn connect_lazy(url: &str, schema: &str, max_connections: u32) -> Result<Self> {
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e| Error::InvalidArgument(format!("database URL: {e}")))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options);
+        Self::with_schema(pool, schema)
+    }
+
+    /// The pool calls run on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The schema this coordinator works in.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The NOTIFY channel that wakes claimers of this schema (payload: the queue name).
+    pub fn wake_channel(&self) -> String {
+        format!("{}.wake", self.schema)
+    }
+
+    /// Applies the migrations to this coordinator's schema; see [`migrate`].
+    pub async fn migrate(&self) -> Result<()> {
+        migrate(&self.pool, &self.schema).await
+    }
+
+    /// Enqueues on the caller's connection, typically inside the caller's transaction, so the
+    /// work commits or rolls back with the caller's own writes. Wake signals go out when (and
+    /// only if) that transaction commits, once per queue.
+    pub async fn enqueue_with(
+        &self,
+        conn: &mut PgConnection,
+        params: EnqueueWorkParams,
+    ) -> Result<EnqueueWorkOutcome> {
+        let payloads = validate::validate_enqueue(&params)?;
+        let n = params.items.len();
+        let mut queues = Vec::with_capacity(n);
+        let mut priorities = Vec::with_capacity(n);
+        let mut run_after: Vec<Option<PgInterval>> = Vec::with_capacity(n);
+        let mut run_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+        let mut unique_keys = Vec::with_capacity(n);
+        let mut max_attempts = Vec::with_capacity(n);
+        for item in params.items {
+            queues.push(item.queue);
+            priorities.push(item.priority);
+            let (after, at) = match item.schedule {
+                Schedule::Now => (None, None),
+                Schedule::After(d) => (Some(interval(d)), None),
+                Schedule::At(t) => (None, Some(t)),
+            };
+            run_after.push(after);
+            run_at.push(at);
+            unique_keys.push(item.unique_key);
+            max_attempts.push(item.max_attempts);
+        }
+        let rows: Vec<(i32, Option<i64>, bool)> = sqlx::query_as(&self.stmts.enqueue_work)
+            .bind(&queues)
+            .bind(&payloads)
+            .bind(&priorities)
+            .bind(&run_after)
+            .bind(&run_at)
+            .bind(&unique_keys)
+            .bind(&max_attempts)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_error(format!("enqueueing {n} items"), e))?;
+        let mut items = Vec::with_capacity(rows.len());
+        for (ord, id, inserted) in rows {
+            let id = id.ok_or_else(|| {
+                Error::database(
+                    format!("enqueueing {n} items"),
+                    format!(
+                        "item {}: its unique key matched an item that finished meanwhile; enqueue it again",
+                        ord - 1
+                    ),
+                )
+            })?;
+            items.push(Enqueued { id, inserted });
+        }
+        Ok(EnqueueWorkOutcome { items })
+    }
+
+    /// Begins a transaction whose first statement verifies and locks the claim's lease. The
+    /// handler's business writes on [`FencedTransaction::connection`] and the item's
+    /// completion ([`FencedTransaction::complete`]) then commit together, or not at all:
+    /// when the lease was already lost this returns [`Error::FencedOut`] and nothing happens.
+    pub async fn begin_fenced(
+        &self,
+        instance: InstanceId,
+        fence: Fence,
+    ) -> Result<FencedTransaction> {
+        let ctx = || format!("locking the lease of item {}", fence.id);
+        let mut tx = self.pool.begin().await.map_err(|e| db_error(ctx(), e))?;
+        let locked: bool = sqlx::query_scalar(&self.stmts.lock_lease)
+            .bind(instance.0)
+            .bind(fence.id)
+            .bind(fence.token)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        if !locked {
+            let _ = tx.rollback().await;
+            return Err(Error::FencedOut { id: fence.id });
+        }
+        Ok(FencedTransaction {
+            tx,
+            instance,
+            fence,
+            stmts: self.stmts.clone(),
+        })
+    }
+
+    async fn outcome_rows(
+        &self,
+        ctx: String,
+        query: sqlx::query::QueryAs<'_, Postgres, (i64, i64, Option<String>), sqlx::postgres::PgArguments>,
+    ) -> Result<OutcomeBatch> {
+        let rows = query
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_error(ctx.clone(), e))?;
+        rows.into_iter()
+            .map(|(id, token, state)| {
+                let state = match state {
+                    None => None,
+                    Some(s) => Some(parse_state(&s, &ctx)?),
+                };
+                Ok(OutcomeRecord {
+                    fence: Fence { id, token },
+                    state,
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(|items| OutcomeBatch { items })
+    }
+}
+
+/// A transaction that holds an item's lease locked; see [`PgCoordinator::begin_fenced`].
+/// Dropping it without [`complete`](Self::complete) rolls everything back.
+pub struct FencedTransaction {
+    tx: Transaction<'static, Postgres>,
+    instance: InstanceId,
+    fence: Fence,
+    stmts: Arc<Statements>,
+}
+
+impl std::fmt::Debug for FencedTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedTransaction")
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FencedTransaction {
+    /// The connection for the handler's business writes, inside the transaction.
+    pub fn connection(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+
+    /// The claim this transaction is fenced on.
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// Records the item as completed and commits the business writes with it.
+    pub async fn complete(mut self) -> Result<()> {
+        let id = self.fence.id;
+        let ctx = || format!("completing item {id} in its fenced transaction");
+        let recorded: (i64, i64, bool) = sqlx::query_as(&self.stmts.complete_work)
+            .bind(self.instance.0)
+            .bind(vec![id])
+            .bind(vec![self.fence.token])
+            .fetch_one(&mut *self.tx)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        if !recorded.2 {
+            // Impossible while the row is locked, but never commit an unfenced outcome.
+            let _ = self.tx.rollback().await;
+            return Err(Error::FencedOut { id });
+        }
+        self.tx.commit().await.map_err(|e| db_error(ctx(), e))
+    }
+
+    /// Rolls back the business writes; the item stays leased to the claim.
+    pub async fn rollback(self) -> Result<()> {
+        let id = self.fence.id;
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| db_error(format!("rolling back the fenced transaction of item {id}"), e))
+    }
+}
+
+#[async_trait]
+impl WorkCoordinator for PgCoordinator {
+    async fn register_queue(&self, params: RegisterQueueParams) -> Result<RegisterQueueOutcome> {
+        validate::validate_register_queue(&params)?;
+        sqlx::query(&self.stmts.register_queue)
+            .bind(&params.name)
+            .bind(params.max_attempts)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_error(format!("registering queue {:?}", params.name), e))?;
+        Ok(RegisterQueueOutcome {})
+    }
+
+    async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome> {
+        let n = params.items.len();
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| db_error(format!("enqueueing {n} items"), e))?;
+        self.enqueue_with(&mut conn, params).await
+    }
+
+    async fn claim_work(&self, params: ClaimWorkParams) -> Result<ClaimWorkOutcome> {
+        validate::validate_claim(&params)?;
+        let rows: Vec<ClaimRow> = sqlx::query_as(&self.stmts.claim_work)
+            .bind(params.instance.0)
+            .bind(&params.queues)
+            .bind(params.max_items as i32)
+            .bind(interval(params.lease))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| match sqlstate(&e).as_deref() {
+                Some("WP003") => Error::NotRegistered(params.instance),
+                _ => db_error(format!("claiming up to {} items", params.max_items), e),
+            })?;
+        let has_more = rows.iter().any(|r| r.has_more);
+        let items = rows
+            .into_iter()
+            .map(|r| ClaimedWork {
+                fence: Fence {
+                    id: r.id,
+                    token: r.claim_token,
+                },
+                queue: r.queue,
+                payload: r.payload,
+                priority: r.priority,
+                attempt: r.attempt,
+                max_attempts: r.max_attempts,
+                checkpoint: r.checkpoint,
+                lease_expiry: r.lease_expiry,
+                created_at: r.created_at,
+                reclaimed: r.reclaimed,
+            })
+            .collect();
+        Ok(ClaimWorkOutcome { items, has_more })
+    }
+
+    async fn renew_leases(&self, params: RenewLeasesParams) -> Result<RenewLeasesOutcome> {
+        validate::validate_renew(&params)?;
+        if params.leases.is_empty() {
+            return Ok(RenewLeasesOutcome::default());
+        }
+        let (ids, tokens) = split_fences(&params.leases);
+        let ctx = || format!("renewing {} leases", params.leases.len());
+        let rows: Vec<(i64, i64, String, bool)> = sqlx::query_as(&self.stmts.renew_leases)
+            .bind(params.instance.0)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(interval(params.lease))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        let items = rows
+            .into_iter()
+            .map(|(id, token, status, cancel_requested)| {
+                let status = match status.as_str() {
+                    "renewed" => RenewalStatus::Renewed,
+                    "lost" => RenewalStatus::Lost,
+                    "busy" => RenewalStatus::Busy,
+                    other => {
+                        return Err(Error::database(
+                            ctx(),
+                            format!("unknown renewal status {other:?}"),
+                        ))
+                    }
+                };
+                Ok(Renewal {
+                    fence: Fence { id, token },
+                    status,
+                    cancel_requested,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RenewLeasesOutcome { items })
+    }
+
+    async fn complete_work(&self, params: CompleteWorkParams) -> Result<CompleteWorkOutcome> {
+        if params.items.is_empty() {
+            return Ok(OutcomeBatch::default());
+        }
+        let (ids, tokens) = split_fences(&params.items);
+        let rows: Vec<(i64, i64, bool)> = sqlx::query_as(&self.stmts.complete_work)
+            .bind(params.instance.0)
+            .bind(&ids)
+            .bind(&tokens)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_error(format!("completing {} items", ids.len()), e))?;
+        Ok(OutcomeBatch {
+            items: rows
+                .into_iter()
+                .map(|(id, token, recorded)| OutcomeRecord {
+                    fence: Fence { id, token },
+                    state: recorded.then_some(WorkState::Completed),
+                })
+                .collect(),
+        })
+    }
+
+    async fn fail_work(&self, params: FailWorkParams) -> Result<FailWorkOutcome> {
+        validate::validate_fail(&params)?;
+        if params.items.is_empty() {
+            return Ok(OutcomeBatch::default());
+        }
+        let n = params.items.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut tokens = Vec::with_capacity(n);
+        let mut errors = Vec::with_capacity(n);
+        let mut retry_after: Vec<Option<PgInterval>> = Vec::with_capacity(n);
+        let mut cancelled = Vec::with_capacity(n);
+        for f in &params.items {
+            ids.push(f.fence.id);
+            tokens.push(f.fence.token);
+            errors.push(sanitize_text(&f.error));
+            let (retry, cancel) = match f.disposition {
+                FailDisposition::RetryAfter(d) => (Some(interval(d)), false),
+                FailDisposition::DeadLetter => (None, false),
+                FailDisposition::Cancelled => (None, true),
+            };
+            retry_after.push(retry);
+            cancelled.push(cancel);
+        }
+        let query = sqlx::query_as(&self.stmts.fail_work)
+            .bind(params.instance.0)
+            .bind(ids)
+            .bind(tokens)
+            .bind(errors)
+            .bind(retry_after)
+            .bind(cancelled);
+        self.outcome_rows(format!("recording {n} failures"), query)
+            .await
+    }
+
+    async fn release_work(&self, params: ReleaseWorkParams) -> Result<ReleaseWorkOutcome> {
+        if params.items.is_empty() {
+            return Ok(OutcomeBatch::default());
+        }
+        let (ids, tokens) = split_fences(&params.items);
+        let n = ids.len();
+        let query = sqlx::query_as(&self.stmts.release_work)
+            .bind(params.instance.0)
+            .bind(ids)
+            .bind(tokens)
+            .bind(params.consume_attempt);
+        self.outcome_rows(format!("releasing {n} leases"), query)
+            .await
+    }
+
+    async fn checkpoint_work(
+        &self,
+        params: CheckpointWorkParams,
+    ) -> Result<CheckpointWorkOutcome> {
+        validate::validate_checkpoint(&params)?;
+        let id = params.fence.id;
+        let saved: bool = sqlx::query_scalar(&self.stmts.checkpoint_work)
+            .bind(params.instance.0)
+            .bind(id)
+            .bind(params.fence.token)
+            .bind(sqlx::types::Json(&params.checkpoint))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_error(format!("saving the checkpoint of item {id}"), e))?;
+        if saved {
+            Ok(CheckpointWorkOutcome {})
+        } else {
+            Err(Error::FencedOut { id })
+        }
+    }
+
+    async fn record_heartbeat(
+        &self,
+        params: RecordHeartbeatParams,
+    ) -> Result<RecordHeartbeatOutcome> {
+        validate::validate_stale(params.stale_after, params.dead_after)?;
+        let (evicted, reaped, released): (bool, i32, i32) =
+            sqlx::query_as(&self.stmts.record_heartbeat)
+                .bind(params.instance.0)
+                .bind(sanitize_text(&params.host))
+                .bind(sqlx::types::Json(&params.metadata))
+                .bind(interval(params.stale_after))
+                .bind(params.dead_after.map(interval))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| {
+                    db_error(
+                        format!("recording the heartbeat of instance {}", params.instance),
+                        e,
+                    )
+                })?;
+        Ok(RecordHeartbeatOutcome {
+            evicted,
+            reaped: reaped as u64,
+            released: released as u64,
+        })
+    }
+
+    async fn cleanup_stale_instances(
+        &self,
+        params: CleanupStaleInstancesParams,
+    ) -> Result<CleanupStaleInstancesOutcome> {
+        validate::validate_stale(params.stale_after, params.dead_after)?;
+        let rows: Vec<(uuid::Uuid, i32)> = sqlx::query_as(&self.stmts.cleanup_stale_instances)
+            .bind(interval(params.stale_after))
+            .bind(params.dead_after.map(interval))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_error("cleaning up stale instances", e))?;
+        Ok(CleanupStaleInstancesOutcome {
+            reaped: rows
+                .into_iter()
+                .map(|(id, released)| ReapedInstance {
+                    instance: InstanceId(id),
+                    released: released as u64,
+                })
+                .collect(),
+        })
+    }
+
+    async fn deregister_instance(
+        &self,
+        params: DeregisterInstanceParams,
+    ) -> Result<DeregisterInstanceOutcome> {
+        let released: i32 = sqlx::query_scalar(&self.stmts.deregister_instance)
+            .bind(params.instance.0)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_error(format!("deregistering instance {}", params.instance), e))?;
+        Ok(DeregisterInstanceOutcome {
+            released: released as u64,
+        })
+    }
+
+    async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
+        let options: PgConnectOptions = (*self.pool.connect_options()).clone();
+        alive_lock::PgAliveLock::open(options, self.stmts.take_alive_lock.clone(), params.instance)
+            .await
+    }
+
+    async fn is_instance_alive(
+        &self,
+        params: IsInstanceAliveParams,
+    ) -> Result<IsInstanceAliveOutcome> {
+        let alive: bool = sqlx::query_scalar(&self.stmts.is_instance_alive)
+            .bind(params.instance.0)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| {
+                db_error(
+                    format!("checking the alive-lock of instance {}", params.instance),
+                    e,
+                )
+            })?;
+        Ok(IsInstanceAliveOutcome { alive })
+    }
+
+    async fn listen(&self, _params: ListenParams) -> Result<Box<dyn WakeListener>> {
+        let options: PgConnectOptions = (*self.pool.connect_options()).clone();
+        let listener = listener::PgWakeListener::open(options, self.wake_channel()).await?;
+        Ok(Box::new(listener))
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    id: i64,
+    queue: String,
+    priority: i16,
+    attempt: i32,
+    max_attempts: i32,
+    claim_token: i64,
+    lease_expiry: DateTime<Utc>,
+    payload: Value,
+    checkpoint: Option<Value>,
+    created_at: DateTime<Utc>,
+    reclaimed: bool,
+    has_more: bool,
+}
+
+fn split_fences(fences: &[Fence]) -> (Vec<i64>, Vec<i64>) {
+    fences.iter().map(|f| (f.id, f.token)).unzip()
+}
+
+fn parse_state(s: &str, ctx: &str) -> Result<WorkState> {
+    WorkState::parse(s)
+        .ok_or_else(|| Error::database(ctx.to_owned(), format!("unknown work state {s:?}")))
+}
+
+/// A duration as a PostgreSQL interval, at its microsecond resolution.
+fn interval(d: Duration) -> PgInterval {
+    PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: micros(d),
+    }
+}
+
+fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(d) => d.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
+/// Maps a driver error to the variant a caller acts on: the SQL functions raise `WP001`
+/// (unknown queue; the name in DETAIL) and `WP002` (invalid argument) with messages that name
+/// the problem.
+pub(crate) fn db_error(context: impl Into<String>, e: sqlx::Error) -> Error {
+    if let sqlx::Error::Database(d) = &e {
+        match d.code().as_deref() {
+            Some("WP001") => {
+                let queue = d
+                    .try_downcast_ref::<PgDatabaseError>()
+                    .and_then(|pg| pg.detail())
+                    .unwrap_or_default()
+                    .to_owned();
+                return Error::UnknownQueue(queue);
+            }
+            Some("WP002") => return Error::InvalidArgument(d.message().to_owned()),
+            _ => {}
+        }
+    }
+    Error::database(context, e)
+}

@@ -1,0 +1,586 @@
+//! The values that cross the [`WorkCoordinator`](crate::WorkCoordinator) seam: one params
+//! struct in and one outcome struct out per method, so adding a field never breaks a
+//! signature. No driver type appears here.
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// A work item's id.
+pub type WorkId = i64;
+
+/// The fence token minted by each claim (a sequence value). Every write of an attempt
+/// (renew, complete, fail, release, checkpoint) must carry it.
+pub type ClaimToken = i64;
+
+/// One running host process. Fresh for every start of the process, so a restarted pod never
+/// inherits a dead incarnation's identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct InstanceId(pub Uuid);
+
+impl InstanceId {
+    /// A new random instance id.
+    pub fn new() -> Self {
+        InstanceId(Uuid::new_v4())
+    }
+}
+
+impl Default for InstanceId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What every write on a leased item must match, besides the owning instance: the item and
+/// the token minted by the claim that leased it. Public so that a handler can fence its own
+/// external writes with it (store the token beside the effect and refuse older ones).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fence {
+    /// The work item.
+    pub id: WorkId,
+    /// The claim's token.
+    pub token: ClaimToken,
+}
+
+/// Where a work item is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkState {
+    /// Due and waiting for a claim.
+    Available,
+    /// Waiting for its `run_at` (a delayed item, or a retry in backoff).
+    Scheduled,
+    /// Leased to an instance (or orphaned, waiting to be reclaimed).
+    Running,
+    /// Finished successfully.
+    Completed,
+    /// A dead letter: attempts used up, or rejected for good. Kept, inspectable, retryable.
+    Dead,
+    /// Cancelled by an operator.
+    Cancelled,
+}
+
+impl WorkState {
+    /// The state's name in the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkState::Available => "available",
+            WorkState::Scheduled => "scheduled",
+            WorkState::Running => "running",
+            WorkState::Completed => "completed",
+            WorkState::Dead => "dead",
+            WorkState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses a state name from the store.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "available" => WorkState::Available,
+            "scheduled" => WorkState::Scheduled,
+            "running" => WorkState::Running,
+            "completed" => WorkState::Completed,
+            "dead" => WorkState::Dead,
+            "cancelled" => WorkState::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Whether the item has finished (completed, dead or cancelled).
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            WorkState::Completed | WorkState::Dead | WorkState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for WorkState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// register_queue
+
+/// Declares a queue, or updates its settings.
+#[derive(Clone, Debug)]
+pub struct RegisterQueueParams {
+    /// 1 to 128 characters from `A-Z a-z 0-9 _ . : -`, starting with a letter or digit.
+    pub name: String,
+    /// Attempts an item of this queue gets unless it sets its own. **Default: 10.**
+    pub max_attempts: i32,
+}
+
+impl RegisterQueueParams {
+    /// A queue with the default settings.
+    pub fn new(name: impl Into<String>) -> Self {
+        RegisterQueueParams {
+            name: name.into(),
+            max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
+        }
+    }
+}
+
+/// The result of `register_queue`.
+#[derive(Clone, Debug, Default)]
+pub struct RegisterQueueOutcome {}
+
+// ---------------------------------------------------------------------------------------------
+// enqueue_work
+
+/// When a new item becomes due.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Schedule {
+    /// At once.
+    #[default]
+    Now,
+    /// After a delay, measured on the database clock from the enqueue.
+    After(Duration),
+    /// At a business time (e.g. "tomorrow 09:00"). Lease arithmetic never uses it.
+    At(DateTime<Utc>),
+}
+
+/// One item to enqueue.
+#[derive(Clone, Debug)]
+pub struct NewWork {
+    /// A registered queue.
+    pub queue: String,
+    /// The payload the handler receives (at most [`crate::MAX_PAYLOAD_BYTES`] as JSON text,
+    /// nested at most [`crate::MAX_PAYLOAD_DEPTH`] deep, no `\u0000` in strings).
+    pub payload: Value,
+    /// Lower runs first. **Default: 0.**
+    pub priority: i16,
+    /// When it becomes due. **Default: now.**
+    pub schedule: Schedule,
+    /// While an item with this key is unfinished in the same queue, enqueueing another with
+    /// the same key writes nothing and returns the existing id. **Default: none.**
+    pub unique_key: Option<String>,
+    /// Attempts before it becomes a dead letter. **Default: the queue's.**
+    pub max_attempts: Option<i32>,
+}
+
+impl NewWork {
+    /// An item for `queue` with `payload`, due now, priority 0.
+    pub fn new(queue: impl Into<String>, payload: Value) -> Self {
+        NewWork {
+            queue: queue.into(),
+            payload,
+            priority: 0,
+            schedule: Schedule::Now,
+            unique_key: None,
+            max_attempts: None,
+        }
+    }
+
+    /// Sets the priority (lower runs first).
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Makes the item due after `delay`.
+    pub fn run_after(mut self, delay: Duration) -> Self {
+        self.schedule = Schedule::After(delay);
+        self
+    }
+
+    /// Makes the item due at `at`.
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.schedule = Schedule::At(at);
+        self
+    }
+
+    /// Sets a unique key.
+    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    /// Sets the item's own attempt limit.
+    pub fn max_attempts(mut self, max_attempts: i32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+}
+
+/// Enqueues a batch (one round trip, all or nothing).
+#[derive(Clone, Debug, Default)]
+pub struct EnqueueWorkParams {
+    /// 1 to [`crate::MAX_ENQUEUE_BATCH`] items.
+    pub items: Vec<NewWork>,
+}
+
+/// What happened to one enqueued item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The item's id (the existing item's, when a unique key matched one).
+    pub id: WorkId,
+    /// False when a unique key matched an unfinished item and nothing was written.
+    pub inserted: bool,
+}
+
+/// The result of `enqueue_work`: one entry per input item, in input order.
+#[derive(Clone, Debug, Default)]
+pub struct EnqueueWorkOutcome {
+    /// In input order.
+    pub items: Vec<Enqueued>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// claim_work
+
+/// Leases up to `max_items` items of `queues` to `instance`.
+#[derive(Clone, Debug)]
+pub struct ClaimWorkParams {
+    /// The claiming instance; it must have recorded a heartbeat.
+    pub instance: InstanceId,
+    /// The queues to claim from (claimed in one index range each).
+    pub queues: Vec<String>,
+    /// 1 to 10 000; the claim worker passes its free handler slots.
+    pub max_items: u32,
+    /// How long the lease lasts without renewal.
+    pub lease: Duration,
+}
+
+/// One leased item.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimedWork {
+    /// The item and the token of this claim.
+    pub fence: Fence,
+    /// Its queue.
+    pub queue: String,
+    /// Its payload.
+    pub payload: Value,
+    /// Its priority.
+    pub priority: i16,
+    /// This attempt's number (1 for the first).
+    pub attempt: i32,
+    /// Attempts it may have in all.
+    pub max_attempts: i32,
+    /// The checkpoint an earlier attempt saved, if any.
+    pub checkpoint: Option<Value>,
+    /// The lease's expiry on the database clock (informational: workers reason with their
+    /// monotonic clock from when the claim was sent).
+    pub lease_expiry: DateTime<Utc>,
+    /// When the item was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// True when this claim took over an orphan (a dead or released owner's lease).
+    pub reclaimed: bool,
+}
+
+/// The result of `claim_work`.
+#[derive(Clone, Debug, Default)]
+pub struct ClaimWorkOutcome {
+    /// The claimed items.
+    pub items: Vec<ClaimedWork>,
+    /// The drain hint: claimable items were left after filling `max_items`; poll again at once.
+    pub has_more: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// renew_leases
+
+/// Extends a batch of leases held by `instance`.
+#[derive(Clone, Debug)]
+pub struct RenewLeasesParams {
+    /// The owner.
+    pub instance: InstanceId,
+    /// The leases to extend.
+    pub leases: Vec<Fence>,
+    /// The new lease length from the database's now.
+    pub lease: Duration,
+}
+
+/// What became of one lease in a renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RenewalStatus {
+    /// Extended by the full lease.
+    Renewed,
+    /// No longer this claim's (reclaimed, released, finished or expired): stop the handler.
+    Lost,
+    /// Held, but its row was locked by another transaction (usually the handler's own fenced
+    /// transaction): not extended this time, not lost.
+    Busy,
+}
+
+/// The reply for one lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewal {
+    /// The lease asked about.
+    pub fence: Fence,
+    /// What happened to it.
+    pub status: RenewalStatus,
+    /// An operator asked to cancel the item.
+    pub cancel_requested: bool,
+}
+
+/// The result of `renew_leases`: one entry per requested lease, in request order.
+#[derive(Clone, Debug, Default)]
+pub struct RenewLeasesOutcome {
+    /// In request order.
+    pub items: Vec<Renewal>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// complete_work / fail_work / release_work / checkpoint_work
+
+/// Records success for a batch of items.
+#[derive(Clone, Debug)]
+pub struct CompleteWorkParams {
+    /// The owner.
+    pub instance: InstanceId,
+    /// The claims that succeeded.
+    pub items: Vec<Fence>,
+}
+
+/// What a fenced outcome write did to one item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutcomeRecord {
+    /// The claim the write was for.
+    pub fence: Fence,
+    /// The state the item went to, or `None` when the write was fenced out (nothing changed).
+    pub state: Option<WorkState>,
+}
+
+impl OutcomeRecord {
+    /// Whether the write was refused because the claim no longer holds the item.
+    pub fn fenced_out(&self) -> bool {
+        self.state.is_none()
+    }
+}
+
+/// The result of a batch outcome write (`complete_work`, `fail_work`, `release_work`): one
+/// entry per requested item, in request order.
+#[derive(Clone, Debug, Default)]
+pub struct OutcomeBatch {
+    /// In request order.
+    pub items: Vec<OutcomeRecord>,
+}
+
+impl OutcomeBatch {
+    /// The items whose write was fenced out.
+    pub fn fenced_out(&self) -> impl Iterator<Item = Fence> + '_ {
+        self.items
+            .iter()
+            .filter(|r| r.fenced_out())
+            .map(|r| r.fence)
+    }
+
+    /// `Ok` when every write was recorded, else [`crate::Error::FencedOut`] for the first
+    /// refused item.
+    pub fn all_recorded(&self) -> crate::Result<()> {
+        match self.fenced_out().next() {
+            Some(f) => Err(crate::Error::FencedOut { id: f.id }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The result of `complete_work`.
+pub type CompleteWorkOutcome = OutcomeBatch;
+/// The result of `fail_work`.
+pub type FailWorkOutcome = OutcomeBatch;
+/// The result of `release_work`.
+pub type ReleaseWorkOutcome = OutcomeBatch;
+
+/// Where a failed item goes next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailDisposition {
+    /// Retry after this delay (zero: at once) if attempts are left, else a dead letter.
+    RetryAfter(Duration),
+    /// Rejected for good: straight to the dead letters.
+    DeadLetter,
+    /// The handler stopped on an operator's cancel: the item ends cancelled.
+    Cancelled,
+}
+
+/// One failed attempt.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The claim that failed.
+    pub fence: Fence,
+    /// What went wrong; kept in the item's error history (truncated to 8 KiB).
+    pub error: String,
+    /// Where the item goes next.
+    pub disposition: FailDisposition,
+}
+
+/// Records failed attempts for a batch of items.
+#[derive(Clone, Debug)]
+pub struct FailWorkParams {
+    /// The owner.
+    pub instance: InstanceId,
+    /// The failures.
+    pub items: Vec<Failure>,
+}
+
+/// Gives leases back before they expire (a drain).
+#[derive(Clone, Debug)]
+pub struct ReleaseWorkParams {
+    /// The owner.
+    pub instance: InstanceId,
+    /// The claims to give back.
+    pub items: Vec<Fence>,
+    /// False for a drain: the attempt is not counted. True: it counts (and an item with no
+    /// attempts left becomes a dead letter).
+    pub consume_attempt: bool,
+}
+
+/// Saves a checkpoint on a running item.
+#[derive(Clone, Debug)]
+pub struct CheckpointWorkParams {
+    /// The owner.
+    pub instance: InstanceId,
+    /// The claim.
+    pub fence: Fence,
+    /// The checkpoint; JSON null clears it.
+    pub checkpoint: Value,
+}
+
+/// The result of `checkpoint_work` (a fenced-out write is [`crate::Error::FencedOut`]).
+#[derive(Clone, Debug, Default)]
+pub struct CheckpointWorkOutcome {}
+
+// ---------------------------------------------------------------------------------------------
+// record_heartbeat / cleanup_stale_instances / deregister_instance
+
+/// An instance says it is alive.
+#[derive(Clone, Debug)]
+pub struct RecordHeartbeatParams {
+    /// The instance.
+    pub instance: InstanceId,
+    /// Its host name (metadata).
+    pub host: String,
+    /// Free-form metadata (pid, version...).
+    pub metadata: Value,
+    /// A peer whose heartbeat is older than this is stale. **Default: 30 s.**
+    pub stale_after: Duration,
+    /// A peer whose heartbeat is older than this is dead even if its alive-lock is held.
+    /// **Default: 5 min.** `None` disables the bypass.
+    pub dead_after: Option<Duration>,
+}
+
+/// The result of `record_heartbeat`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordHeartbeatOutcome {
+    /// This instance was already reaped: nothing was written; treat every lease as lost,
+    /// cancel every handler and register afresh under a new id.
+    pub evicted: bool,
+    /// Stale peers the opportunistic sweep deleted.
+    pub reaped: u64,
+    /// Leases those peers held, now released.
+    pub released: u64,
+}
+
+/// Deletes stale instances and releases their leases.
+#[derive(Clone, Copy, Debug)]
+pub struct CleanupStaleInstancesParams {
+    /// See [`RecordHeartbeatParams::stale_after`].
+    pub stale_after: Duration,
+    /// See [`RecordHeartbeatParams::dead_after`].
+    pub dead_after: Option<Duration>,
+}
+
+/// One reaped instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReapedInstance {
+    /// The instance deleted.
+    pub instance: InstanceId,
+    /// How many leases it held, now released.
+    pub released: u64,
+}
+
+/// The result of `cleanup_stale_instances`.
+#[derive(Clone, Debug, Default)]
+pub struct CleanupStaleInstancesOutcome {
+    /// The instances deleted.
+    pub reaped: Vec<ReapedInstance>,
+}
+
+/// An instance leaves (the end of a drain).
+#[derive(Clone, Copy, Debug)]
+pub struct DeregisterInstanceParams {
+    /// The instance.
+    pub instance: InstanceId,
+}
+
+/// The result of `deregister_instance`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeregisterInstanceOutcome {
+    /// Leases it still held, now released (they count an attempt).
+    pub released: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// alive-lock
+
+/// Takes an instance's alive-lock on a dedicated session.
+#[derive(Clone, Copy, Debug)]
+pub struct TakeAliveLockParams {
+    /// The instance.
+    pub instance: InstanceId,
+}
+
+/// The result of `take_alive_lock`: the session that holds (or keeps trying to hold) the lock.
+pub struct TakeAliveLockOutcome {
+    /// Whether the session holds the lock now.
+    pub held: bool,
+    /// The dedicated session; dropping it releases the lock.
+    pub session: Box<dyn crate::AliveLockSession>,
+}
+
+impl fmt::Debug for TakeAliveLockOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TakeAliveLockOutcome")
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Asks whether some session holds an instance's alive-lock.
+#[derive(Clone, Copy, Debug)]
+pub struct IsInstanceAliveParams {
+    /// The instance.
+    pub instance: InstanceId,
+}
+
+/// The result of `is_instance_alive`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IsInstanceAliveOutcome {
+    /// Some session holds the instance's alive-lock.
+    pub alive: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// listen
+
+/// Opens a listener for wake signals (work became due somewhere).
+#[derive(Clone, Debug, Default)]
+pub struct ListenParams {}
+
+/// What a listener reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenEvent {
+    /// The listener is (re)connected and listening; anything sent while it was down was
+    /// missed, so the caller should poll once to catch up.
+    Connected,
+    /// Work became due in `queue`.
+    Wake {
+        /// The queue.
+        queue: String,
+    },
+    /// The connection was lost; signals are missed until the next `Connected`.
+    Disconnected,
+}

@@ -1,0 +1,262 @@
+//! The conformance suite, run against PostgreSQL (a fresh database per test on the throwaway
+//! server, or on `DATABASE_URL`'s) and against the in-memory fake.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Row;
+use workpump_coordinator::conformance::{ErrorEntry, Harness, WorkRow};
+use workpump_coordinator::*;
+use workpump_testdb::TestDatabase;
+
+struct PgHarness {
+    coordinator: PgCoordinator,
+    pool: PgPool,
+    _db: TestDatabase,
+}
+
+async fn pg() -> Arc<PgHarness> {
+    let server = workpump_testdb::server().await.expect("a PostgreSQL server");
+    let db = server.create_database().await.expect("a fresh database");
+    let pool = PgPoolOptions::new()
+        .max_connections(12)
+        .connect(db.url())
+        .await
+        .expect("connect");
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    Arc::new(PgHarness {
+        coordinator: PgCoordinator::new(pool.clone()),
+        pool,
+        _db: db,
+    })
+}
+
+fn interval(d: chrono::Duration) -> PgInterval {
+    PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: d.num_microseconds().expect("small duration"),
+    }
+}
+
+#[async_trait]
+impl Harness for PgHarness {
+    fn coordinator(&self) -> Arc<dyn WorkCoordinator> {
+        Arc::new(self.coordinator.clone())
+    }
+
+    async fn work_row(&self, id: WorkId) -> Option<WorkRow> {
+        let r = sqlx::query(
+            "SELECT id, queue, state::text AS state, priority, attempt, max_attempts, instance_id,
+                    lease_expiry IS NOT NULL AS has_lease, claim_token, renewals, cancel_requested,
+                    payload, checkpoint, errors, unique_key, finished_at IS NOT NULL AS finished
+             FROM workpump.work WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .expect("read row")?;
+        let errors: serde_json::Value = r.get("errors");
+        Some(WorkRow {
+            id: r.get("id"),
+            queue: r.get("queue"),
+            state: WorkState::parse(r.get("state")).expect("known state"),
+            priority: r.get("priority"),
+            attempt: r.get("attempt"),
+            max_attempts: r.get("max_attempts"),
+            instance: r.get::<Option<uuid::Uuid>, _>("instance_id").map(InstanceId),
+            has_lease: r.get("has_lease"),
+            claim_token: r.get("claim_token"),
+            renewals: r.get("renewals"),
+            cancel_requested: r.get("cancel_requested"),
+            payload: r.get("payload"),
+            checkpoint: r.get("checkpoint"),
+            errors: errors
+                .as_array()
+                .expect("errors is an array")
+                .iter()
+                .map(ErrorEntry::from_json)
+                .collect(),
+            unique_key: r.get("unique_key"),
+            finished: r.get("finished"),
+        })
+    }
+
+    async fn work_count(&self) -> usize {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count");
+        n as usize
+    }
+
+    async fn set_lease_expiry(&self, id: WorkId, offset: chrono::Duration) {
+        sqlx::query(
+            "UPDATE workpump.work SET lease_expiry = now() + $2
+             WHERE id = $1 AND instance_id IS NOT NULL",
+        )
+        .bind(id)
+        .bind(interval(offset))
+        .execute(&self.pool)
+        .await
+        .expect("move the lease");
+    }
+
+    async fn claim_with_lease_expiring_now(
+        &self,
+        id: WorkId,
+        params: ClaimWorkParams,
+    ) -> workpump_coordinator::Result<ClaimWorkOutcome> {
+        // One transaction: now() is the same instant for the UPDATE and the claim.
+        let mut tx = self.pool.begin().await.expect("begin");
+        sqlx::query(
+            "UPDATE workpump.work SET lease_expiry = now() WHERE id = $1 AND instance_id IS NOT NULL",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .expect("move the lease");
+        let rows = sqlx::query(
+            "SELECT id, claim_token, queue, payload, priority, attempt, max_attempts, checkpoint,
+                    lease_expiry, created_at, reclaimed, has_more
+             FROM workpump.claim_work($1, $2, $3, $4)",
+        )
+        .bind(params.instance.0)
+        .bind(&params.queues)
+        .bind(params.max_items as i32)
+        .bind(interval(
+            chrono::Duration::from_std(params.lease).expect("lease"),
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .expect("claim");
+        tx.commit().await.expect("commit");
+        let has_more = rows.iter().any(|r| r.get::<bool, _>("has_more"));
+        Ok(ClaimWorkOutcome {
+            items: rows
+                .iter()
+                .map(|r| ClaimedWork {
+                    fence: Fence {
+                        id: r.get("id"),
+                        token: r.get("claim_token"),
+                    },
+                    queue: r.get("queue"),
+                    payload: r.get("payload"),
+                    priority: r.get("priority"),
+                    attempt: r.get("attempt"),
+                    max_attempts: r.get("max_attempts"),
+                    checkpoint: r.get("checkpoint"),
+                    lease_expiry: r.get("lease_expiry"),
+                    created_at: r.get("created_at"),
+                    reclaimed: r.get("reclaimed"),
+                })
+                .collect(),
+            has_more,
+        })
+    }
+
+    async fn age_heartbeat(&self, instance: InstanceId, by: Duration) {
+        sqlx::query(
+            "UPDATE workpump.instances SET last_heartbeat_at = last_heartbeat_at - $2
+             WHERE instance_id = $1",
+        )
+        .bind(instance.0)
+        .bind(interval(chrono::Duration::from_std(by).expect("age")))
+        .execute(&self.pool)
+        .await
+        .expect("age the heartbeat");
+    }
+
+    async fn request_cancel(&self, id: WorkId) {
+        sqlx::query("UPDATE workpump.work SET cancel_requested = true WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .expect("request cancel");
+    }
+
+    async fn instance_registered(&self, instance: InstanceId) -> bool {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM workpump.instances WHERE instance_id = $1)")
+            .bind(instance.0)
+            .fetch_one(&self.pool)
+            .await
+            .expect("read instance")
+    }
+
+    async fn kill_alive_lock_session(&self, instance: InstanceId) {
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(h.pid) FROM workpump.alive_lock_held_keys() h
+             WHERE h.key = workpump.alive_lock_key($1)",
+        )
+        .bind(instance.0)
+        .fetch_all(&self.pool)
+        .await
+        .expect("terminate the lock's session");
+        assert_eq!(killed, vec![true], "exactly one session held the lock");
+    }
+
+    async fn alive_lock_key(&self, instance: InstanceId) -> Option<i64> {
+        Some(
+            sqlx::query_scalar("SELECT workpump.alive_lock_key($1)")
+                .bind(instance.0)
+                .fetch_one(&self.pool)
+                .await
+                .expect("key"),
+        )
+    }
+}
+
+struct FakeHarness(FakeCoordinator);
+
+async fn fake() -> Arc<FakeHarness> {
+    Arc::new(FakeHarness(FakeCoordinator::new()))
+}
+
+#[async_trait]
+impl Harness for FakeHarness {
+    fn coordinator(&self) -> Arc<dyn WorkCoordinator> {
+        Arc::new(self.0.clone())
+    }
+    async fn work_row(&self, id: WorkId) -> Option<WorkRow> {
+        self.0.work_row(id)
+    }
+    async fn work_count(&self) -> usize {
+        self.0.work_rows().len()
+    }
+    async fn set_lease_expiry(&self, id: WorkId, offset: chrono::Duration) {
+        self.0.set_lease_expiry(id, offset)
+    }
+    async fn claim_with_lease_expiring_now(
+        &self,
+        id: WorkId,
+        params: ClaimWorkParams,
+    ) -> workpump_coordinator::Result<ClaimWorkOutcome> {
+        self.0.claim_with_lease_expiring_now(id, params)
+    }
+    async fn age_heartbeat(&self, instance: InstanceId, by: Duration) {
+        self.0.age_heartbeat(instance, by)
+    }
+    async fn request_cancel(&self, id: WorkId) {
+        self.0.request_cancel(id)
+    }
+    async fn instance_registered(&self, instance: InstanceId) -> bool {
+        self.0.instance_registered(instance)
+    }
+    async fn kill_alive_lock_session(&self, instance: InstanceId) {
+        assert!(self.0.kill_alive_lock_session(instance));
+    }
+    async fn alive_lock_key(&self, _instance: InstanceId) -> Option<i64> {
+        None
+    }
+}
+
+mod postgres {
+    workpump_coordinator::conformance_suite!(super::pg);
+}
+
+mod in_memory {
+    workpump_coordinator::conformance_suite!(super::fake);
+}

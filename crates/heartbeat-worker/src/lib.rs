@@ -1,0 +1,1 @@
+//! heartbeat-worker (to be written)

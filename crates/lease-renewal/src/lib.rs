@@ -1,0 +1,1 @@
+//! lease-renewal (to be written)

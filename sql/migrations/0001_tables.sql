@@ -1,0 +1,106 @@
+-- workpump store: tables, sequences and indexes.
+--
+-- Every object lives in the schema the migration runs in (default `workpump`); the migrating
+-- connection sets `search_path` to that schema, so nothing here names it.
+--
+-- Clock rule: every timestamp column is written from the database's `now()`; no client ever
+-- writes a timestamp it computed (except `run_at` given as a business time by the producer).
+
+-- The life of a work item:
+--   available  -> running (claim_work)
+--   scheduled  -> available (promotion when run_at is due)
+--   running    -> completed | scheduled/available (retry) | dead | cancelled | available (release)
+--   running, owner gone (instance_id NULL or lease_expiry < now()) -> running again under a new
+--   claim (orphan reclaim, attempt + 1) or dead (attempts used up)
+CREATE TYPE work_state AS ENUM (
+    'available', 'scheduled', 'running', 'completed', 'dead', 'cancelled'
+);
+
+-- A fresh value per claim: the fence token. Never reused, never derived from the attempt count.
+CREATE SEQUENCE claim_token_seq AS bigint CACHE 100;
+
+CREATE SEQUENCE work_id_seq AS bigint CACHE 100;
+
+-- Queues: a named stream of work with its own settings. Enqueueing to a queue that has no row
+-- here is refused (unknown queue), so a typo never creates work nobody will claim.
+CREATE TABLE queues (
+    name         text        PRIMARY KEY,
+    max_attempts integer     NOT NULL DEFAULT 10,
+    paused       boolean     NOT NULL DEFAULT false,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT queues_name_valid CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'),
+    CONSTRAINT queues_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000)
+);
+
+-- Instances: one row per running host process, kept fresh by record_heartbeat.
+CREATE TABLE instances (
+    instance_id       uuid        PRIMARY KEY,
+    host              text        NOT NULL,
+    metadata          jsonb       NOT NULL DEFAULT '{}',
+    -- The session advisory lock that proves this instance is alive (see alive_lock_key).
+    alive_lock_key    bigint      NOT NULL,
+    started_at        timestamptz NOT NULL DEFAULT now(),
+    last_heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX instances_last_heartbeat_at ON instances (last_heartbeat_at);
+
+-- Tombstones of reaped instances, so a late heartbeat from one reports eviction instead of
+-- silently resurrecting it. Instance ids are fresh per process start and never reused.
+CREATE TABLE evicted_instances (
+    instance_id uuid        PRIMARY KEY,
+    evicted_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Work items.
+CREATE TABLE work (
+    id               bigint      PRIMARY KEY DEFAULT nextval('work_id_seq'),
+    queue            text        NOT NULL,
+    state            work_state  NOT NULL,
+    -- Lower runs first.
+    priority         smallint    NOT NULL DEFAULT 0,
+    -- Attempts started so far; a claim (and a reclaim) starts the next one.
+    attempt          integer     NOT NULL DEFAULT 0,
+    max_attempts     integer     NOT NULL,
+    -- When the item becomes (or became) due.
+    run_at           timestamptz NOT NULL,
+    -- The lease: owner and expiry, always set together.
+    instance_id      uuid,
+    lease_expiry     timestamptz,
+    -- The fence token of the latest claim.
+    claim_token      bigint,
+    renewals         integer     NOT NULL DEFAULT 0,
+    cancel_requested boolean     NOT NULL DEFAULT false,
+    payload          jsonb       NOT NULL,
+    checkpoint       jsonb,
+    -- Every failed attempt: [{attempt, at, instance, error, kind}], oldest first.
+    errors           jsonb       NOT NULL DEFAULT '[]',
+    unique_key       text,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    finished_at      timestamptz,
+    -- An owner without an expiry could never be reclaimed (three-valued logic): impossible.
+    CONSTRAINT work_owner_has_expiry CHECK ((instance_id IS NULL) = (lease_expiry IS NULL)),
+    CONSTRAINT work_only_running_is_owned CHECK (instance_id IS NULL OR state = 'running'),
+    CONSTRAINT work_running_has_claim CHECK (state <> 'running' OR (claim_token IS NOT NULL AND attempt >= 1)),
+    CONSTRAINT work_attempt_in_range CHECK (attempt >= 0 AND attempt <= max_attempts),
+    CONSTRAINT work_waiting_has_attempts_left CHECK (state NOT IN ('available', 'scheduled') OR attempt < max_attempts),
+    CONSTRAINT work_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000),
+    CONSTRAINT work_renewals_non_negative CHECK (renewals >= 0),
+    CONSTRAINT work_finished_at_iff_finished CHECK ((finished_at IS NOT NULL) = (state IN ('completed', 'dead', 'cancelled'))),
+    CONSTRAINT work_errors_is_array CHECK (jsonb_typeof(errors) = 'array')
+);
+
+-- claim_work, available rows: one queue's due rows in claim order (priority, then age).
+CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'available';
+-- claim_work, orphans; maintenance, expired leases: running rows by expiry (NULL = released).
+CREATE INDEX work_running_lease ON work (lease_expiry) WHERE state = 'running';
+-- cleanup_stale_instances / deregister_instance: one instance's leases.
+CREATE INDEX work_running_instance ON work (instance_id) WHERE state = 'running';
+-- promotion of due scheduled (and retrying) rows.
+CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';
+-- retention pruning of finished rows.
+CREATE INDEX work_finished ON work (finished_at) WHERE finished_at IS NOT NULL;
+-- unique keys hold while an item is unfinished.
+CREATE UNIQUE INDEX work_unique_key ON work (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running');

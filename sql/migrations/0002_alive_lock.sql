@@ -1,0 +1,65 @@
+-- The alive-lock: a session-level advisory lock that an instance holds on a dedicated
+-- connection for as long as its process lives. When the process dies its connection closes
+-- and PostgreSQL drops the lock, so "the lock is held" is the primary liveness signal and the
+-- heartbeat row is the fallback (cleanup_stale_instances).
+--
+-- Key: 64 bits of md5(schema || ':' || instance id), so two schemas in one database never
+-- share a key. Roughly half the keys are negative; pg_locks shows a bigint key split into
+-- classid (high 32 bits) and objid (low 32 bits), both unsigned oids, with objsubid = 1.
+-- alive_lock_held_keys() reassembles them with a shift and an OR, which keeps negative keys
+-- intact (an overflow bug in one anchor).
+--
+-- Clock rule: none; locks are not time.
+
+-- alive_lock_key(instance) -> bigint: the advisory-lock key of an instance.
+CREATE FUNCTION alive_lock_key(p_instance uuid) RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT ('x' || left(md5(current_schema() || ':' || p_instance::text), 16))::bit(64)::bigint
+$$;
+
+-- alive_lock_held_keys() -> setof (key, pid): every bigint advisory lock granted in this
+-- database, as the signed key it was taken with, and the session holding it.
+CREATE FUNCTION alive_lock_held_keys() RETURNS TABLE (key bigint, pid integer)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT (l.classid::bigint << 32) | l.objid::bigint, l.pid
+    FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'advisory'
+      AND l.objsubid = 1
+      AND l.granted
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+$$;
+
+-- take_alive_lock(instance) -> boolean: takes the instance's alive-lock for the calling
+-- session; true when this session holds it afterwards. Idempotent per session: a second call
+-- from the holder returns true without stacking another lock level. False when another
+-- session holds it (an earlier incarnation's half-open connection, for instance).
+CREATE FUNCTION take_alive_lock(p_instance uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_key bigint;
+BEGIN
+    IF p_instance IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'take_alive_lock: instance must not be null';
+    END IF;
+    v_key := alive_lock_key(p_instance);
+    IF EXISTS (SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = v_key AND h.pid = pg_backend_pid()) THEN
+        RETURN true;
+    END IF;
+    RETURN pg_try_advisory_lock(v_key);
+END;
+$$;
+
+-- is_instance_alive(instance) -> boolean: whether some session holds the instance's alive-lock.
+CREATE FUNCTION is_instance_alive(p_instance uuid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT EXISTS (SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = alive_lock_key(p_instance))
+$$;

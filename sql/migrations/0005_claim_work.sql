@@ -1,0 +1,202 @@
+-- claim_work(instance, queues, max_items, lease) -> setof claimed rows
+--
+-- Leases up to `max_items` work items of the given queues to `instance` for `lease`:
+--   1. promotes the queues' due scheduled rows (run_at <= now()) to available;
+--   2. ends orphans that must not run again: attempts used up -> dead (with an error entry),
+--      cancel requested -> cancelled;
+--   3. reclaims orphans first (state running AND (instance_id IS NULL OR lease_expiry <
+--      now())): a released or expired lease; an expiry of exactly now() is still held;
+--   4. fills the rest with available due rows, priority (lower first) then run_at then id.
+-- Every claimed row gets instance_id, lease_expiry = now() + lease, attempt + 1, renewals = 0
+-- and a fresh claim_token from claim_token_seq. Rows are taken FOR UPDATE SKIP LOCKED, so
+-- concurrent claimers never receive the same row. Paused queues are skipped.
+--
+-- Result: one row per claimed item with its payload, checkpoint (saved by an earlier attempt),
+-- attempt, token and expiry; `reclaimed` marks orphans; `has_more` (the drain hint) is true on
+-- every row when claimable rows were left over after filling `max_items`.
+--
+-- Arguments: instance registered (record_heartbeat first; WP003 otherwise, which is also what
+-- an evicted instance gets); queues non-empty; 1 <= max_items <= 10000; lease > 0. Bad
+-- arguments raise WP002 naming the argument.
+-- Fencing: the new claim_token fences every later write of this attempt; the previous
+-- owner's token no longer matches anything.
+-- Clock rule: every comparison and expiry uses the database's now().
+--
+-- Plan (1 000 000 rows, 100 000 available in the queue, PostgreSQL 15):
+--   step 4: Limit -> Sort -> Nested Loop -> Function Scan on unnest
+--           -> Limit -> LockRows -> Index Scan using work_claim on work
+--              Index Cond: ((queue = q.name) AND (run_at <= v_now))   Filter: state = 'available' (partial index)
+--   step 3: LockRows -> Index Scan using work_running_lease (lease_expiry < now(), or IS NULL)
+--   See docs/store.md for the full EXPLAIN output.
+CREATE FUNCTION claim_work(
+    p_instance  uuid,
+    p_queues    text[],
+    p_max_items integer,
+    p_lease     interval
+)
+RETURNS TABLE (
+    id           bigint,
+    queue        text,
+    priority     smallint,
+    attempt      integer,
+    max_attempts integer,
+    claim_token  bigint,
+    lease_expiry timestamptz,
+    payload      jsonb,
+    checkpoint   jsonb,
+    created_at   timestamptz,
+    reclaimed    boolean,
+    has_more     boolean
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now       timestamptz := now();
+    v_claimed   integer := 0;
+    v_remaining integer;
+    v_queues    text[];
+BEGIN
+    IF p_instance IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'claim_work: instance must not be null';
+    END IF;
+    IF p_queues IS NULL OR cardinality(p_queues) = 0 OR array_position(p_queues, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = 'claim_work: queues must be a non-empty list without nulls';
+    END IF;
+    IF p_max_items IS NULL OR p_max_items < 1 OR p_max_items > 10000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('claim_work: max_items must be between 1 and 10000, got %s', p_max_items);
+    END IF;
+    IF p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('claim_work: lease must be positive, got %s', p_lease);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = p_instance) THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP003',
+            MESSAGE = format('claim_work: instance %s is not registered (record a heartbeat first; '
+                             'an evicted instance must register afresh under a new id)', p_instance);
+    END IF;
+
+    -- The queues this call may claim from: known and not paused.
+    SELECT array_agg(q.name) INTO v_queues
+    FROM queues q
+    WHERE q.name = ANY (p_queues) AND NOT q.paused;
+    IF v_queues IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- 1. Promote due scheduled rows of these queues.
+    UPDATE work w SET state = 'available'
+    FROM (
+        SELECT s.id FROM work s
+        WHERE s.state = 'scheduled' AND s.run_at <= v_now AND s.queue = ANY (v_queues)
+        ORDER BY s.run_at
+        LIMIT 1000
+        FOR UPDATE SKIP LOCKED
+    ) due
+    WHERE w.id = due.id;
+
+    -- 2. Orphans that must not run again.
+    UPDATE work w
+    SET state = CASE WHEN w.cancel_requested THEN 'cancelled'::work_state ELSE 'dead'::work_state END,
+        finished_at = v_now,
+        instance_id = NULL,
+        lease_expiry = NULL,
+        errors = w.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', w.attempt, 'at', v_now, 'instance', w.instance_id,
+            'kind', 'lease_expired',
+            'error', CASE WHEN w.cancel_requested
+                          THEN 'lease expired after a cancel was requested'
+                          ELSE format('lease expired on attempt %s of %s; no attempts left', w.attempt, w.max_attempts)
+                     END))
+    FROM (
+        SELECT o.id FROM work o
+        WHERE o.state = 'running' AND o.queue = ANY (v_queues)
+          AND (o.lease_expiry IS NULL OR o.lease_expiry < v_now)
+          AND (o.attempt >= o.max_attempts OR o.cancel_requested)
+        LIMIT 1000
+        FOR UPDATE SKIP LOCKED
+    ) ended
+    WHERE w.id = ended.id;
+
+    -- 3. Reclaim orphans. When they fill the batch, the drain hint says more may be left.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT o.id FROM work o
+        WHERE o.state = 'running' AND o.queue = ANY (v_queues)
+          AND (o.lease_expiry IS NULL OR o.lease_expiry < v_now)
+          AND o.attempt < o.max_attempts AND NOT o.cancel_requested
+        ORDER BY o.priority, o.run_at, o.id
+        LIMIT p_max_items
+        FOR UPDATE SKIP LOCKED
+    ), full_batch AS (
+        SELECT count(*) >= p_max_items AS has_more FROM picked
+    ), claimed AS (
+        UPDATE work w
+        SET instance_id = p_instance,
+            lease_expiry = v_now + p_lease,
+            claim_token = nextval('claim_token_seq'),
+            attempt = w.attempt + 1,
+            renewals = 0,
+            errors = w.errors || jsonb_build_array(jsonb_build_object(
+                'attempt', w.attempt, 'at', v_now, 'instance', w.instance_id,
+                'kind', 'lease_expired',
+                'error', CASE WHEN w.instance_id IS NULL
+                              THEN 'lease released: the owning instance was declared dead'
+                              ELSE 'lease expired: the owning instance stopped renewing'
+                         END))
+        FROM picked
+        WHERE w.id = picked.id
+        RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
+                  w.lease_expiry, w.payload, w.checkpoint, w.created_at
+    )
+    SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
+           c.lease_expiry, c.payload, c.checkpoint, c.created_at, true, f.has_more
+    FROM claimed c CROSS JOIN full_batch f;
+    GET DIAGNOSTICS v_claimed = ROW_COUNT;
+
+    v_remaining := p_max_items - v_claimed;
+    IF v_remaining = 0 THEN
+        RETURN;
+    END IF;
+
+    -- 4. Available due rows, one index range per queue, merged in claim order. One row more
+    -- than needed is locked to learn whether any were left (the drain hint).
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT c.id, c.priority, c.run_at
+        FROM unnest(v_queues) AS q(name)
+        CROSS JOIN LATERAL (
+            SELECT a.id, a.priority, a.run_at FROM work a
+            WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now
+            ORDER BY a.priority, a.run_at, a.id
+            LIMIT v_remaining + 1
+            FOR UPDATE SKIP LOCKED
+        ) c
+    ), ranked AS (
+        SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS rn
+        FROM candidates c
+    ), picked AS (
+        SELECT r.id FROM ranked r WHERE r.rn <= v_remaining
+    ), more AS (
+        SELECT count(*) > v_remaining AS has_more FROM candidates
+    ), claimed AS (
+        UPDATE work w
+        SET state = 'running',
+            instance_id = p_instance,
+            lease_expiry = v_now + p_lease,
+            claim_token = nextval('claim_token_seq'),
+            attempt = w.attempt + 1,
+            renewals = 0
+        FROM picked
+        WHERE w.id = picked.id
+        RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
+                  w.lease_expiry, w.payload, w.checkpoint, w.created_at
+    )
+    SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
+           c.lease_expiry, c.payload, c.checkpoint, c.created_at, false, m.has_more
+    FROM claimed c CROSS JOIN more m;
+END;
+$$;

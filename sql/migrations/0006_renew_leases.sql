@@ -1,0 +1,83 @@
+-- renew_leases(instance, ids, tokens, lease) -> setof (id, claim_token, status, cancel_requested)
+--
+-- One statement for a whole batch of leases. For each (id, token) pair it sets
+-- lease_expiry = now() + lease and renewals + 1, but only on a row still fenced to the caller:
+-- same instance, same claim token, state running, lease not yet expired (an expiry of exactly
+-- now() still counts as held). Finished rows are never touched.
+--
+-- Result, one row per requested pair, in request order:
+--   status 'renewed' - the lease was extended;
+--   status 'lost'    - the row is no longer this claim's (reclaimed, released, finished,
+--                      expired): the handler must stop;
+--   status 'busy'    - the row is fenced to the caller but locked by another transaction (the
+--                      caller's own fenced transaction, usually): not renewed this time, not
+--                      lost; the caller keeps its old deadline.
+--   cancel_requested - an operator asked to cancel the item; delivered with the reply so the
+--                      handler learns it within one renewal period.
+-- An empty list returns nothing.
+--
+-- Arguments: instance not NULL; ids and tokens the same length without NULLs; lease > 0.
+-- Anything else raises WP002 naming the problem.
+-- Fencing: instance AND claim token; a renewal never extends another claim's lease.
+-- Clock rule: the new expiry is the database's now() + lease.
+CREATE FUNCTION renew_leases(
+    p_instance uuid,
+    p_ids      bigint[],
+    p_tokens   bigint[],
+    p_lease    interval
+)
+RETURNS TABLE (id bigint, claim_token bigint, status text, cancel_requested boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := now();
+BEGIN
+    IF p_instance IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'renew_leases: instance must not be null';
+    END IF;
+    IF p_ids IS NULL OR p_tokens IS NULL
+       OR cardinality(p_ids) <> cardinality(p_tokens)
+       OR array_position(p_ids, NULL) IS NOT NULL
+       OR array_position(p_tokens, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('renew_leases: ids (%s) and tokens (%s) must be lists of the same length without nulls',
+                             cardinality(p_ids), cardinality(p_tokens));
+    END IF;
+    IF p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('renew_leases: lease must be positive, got %s', p_lease);
+    END IF;
+
+    RETURN QUERY
+    WITH req AS (
+        SELECT r.id, r.token, r.ord
+        FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
+    ), fenced AS (
+        SELECT w.id, w.claim_token
+        FROM work w JOIN req ON w.id = req.id AND w.claim_token = req.token
+        WHERE w.instance_id = p_instance AND w.state = 'running' AND w.lease_expiry >= v_now
+    ), locked AS (
+        SELECT w.id
+        FROM work w JOIN fenced f ON w.id = f.id AND w.claim_token = f.claim_token
+        WHERE w.instance_id = p_instance AND w.state = 'running' AND w.lease_expiry >= v_now
+        FOR UPDATE OF w SKIP LOCKED
+    ), renewed AS (
+        UPDATE work w
+        SET lease_expiry = v_now + p_lease, renewals = w.renewals + 1
+        FROM locked l
+        WHERE w.id = l.id
+        RETURNING w.id, w.claim_token, w.cancel_requested
+    )
+    SELECT req.id, req.token,
+           CASE WHEN r.id IS NOT NULL THEN 'renewed'
+                WHEN f.id IS NOT NULL THEN 'busy'
+                ELSE 'lost' END,
+           coalesce(r.cancel_requested, false)
+    FROM req
+    LEFT JOIN renewed r ON r.id = req.id AND r.claim_token = req.token
+    LEFT JOIN fenced f ON f.id = req.id AND f.claim_token = req.token
+    ORDER BY req.ord;
+END;
+$$;

@@ -1,0 +1,90 @@
+-- fail_work(instance, ids, tokens, errors, retry_after, cancelled) -> setof (id, claim_token, state)
+--
+-- Records a failed attempt for a batch of items and decides where each goes next:
+--   cancelled[i]                               -> cancelled (the handler stopped on a cancel)
+--   retry_after[i] NULL                        -> dead (rejected for good: a dead letter)
+--   attempt >= max_attempts                    -> dead (attempts used up)
+--   retry_after[i] <= 0                        -> available at once
+--   otherwise                                  -> scheduled, run_at = now() + retry_after[i]
+-- The error is appended to the item's history as {attempt, at, instance, kind, error}
+-- (truncated to 8 KiB), so a dead letter carries every attempt's error. The retry delay
+-- (backoff with jitter) is the caller's policy; this function only applies it.
+--
+-- Result: one row per requested item, in request order: the state it went to, or NULL when
+-- the write was fenced out (the pair no longer matches a running row owned by the caller).
+-- Arguments: instance not NULL; all lists the same length; ids, tokens, errors and cancelled
+-- without NULLs; a retry_after, when given, not negative (WP002).
+-- Fencing: instance AND claim token AND state running.
+-- Clock rule: run_at, finished_at and the history's `at` are the database's now().
+CREATE FUNCTION fail_work(
+    p_instance    uuid,
+    p_ids         bigint[],
+    p_tokens      bigint[],
+    p_errors      text[],
+    p_retry_after interval[],
+    p_cancelled   boolean[]
+)
+RETURNS TABLE (id bigint, claim_token bigint, state work_state)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_n integer := cardinality(p_ids);
+BEGIN
+    IF p_instance IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'fail_work: instance must not be null';
+    END IF;
+    IF p_ids IS NULL OR p_tokens IS NULL OR p_errors IS NULL OR p_retry_after IS NULL OR p_cancelled IS NULL
+       OR cardinality(p_tokens) <> v_n OR cardinality(p_errors) <> v_n
+       OR cardinality(p_retry_after) <> v_n OR cardinality(p_cancelled) <> v_n
+       OR array_position(p_ids, NULL) IS NOT NULL
+       OR array_position(p_tokens, NULL) IS NOT NULL
+       OR array_position(p_errors, NULL) IS NOT NULL
+       OR array_position(p_cancelled, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = 'fail_work: ids, tokens, errors, retry_after and cancelled must be lists of the same length '
+                      '(only retry_after may hold nulls)';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_retry_after) r WHERE r < interval '0') THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'fail_work: retry_after must not be negative';
+    END IF;
+
+    RETURN QUERY
+    WITH req AS (
+        SELECT r.id, r.token, r.error, r.retry_after, r.cancelled, r.ord
+        FROM unnest(p_ids, p_tokens, p_errors, p_retry_after, p_cancelled)
+             WITH ORDINALITY AS r(id, token, error, retry_after, cancelled, ord)
+    ), decided AS (
+        SELECT w.id, req.error, req.retry_after, req.cancelled,
+               CASE WHEN req.cancelled THEN 'cancelled'::work_state
+                    WHEN req.retry_after IS NULL OR w.attempt >= w.max_attempts THEN 'dead'::work_state
+                    WHEN req.retry_after <= interval '0' THEN 'available'::work_state
+                    ELSE 'scheduled'::work_state
+               END AS next_state
+        FROM work w JOIN req ON w.id = req.id AND w.claim_token = req.token
+        WHERE w.instance_id = p_instance AND w.state = 'running'
+        FOR UPDATE OF w
+    ), failed AS (
+        UPDATE work w
+        SET state = d.next_state,
+            run_at = CASE WHEN d.next_state IN ('available', 'scheduled')
+                          THEN now() + d.retry_after ELSE w.run_at END,
+            finished_at = CASE WHEN d.next_state IN ('dead', 'cancelled') THEN now() END,
+            instance_id = NULL,
+            lease_expiry = NULL,
+            errors = w.errors || jsonb_build_array(jsonb_build_object(
+                'attempt', w.attempt, 'at', now(), 'instance', p_instance,
+                'kind', CASE WHEN d.cancelled THEN 'cancelled'
+                             WHEN d.retry_after IS NULL THEN 'rejected'
+                             ELSE 'failed' END,
+                'error', left(d.error, 8192)))
+        FROM decided d
+        WHERE w.id = d.id AND w.instance_id = p_instance AND w.state = 'running'
+        RETURNING w.id, w.claim_token, w.state
+    )
+    SELECT req.id, req.token, f.state
+    FROM req LEFT JOIN failed f ON f.id = req.id AND f.claim_token = req.token
+    ORDER BY req.ord;
+END;
+$$;

@@ -1,0 +1,60 @@
+-- release_work(instance, ids, tokens, consume_attempt) -> setof (id, claim_token, state)
+--
+-- Gives leases back before they expire, so peers can claim the items at once (a drain at
+-- shutdown). The item returns to available with its lease cleared. With consume_attempt
+-- false (a drain) the attempt is not counted: attempt - 1, so the next claim starts the same
+-- attempt number again under a new claim token (the token, not the attempt, fences). With
+-- consume_attempt true the attempt counts; an item with no attempts left becomes dead.
+--
+-- Result: one row per requested pair, in request order: the new state, or NULL when fenced out.
+-- Arguments: instance not NULL; ids and tokens the same length without NULLs; consume_attempt
+-- not NULL (WP002).
+-- Fencing: instance AND claim token AND state running.
+-- Clock rule: finished_at (dead) is the database's now().
+CREATE FUNCTION release_work(p_instance uuid, p_ids bigint[], p_tokens bigint[], p_consume_attempt boolean)
+RETURNS TABLE (id bigint, claim_token bigint, state work_state)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_instance IS NULL OR p_consume_attempt IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = 'release_work: instance and consume_attempt must not be null';
+    END IF;
+    IF p_ids IS NULL OR p_tokens IS NULL
+       OR cardinality(p_ids) <> cardinality(p_tokens)
+       OR array_position(p_ids, NULL) IS NOT NULL
+       OR array_position(p_tokens, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('release_work: ids (%s) and tokens (%s) must be lists of the same length without nulls',
+                             cardinality(p_ids), cardinality(p_tokens));
+    END IF;
+
+    RETURN QUERY
+    WITH req AS (
+        SELECT r.id, r.token, r.ord
+        FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
+    ), released AS (
+        UPDATE work w
+        SET state = CASE WHEN p_consume_attempt AND w.attempt >= w.max_attempts
+                         THEN 'dead'::work_state ELSE 'available'::work_state END,
+            attempt = CASE WHEN p_consume_attempt THEN w.attempt ELSE w.attempt - 1 END,
+            finished_at = CASE WHEN p_consume_attempt AND w.attempt >= w.max_attempts THEN now() END,
+            errors = CASE WHEN p_consume_attempt AND w.attempt >= w.max_attempts
+                          THEN w.errors || jsonb_build_array(jsonb_build_object(
+                               'attempt', w.attempt, 'at', now(), 'instance', p_instance,
+                               'kind', 'released', 'error', 'released with no attempts left'))
+                          ELSE w.errors END,
+            instance_id = NULL,
+            lease_expiry = NULL
+        FROM req
+        WHERE w.id = req.id AND w.claim_token = req.token
+          AND w.instance_id = p_instance AND w.state = 'running'
+        RETURNING w.id, w.claim_token, w.state
+    )
+    SELECT req.id, req.token, r.state
+    FROM req LEFT JOIN released r ON r.id = req.id AND r.claim_token = req.token
+    ORDER BY req.ord;
+END;
+$$;

@@ -1,0 +1,128 @@
+-- enqueue_work(queues, payloads, priorities, run_after, run_at, unique_keys, max_attempts)
+--   -> setof (ord, id, inserted)
+--
+-- Inserts a batch of work items in one statement: element i of every list describes item i.
+-- Works inside the caller's own transaction, so work commits (or rolls back) atomically with
+-- the caller's business writes.
+--   queues[i]       a registered queue (register_queue); an unknown queue raises WP001 naming it
+--   payloads[i]     the item's JSON payload (not NULL)
+--   priorities[i]   lower runs first; NULL = 0
+--   run_after[i]    delay from the database's now(); run_at[i] an absolute time; at most one
+--                   of the two; neither = now. Due items start available, the rest scheduled.
+--   unique_keys[i]  NULL, or a key unique per queue among unfinished items: a second enqueue
+--                   with the same key while the first is available, scheduled or running
+--                   writes nothing and returns the existing item's id (inserted = false).
+--   max_attempts[i] NULL = the queue's max_attempts; else 1..1000
+-- Ids are drawn from work_id_seq up front, so each result maps to its input without relying
+-- on the order of RETURNING.
+--
+-- Wakes claimers: one pg_notify(<schema>.wake, queue) per queue with due work. PostgreSQL folds
+-- identical notifications of one transaction into one, so a transaction notifies each queue
+-- at most once, and only when it commits.
+--
+-- Result: one row per input item, in input order (ord is 1-based).
+-- Arguments: all lists the same length, 1..50000 items; anything invalid raises WP002 naming
+-- the item, and nothing is written.
+-- Clock rule: run_at from run_after, and created_at, use the database's now().
+CREATE FUNCTION enqueue_work(
+    p_queues       text[],
+    p_payloads     jsonb[],
+    p_priorities   smallint[],
+    p_run_after    interval[],
+    p_run_at       timestamptz[],
+    p_unique_keys  text[],
+    p_max_attempts integer[]
+)
+RETURNS TABLE (ord integer, id bigint, inserted boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_n       integer := coalesce(cardinality(p_queues), 0);
+    v_now     timestamptz := now();
+    v_ids     bigint[];
+    v_unknown text;
+    v_bad     integer;
+BEGIN
+    IF v_n = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'enqueue_work: no items given';
+    END IF;
+    IF v_n > 50000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('enqueue_work: a batch of %s items exceeds the maximum of 50000', v_n);
+    END IF;
+    IF cardinality(p_payloads) IS DISTINCT FROM v_n OR cardinality(p_priorities) IS DISTINCT FROM v_n
+       OR cardinality(p_run_after) IS DISTINCT FROM v_n OR cardinality(p_run_at) IS DISTINCT FROM v_n
+       OR cardinality(p_unique_keys) IS DISTINCT FROM v_n OR cardinality(p_max_attempts) IS DISTINCT FROM v_n THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = 'enqueue_work: queues, payloads, priorities, run_after, run_at, unique_keys and max_attempts must have the same length';
+    END IF;
+
+    SELECT t.q INTO v_unknown
+    FROM unnest(p_queues) WITH ORDINALITY AS t(q, i)
+    WHERE t.q IS NULL OR NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = t.q)
+    ORDER BY t.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP001', DETAIL = coalesce(v_unknown, ''),
+            MESSAGE = format('enqueue_work: unknown queue %L (register it first)', v_unknown);
+    END IF;
+
+    SELECT t.i INTO v_bad
+    FROM unnest(p_payloads, p_run_after, p_run_at, p_max_attempts) WITH ORDINALITY AS t(p, ra, rat, ma, i)
+    WHERE t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL) OR t.ra < interval '0'
+       OR t.ma < 1 OR t.ma > 1000
+    ORDER BY t.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('enqueue_work: item %s is invalid (payload must not be null; run_after and run_at '
+                             'exclude each other; run_after must not be negative; max_attempts must be 1..1000)', v_bad);
+    END IF;
+
+    v_ids := ARRAY(SELECT nextval('work_id_seq') FROM generate_series(1, v_n));
+
+    INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key)
+    SELECT v_ids[t.i], t.q,
+           CASE WHEN t.due <= v_now THEN 'available'::work_state ELSE 'scheduled'::work_state END,
+           coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due, t.p, t.ukey
+    FROM (
+        SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
+                         WHEN u.ra IS NOT NULL THEN v_now + u.ra
+                         ELSE v_now END AS due
+        FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts)
+             WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, i)
+    ) t
+    JOIN queues q ON q.name = t.q
+    ORDER BY t.i
+    ON CONFLICT (queue, unique_key)
+        WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running')
+        DO NOTHING;
+
+    PERFORM pg_notify(current_schema() || '.wake', d.q)
+    FROM (
+        SELECT DISTINCT u.q
+        FROM unnest(p_queues, p_run_after, p_run_at) AS u(q, ra, rat)
+        WHERE (u.ra IS NULL OR u.ra <= interval '0') AND (u.rat IS NULL OR u.rat <= v_now)
+    ) d;
+
+    IF NOT EXISTS (SELECT 1 FROM unnest(p_unique_keys) k WHERE k IS NOT NULL) THEN
+        -- No unique keys: nothing can have conflicted.
+        RETURN QUERY SELECT g.i::integer, v_ids[g.i], true FROM generate_series(1, v_n) AS g(i);
+        RETURN;
+    END IF;
+
+    -- Some items carry unique keys: report the existing item for each one that conflicted
+    -- (this statement sees the rows just inserted, and those other transactions committed).
+    RETURN QUERY
+    SELECT t.i::integer, coalesce(w.id, dup.id), w.id IS NOT NULL
+    FROM unnest(v_ids, p_queues, p_unique_keys) WITH ORDINALITY AS t(id, q, ukey, i)
+    LEFT JOIN work w ON w.id = t.id
+    LEFT JOIN LATERAL (
+        SELECT x.id FROM work x
+        WHERE w.id IS NULL AND x.queue = t.q AND x.unique_key = t.ukey
+          AND x.state IN ('available', 'scheduled', 'running')
+        LIMIT 1
+    ) dup ON true
+    ORDER BY t.i;
+END;
+$$;

@@ -1,0 +1,2 @@
+-- Enqueue a batch: queues, payloads (JSON text), priorities, delays, times, unique keys, max attempts.
+SELECT ord, id, inserted FROM {schema}.enqueue_work($1, $2::jsonb[], $3, $4, $5, $6, $7)

@@ -1,0 +1,2 @@
+-- migrate: the schema that holds every workpump object.
+CREATE SCHEMA IF NOT EXISTS {schema}
