@@ -12,6 +12,9 @@
 //! lease-renewal, maintenance) decide when to call it, and the host wires them. Arrows:
 //! coordinator ← workers ← host. No `sqlx` type crosses the trait.
 //!
+//! It also holds the [`Worker`] contract that every worker implements, because every worker
+//! crate depends on this one and on no other.
+//!
 //! Two rules hold for every call: the store's clock is the only clock (callers pass
 //! durations, never timestamps they computed), and every write on a leased item is fenced on
 //! the owning instance and the claim token minted by the claim.
@@ -21,6 +24,7 @@ mod error;
 mod pg;
 mod types;
 mod validate;
+mod worker;
 
 #[cfg(feature = "testing")]
 pub mod conformance;
@@ -30,10 +34,11 @@ mod fake;
 pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 pub use error::{Error, Result};
 #[cfg(feature = "testing")]
-pub use fake::FakeCoordinator;
+pub use fake::{Call, FakeCoordinator, Method};
 pub use pg::{migrate, FencedTransaction, PgCoordinator, DEFAULT_SCHEMA};
 pub use types::*;
 pub use validate::{validate_queue_name, validate_schema_name};
+pub use worker::{ConfigProblem, Worker, WorkerError};
 
 /// Attempts an item gets unless its queue or the item says otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
