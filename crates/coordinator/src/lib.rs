@@ -21,6 +21,7 @@
 
 mod coordinator;
 mod error;
+mod identity;
 mod pg;
 mod types;
 mod validate;
@@ -33,6 +34,7 @@ mod fake;
 
 pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 pub use error::{Error, Result};
+pub use identity::{Generation, Identity};
 #[cfg(feature = "testing")]
 pub use fake::{Call, FakeCoordinator, Method};
 pub use pg::{migrate, FencedTransaction, PgCoordinator, DEFAULT_SCHEMA};
