@@ -323,7 +323,8 @@ pub async fn orphan_predicate_truth_table(h: &dyn Harness) {
     // `a` is reaped: its lease is released (owner and expiry NULL).
     h.age_heartbeat(a, STALE * 2).await;
     assert_eq!(cleanup(h, Some(DEAD)).await.reaped.len(), 1);
-    h.set_lease_expiry(past, chrono::Duration::seconds(-1)).await;
+    h.set_lease_expiry(past, chrono::Duration::seconds(-1))
+        .await;
     h.set_lease_expiry(future, chrono::Duration::seconds(30))
         .await;
     let done = held
@@ -343,7 +344,10 @@ pub async fn orphan_predicate_truth_table(h: &dyn Harness) {
     assert!(got.contains(&unowned), "unowned (released): claimable");
     assert!(got.contains(&past), "owned, expiry in the past: claimable");
     assert!(!got.contains(&exact), "expiry exactly now: not claimable");
-    assert!(!got.contains(&future), "expiry in the future: not claimable");
+    assert!(
+        !got.contains(&future),
+        "expiry in the future: not claimable"
+    );
     assert!(!got.contains(&finished), "finished: not claimable");
     assert_eq!(got.len(), 2);
     assert!(out.items.iter().all(|i| i.reclaimed && i.attempt == 2));
@@ -507,7 +511,10 @@ pub async fn an_orphan_with_attempts_used_up_becomes_a_dead_letter(h: &dyn Harne
     let r = row(h, id).await;
     assert_eq!(r.state, WorkState::Dead);
     assert!(r.finished && r.instance.is_none() && !r.has_lease);
-    assert_eq!(r.errors.last().map(|e| e.kind.as_str()), Some("lease_expired"));
+    assert_eq!(
+        r.errors.last().map(|e| e.kind.as_str()),
+        Some("lease_expired")
+    );
 }
 
 /// The drain hint is true exactly when claimable rows were left after filling the batch.
@@ -681,7 +688,10 @@ pub async fn cleanup_releases_every_lease_of_the_instances_it_deletes(h: &dyn Ha
     );
     for c in &dead_items.items {
         let r = row(h, c.fence.id).await;
-        assert_eq!((r.state, r.instance, r.has_lease), (WorkState::Running, None, false));
+        assert_eq!(
+            (r.state, r.instance, r.has_lease),
+            (WorkState::Running, None, false)
+        );
     }
     for c in &live_items.items {
         assert_eq!(row(h, c.fence.id).await.instance, Some(live));
@@ -909,14 +919,28 @@ pub async fn failure_with_retry_schedules_the_item_and_keeps_the_error(h: &dyn H
         Some(WorkState::Scheduled)
     );
     assert_eq!(
-        fail(h, me, now, "bang\0!", FailDisposition::RetryAfter(Duration::ZERO)).await,
+        fail(
+            h,
+            me,
+            now,
+            "bang\0!",
+            FailDisposition::RetryAfter(Duration::ZERO)
+        )
+        .await,
         Some(WorkState::Available)
     );
     let r = row(h, later.id).await;
-    assert_eq!((r.state, r.attempt, r.instance), (WorkState::Scheduled, 1, None));
+    assert_eq!(
+        (r.state, r.attempt, r.instance),
+        (WorkState::Scheduled, 1, None)
+    );
     assert_eq!(r.errors.len(), 1);
     assert_eq!(
-        (r.errors[0].attempt, r.errors[0].kind.as_str(), r.errors[0].error.as_str()),
+        (
+            r.errors[0].attempt,
+            r.errors[0].kind.as_str(),
+            r.errors[0].error.as_str()
+        ),
         (1, "failed", "boom")
     );
     assert_eq!(r.errors[0].instance, Some(me.to_string()));
@@ -958,7 +982,10 @@ pub async fn failure_at_max_attempts_dead_letters_with_the_full_history(h: &dyn 
         .iter()
         .map(|e| (e.attempt, e.error.as_str()))
         .collect();
-    assert_eq!(history, vec![(1, "error 1"), (2, "error 2"), (3, "error 3")]);
+    assert_eq!(
+        history,
+        vec![(1, "error 1"), (2, "error 2"), (3, "error 3")]
+    );
     assert!(claim(h, me, &["q"], 10).await.items.is_empty());
 }
 
@@ -1003,7 +1030,10 @@ pub async fn a_drained_release_does_not_consume_an_attempt(h: &dyn Harness) {
         .expect("release");
     assert_eq!(out.items[0].state, Some(WorkState::Available));
     let r = row(h, id).await;
-    assert_eq!((r.state, r.attempt, r.instance), (WorkState::Available, 0, None));
+    assert_eq!(
+        (r.state, r.attempt, r.instance),
+        (WorkState::Available, 0, None)
+    );
     let taken = claim_one(h, peer, "q").await;
     assert_eq!(taken.attempt, 1, "the attempt was not counted");
     assert!(!taken.reclaimed);
@@ -1089,10 +1119,16 @@ pub async fn enqueue_refuses_unknown_queues_oversized_batches_and_invalid_payloa
     ])
     .await
     .unwrap_err();
-    assert!(matches!(&err, Error::UnknownQueue(q) if q == "nope"), "{err}");
-    let err = try_enqueue(vec![NewWork::new("q", json!(1)); crate::MAX_ENQUEUE_BATCH + 1])
-        .await
-        .unwrap_err();
+    assert!(
+        matches!(&err, Error::UnknownQueue(q) if q == "nope"),
+        "{err}"
+    );
+    let err = try_enqueue(vec![
+        NewWork::new("q", json!(1));
+        crate::MAX_ENQUEUE_BATCH + 1
+    ])
+    .await
+    .unwrap_err();
     assert!(
         matches!(&err, Error::InvalidArgument(m) if m.contains("exceeds the maximum")),
         "{err}"
@@ -1110,7 +1146,10 @@ pub async fn enqueue_refuses_unknown_queues_oversized_batches_and_invalid_payloa
     let err = try_enqueue(vec![NewWork::new("bad name!", json!(1))])
         .await
         .unwrap_err();
-    assert!(matches!(&err, Error::InvalidArgument(m) if m.contains("queue name")), "{err}");
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("queue name")),
+        "{err}"
+    );
     let err = try_enqueue(vec![]).await.unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     assert_eq!(h.work_count().await, 0, "nothing was written");
@@ -1183,7 +1222,10 @@ pub async fn scheduled_items_are_scheduled_and_priorities_kept(h: &dyn Harness) 
     )
     .await;
     let a = row(h, ids[0]).await;
-    assert_eq!((a.state, a.priority, a.max_attempts), (WorkState::Scheduled, 3, 7));
+    assert_eq!(
+        (a.state, a.priority, a.max_attempts),
+        (WorkState::Scheduled, 3, 7)
+    );
     let b = row(h, ids[1]).await;
     assert_eq!((b.state, b.max_attempts), (WorkState::Available, 2));
 }

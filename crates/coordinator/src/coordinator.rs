@@ -38,8 +38,7 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     async fn release_work(&self, params: ReleaseWorkParams) -> Result<ReleaseWorkOutcome>;
 
     /// Saves a checkpoint (fenced); [`crate::Error::FencedOut`] when the claim lost the item.
-    async fn checkpoint_work(&self, params: CheckpointWorkParams)
-        -> Result<CheckpointWorkOutcome>;
+    async fn checkpoint_work(&self, params: CheckpointWorkParams) -> Result<CheckpointWorkOutcome>;
 
     /// Refreshes the instance's heartbeat and, when a peer is stale, sweeps stale instances.
     async fn record_heartbeat(

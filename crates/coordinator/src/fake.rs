@@ -416,8 +416,7 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
 
     // 1. Promote due scheduled rows.
     for r in st.work.values_mut() {
-        if r.state == WorkState::Scheduled && r.run_at <= now && queues.contains(r.queue.as_str())
-        {
+        if r.state == WorkState::Scheduled && r.run_at <= now && queues.contains(r.queue.as_str()) {
             r.state = WorkState::Available;
         }
     }
@@ -808,10 +807,7 @@ impl WorkCoordinator for FakeCoordinator {
         Ok(OutcomeBatch { items })
     }
 
-    async fn checkpoint_work(
-        &self,
-        params: CheckpointWorkParams,
-    ) -> Result<CheckpointWorkOutcome> {
+    async fn checkpoint_work(&self, params: CheckpointWorkParams) -> Result<CheckpointWorkOutcome> {
         self.enter(Method::CheckpointWork, 1).await?;
         validate::validate_checkpoint(&params)?;
         let mut st = self.state();
@@ -868,7 +864,12 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::CleanupStaleInstances, 0).await?;
         validate::validate_stale(params.stale_after, params.dead_after)?;
         let now = self.now();
-        let reaped = cleanup(&mut self.state(), now, params.stale_after, params.dead_after);
+        let reaped = cleanup(
+            &mut self.state(),
+            now,
+            params.stale_after,
+            params.dead_after,
+        );
         Ok(CleanupStaleInstancesOutcome { reaped })
     }
 

@@ -34,9 +34,9 @@ mod fake;
 
 pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 pub use error::{Error, Result};
-pub use identity::{Generation, Identity};
 #[cfg(feature = "testing")]
 pub use fake::{Call, FakeCoordinator, Method};
+pub use identity::{Generation, Identity};
 pub use pg::{migrate, FencedTransaction, PgCoordinator, DEFAULT_SCHEMA};
 pub use types::*;
 pub use validate::{validate_queue_name, validate_schema_name};

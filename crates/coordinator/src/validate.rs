@@ -277,7 +277,15 @@ mod tests {
         for ok in ["workpump", "wp_2", "_x"] {
             assert!(validate_schema_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Workpump", "1wp", "pg_catalog", "a\"b", "a-b", &"x".repeat(41)] {
+        for bad in [
+            "",
+            "Workpump",
+            "1wp",
+            "pg_catalog",
+            "a\"b",
+            "a-b",
+            &"x".repeat(41),
+        ] {
             assert!(validate_schema_name(bad).is_err(), "{bad}");
         }
     }
@@ -330,7 +338,10 @@ mod tests {
             ],
         };
         let err = validate_enqueue(&p).unwrap_err().to_string();
-        assert!(err.contains("item 1") && err.contains("max_attempts"), "{err}");
+        assert!(
+            err.contains("item 1") && err.contains("max_attempts"),
+            "{err}"
+        );
         let empty = EnqueueWorkParams { items: vec![] };
         assert!(validate_enqueue(&empty).is_err());
         let huge = EnqueueWorkParams {

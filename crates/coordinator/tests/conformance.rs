@@ -19,7 +19,9 @@ struct PgHarness {
 }
 
 async fn pg() -> Arc<PgHarness> {
-    let server = workpump_testdb::server().await.expect("a PostgreSQL server");
+    let server = workpump_testdb::server()
+        .await
+        .expect("a PostgreSQL server");
     let db = server.create_database().await.expect("a fresh database");
     let pool = PgPoolOptions::new()
         .max_connections(12)
@@ -67,7 +69,9 @@ impl Harness for PgHarness {
             priority: r.get("priority"),
             attempt: r.get("attempt"),
             max_attempts: r.get("max_attempts"),
-            instance: r.get::<Option<uuid::Uuid>, _>("instance_id").map(InstanceId),
+            instance: r
+                .get::<Option<uuid::Uuid>, _>("instance_id")
+                .map(InstanceId),
             has_lease: r.get("has_lease"),
             claim_token: r.get("claim_token"),
             renewals: r.get("renewals"),
@@ -179,11 +183,13 @@ impl Harness for PgHarness {
     }
 
     async fn instance_registered(&self, instance: InstanceId) -> bool {
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM workpump.instances WHERE instance_id = $1)")
-            .bind(instance.0)
-            .fetch_one(&self.pool)
-            .await
-            .expect("read instance")
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM workpump.instances WHERE instance_id = $1)",
+        )
+        .bind(instance.0)
+        .fetch_one(&self.pool)
+        .await
+        .expect("read instance")
     }
 
     async fn kill_alive_lock_session(&self, instance: InstanceId) {

@@ -49,7 +49,10 @@ async fn connect(options: &PgConnectOptions, channel: &str) -> Result<PgListener
         .await
         .map_err(|e| db_error(ctx(), e))?;
     listener.ignore_pool_close_event(true);
-    listener.listen(channel).await.map_err(|e| db_error(ctx(), e))?;
+    listener
+        .listen(channel)
+        .await
+        .map_err(|e| db_error(ctx(), e))?;
     Ok(listener)
 }
 

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgDatabaseError, PgPool, PgPoolOptions};
 use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgDatabaseError, PgPool, PgPoolOptions};
 use sqlx::{Connection, Postgres, Transaction};
 
 use crate::coordinator::{WakeListener, WorkCoordinator};
@@ -275,7 +275,12 @@ impl PgCoordinator {
     async fn outcome_rows(
         &self,
         ctx: String,
-        query: sqlx::query::QueryAs<'_, Postgres, (i64, i64, Option<String>), sqlx::postgres::PgArguments>,
+        query: sqlx::query::QueryAs<
+            '_,
+            Postgres,
+            (i64, i64, Option<String>),
+            sqlx::postgres::PgArguments,
+        >,
     ) -> Result<OutcomeBatch> {
         let rows = query
             .fetch_all(&self.pool)
@@ -347,10 +352,12 @@ impl FencedTransaction {
     /// Rolls back the business writes; the item stays leased to the claim.
     pub async fn rollback(self) -> Result<()> {
         let id = self.fence.id;
-        self.tx
-            .rollback()
-            .await
-            .map_err(|e| db_error(format!("rolling back the fenced transaction of item {id}"), e))
+        self.tx.rollback().await.map_err(|e| {
+            db_error(
+                format!("rolling back the fenced transaction of item {id}"),
+                e,
+            )
+        })
     }
 }
 
@@ -523,10 +530,7 @@ impl WorkCoordinator for PgCoordinator {
             .await
     }
 
-    async fn checkpoint_work(
-        &self,
-        params: CheckpointWorkParams,
-    ) -> Result<CheckpointWorkOutcome> {
+    async fn checkpoint_work(&self, params: CheckpointWorkParams) -> Result<CheckpointWorkOutcome> {
         validate::validate_checkpoint(&params)?;
         let id = params.fence.id;
         let saved: bool = sqlx::query_scalar(&self.stmts.checkpoint_work)

@@ -1,0 +1,247 @@
+//! The server a test process uses, and the fresh databases it hands out.
+
+use std::env;
+use std::thread;
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::OnceCell;
+use uuid::Uuid;
+
+use crate::cluster::Cluster;
+use crate::error::{Error, Result};
+use crate::url;
+
+/// Connections of one [`TestDatabase::pool`].
+const POOL_MAX_CONNECTIONS: u32 = 20;
+
+/// The maintenance database of the throwaway cluster.
+const ADMIN_DATABASE: &str = "postgres";
+
+/// This process's server; only URLs and paths are cached, never a pool (a pool belongs to
+/// the runtime it was made on, and every `#[tokio::test]` makes its own).
+static SERVER: OnceCell<Server> = OnceCell::const_new();
+
+/// The server for this process: `DATABASE_URL`'s if that is set and not empty, or else the
+/// shared throwaway `"test"` cluster, started if needed. Initialised once per process;
+/// concurrent callers wait for the first and share its result.
+pub async fn server() -> Result<&'static Server> {
+    SERVER.get_or_try_init(Server::from_environment).await
+}
+
+/// A PostgreSQL server on which tests create fresh databases. Get it from [`server`].
+#[derive(Debug)]
+pub struct Server {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// The throwaway cluster, and the URL of its `postgres` database.
+    Cluster {
+        cluster: Box<Cluster>,
+        admin_url: String,
+    },
+    /// `DATABASE_URL`'s server; the URL as given is the admin URL.
+    External { url: String },
+}
+
+impl Server {
+    async fn from_environment() -> Result<Server> {
+        if let Some(url) = env::var("DATABASE_URL")
+            .ok()
+            .filter(|url| !url.trim().is_empty())
+        {
+            // Fail here, once, with the URL in the message, rather than in every test.
+            let connection = connect(&url).await?;
+            let _ = connection.close().await;
+            return Ok(Server {
+                kind: Kind::External { url },
+            });
+        }
+        let cluster = tokio::task::spawn_blocking(|| {
+            let cluster = Cluster::test()?;
+            cluster.start()?;
+            Ok::<_, Error>(cluster)
+        })
+        .await
+        .map_err(|join_error| Error::Io {
+            context: "starting the throwaway PostgreSQL".to_owned(),
+            source: std::io::Error::other(join_error),
+        })??;
+        let admin_url = cluster.url(ADMIN_DATABASE);
+        Ok(Server {
+            kind: Kind::Cluster {
+                cluster: Box::new(cluster),
+                admin_url,
+            },
+        })
+    }
+
+    /// The URL to administer the server with: the throwaway cluster's `postgres` database,
+    /// or `DATABASE_URL` as given.
+    pub fn admin_url(&self) -> &str {
+        match &self.kind {
+            Kind::Cluster { admin_url, .. } => admin_url,
+            Kind::External { url } => url,
+        }
+    }
+
+    /// Creates a fresh, empty database `wp_<uuid>` (a copy of `template1`).
+    pub async fn create_database(&self) -> Result<TestDatabase> {
+        let name = format!("wp_{}", Uuid::new_v4().simple());
+        let admin_url = self.admin_url().to_owned();
+        let mut connection = connect(&admin_url).await?;
+        sqlx::raw_sql(&format!("CREATE DATABASE {}", quote_identifier(&name)))
+            .execute(&mut connection)
+            .await
+            .map_err(|source| Error::Database {
+                context: format!(
+                    "creating database {name} (the user needs the CREATEDB privilege)"
+                ),
+                source,
+            })?;
+        let _ = connection.close().await;
+        Ok(TestDatabase {
+            url: self.url_for(&name),
+            name,
+            admin_url,
+            dropped: false,
+        })
+    }
+
+    /// The URL of database `db` on this server (through the unix socket for the throwaway
+    /// cluster).
+    pub fn url_for(&self, db: &str) -> String {
+        match &self.kind {
+            Kind::Cluster { cluster, .. } => cluster.url(db),
+            Kind::External { url } => url::with_database(url, db),
+        }
+    }
+
+    /// The TCP URL of database `db` (for a proxy in between); `None` for a `DATABASE_URL`
+    /// server, whose URL is used as given.
+    pub fn tcp_url_for(&self, db: &str) -> Option<String> {
+        match &self.kind {
+            Kind::Cluster { cluster, .. } => Some(cluster.tcp_url(db)),
+            Kind::External { .. } => None,
+        }
+    }
+
+    /// The throwaway cluster behind this server (to restart it, say); `None` for a
+    /// `DATABASE_URL` server.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        match &self.kind {
+            Kind::Cluster { cluster, .. } => Some(cluster),
+            Kind::External { .. } => None,
+        }
+    }
+}
+
+/// A fresh database for one test. Dropping it drops the database (best effort);
+/// [`TestDatabase::drop_database`] does so and reports errors.
+#[derive(Debug)]
+pub struct TestDatabase {
+    name: String,
+    url: String,
+    admin_url: String,
+    dropped: bool,
+}
+
+impl TestDatabase {
+    /// The database's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The database's name, `wp_<uuid>`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A new pool on this database, of at most 20 connections. Make it inside the runtime
+    /// that uses it.
+    pub async fn pool(&self) -> Result<PgPool> {
+        PgPoolOptions::new()
+            .max_connections(POOL_MAX_CONNECTIONS)
+            .connect(&self.url)
+            .await
+            .map_err(|source| Error::Connect {
+                url: url::redact(&self.url),
+                source,
+            })
+    }
+
+    /// Drops the database, disconnecting whoever is still connected.
+    pub async fn drop_database(mut self) -> Result<()> {
+        self.dropped = true;
+        drop_database(&self.admin_url, &self.name).await
+    }
+}
+
+impl Drop for TestDatabase {
+    /// Drops the database on a thread of its own with its own runtime, so that it works
+    /// inside and outside a runtime alike, and waits for it, so that the process does not
+    /// exit first. Errors are logged at debug level and otherwise ignored.
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let admin_url = std::mem::take(&mut self.admin_url);
+        let name = std::mem::take(&mut self.name);
+        let dropper = thread::Builder::new()
+            .name("testdb-drop".to_owned())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(Error::io("building a runtime to drop a test database"))?;
+                runtime.block_on(drop_database(&admin_url, &name))
+            });
+        let outcome = match dropper {
+            Ok(handle) => handle.join().unwrap_or_else(|_| {
+                Err(Error::Io {
+                    context: "dropping a test database".to_owned(),
+                    source: std::io::Error::other("the dropping thread panicked"),
+                })
+            }),
+            Err(source) => Err(Error::Io {
+                context: "spawning a thread to drop a test database".to_owned(),
+                source,
+            }),
+        };
+        if let Err(error) = outcome {
+            tracing::debug!(%error, database = %self.url, "could not drop test database");
+        }
+    }
+}
+
+async fn drop_database(admin_url: &str, name: &str) -> Result<()> {
+    let mut connection = connect(admin_url).await?;
+    sqlx::raw_sql(&format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        quote_identifier(name)
+    ))
+    .execute(&mut connection)
+    .await
+    .map_err(|source| Error::Database {
+        context: format!("dropping database {name}"),
+        source,
+    })?;
+    let _ = connection.close().await;
+    Ok(())
+}
+
+async fn connect(url: &str) -> Result<PgConnection> {
+    PgConnection::connect(url)
+        .await
+        .map_err(|source| Error::Connect {
+            url: url::redact(url),
+            source,
+        })
+}
+
+/// `name` as an SQL identifier.
+fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

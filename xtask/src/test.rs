@@ -1,0 +1,45 @@
+//! `cargo xtask test [ARGS...]`: start the test cluster, then run every test of the
+//! workspace — with nextest if installed (one process per test), else `cargo test`.
+
+use std::env;
+use std::ffi::OsString;
+use std::process::{Command, ExitCode, Stdio};
+
+use workpump_testdb::Cluster;
+
+use crate::Outcome;
+
+pub(crate) fn run(args: &[String]) -> Outcome {
+    // With DATABASE_URL the tests use that server; without, they find the cluster running
+    // (started here once rather than raced for by the first test processes).
+    if env::var("DATABASE_URL").is_ok_and(|url| !url.trim().is_empty()) {
+        eprintln!("using DATABASE_URL's server");
+    } else {
+        let cluster = Cluster::test()?;
+        cluster.start()?;
+        eprintln!("PostgreSQL: {}", cluster.url("postgres"));
+    }
+
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let has_nextest = Command::new(&cargo)
+        .args(["nextest", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    let mut command = Command::new(&cargo);
+    if has_nextest {
+        command.args(["nextest", "run", "--workspace"]);
+    } else {
+        eprintln!(
+            "cargo-nextest not found; running `cargo test` (install: cargo install cargo-nextest)"
+        );
+        command.args(["test", "--workspace"]);
+    }
+    let status = command.args(args).status()?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}
