@@ -43,7 +43,7 @@ async fn connect(options: &PgConnectOptions, channel: &str) -> Result<PgListener
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(3))
         .connect_lazy_with(options.clone());
     let mut listener = PgListener::connect_with(&pool)
         .await

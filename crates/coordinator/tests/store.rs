@@ -1,0 +1,456 @@
+//! What only the PostgreSQL store has: migrations, constraints, caller transactions, NOTIFY,
+//! row locks, schemas and an unreachable server.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Connection;
+use workpump_coordinator::*;
+use workpump_testdb::TestDatabase;
+
+async fn fresh() -> (TestDatabase, PgPool) {
+    let server = workpump_testdb::server().await.expect("a PostgreSQL server");
+    let db = server.create_database().await.expect("a fresh database");
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(db.url())
+        .await
+        .expect("connect");
+    (db, pool)
+}
+
+async fn migrated() -> (TestDatabase, PgPool, PgCoordinator) {
+    let (db, pool) = fresh().await;
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let c = PgCoordinator::new(pool.clone());
+    c.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .expect("queue");
+    (db, pool, c)
+}
+
+async fn registered(c: &PgCoordinator) -> InstanceId {
+    let me = InstanceId::new();
+    c.record_heartbeat(RecordHeartbeatParams {
+        instance: me,
+        host: "test".into(),
+        metadata: json!({}),
+        stale_after: Duration::from_secs(30),
+        dead_after: Some(Duration::from_secs(300)),
+    })
+    .await
+    .expect("heartbeat");
+    me
+}
+
+async fn claim_one(c: &PgCoordinator, me: InstanceId) -> ClaimedWork {
+    let out = c
+        .claim_work(ClaimWorkParams {
+            instance: me,
+            queues: vec!["q".into()],
+            max_items: 1,
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .expect("claim");
+    out.items.into_iter().next().expect("one item")
+}
+
+#[tokio::test]
+async fn migrations_run_twice_are_a_no_op_and_concurrent_migrations_are_safe() {
+    let (_db, pool) = fresh().await;
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { migrate(&pool, DEFAULT_SCHEMA).await })
+        })
+        .collect();
+    for r in runs {
+        r.await.expect("task").expect("concurrent migrate");
+    }
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("again");
+    let applied: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM workpump._sqlx_migrations WHERE success",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/migrations"))
+        .expect("sql/migrations")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sql"))
+        })
+        .count();
+    assert_eq!(applied as usize, files);
+    // The pool's own connections never saw the migration's search_path.
+    let path: String = sqlx::query_scalar("SHOW search_path")
+        .fetch_one(&pool)
+        .await
+        .expect("search_path");
+    assert!(!path.contains("workpump"), "{path}");
+}
+
+#[tokio::test]
+async fn constraints_make_impossible_states_impossible() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!(1))],
+    })
+    .await
+    .expect("enqueue");
+    let item = claim_one(&c, me).await;
+    let cases = [
+        ("UPDATE workpump.work SET lease_expiry = NULL WHERE id = $1", "work_owner_has_expiry"),
+        ("UPDATE workpump.work SET attempt = -1 WHERE id = $1", "work_attempt_in_range"),
+        ("UPDATE workpump.work SET state = 'available' WHERE id = $1", "work_only_running_is_owned"),
+        ("UPDATE workpump.work SET claim_token = NULL WHERE id = $1", "work_running_has_claim"),
+        ("UPDATE workpump.work SET finished_at = now() WHERE id = $1", "work_finished_at_iff_finished"),
+    ];
+    for (sql, constraint) in cases {
+        let err = sqlx::query(sql)
+            .bind(item.fence.id)
+            .execute(&pool)
+            .await
+            .expect_err(sql);
+        let db = err.as_database_error().expect("a database error");
+        assert_eq!(db.constraint(), Some(constraint), "{sql}: {db}");
+    }
+    let err = sqlx::query("UPDATE workpump.work SET state = 'lost' WHERE id = $1")
+        .bind(item.fence.id)
+        .execute(&pool)
+        .await
+        .expect_err("unknown state");
+    assert!(err.to_string().contains("invalid input value for enum"), "{err}");
+}
+
+#[tokio::test]
+async fn enqueue_in_a_caller_transaction_commits_or_rolls_back_with_it() {
+    let (_db, pool, c) = migrated().await;
+    let mut tx = pool.begin().await.expect("begin");
+    c.enqueue_with(
+        &mut tx,
+        EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!("rolled back")); 3],
+        },
+    )
+    .await
+    .expect("enqueue");
+    tx.rollback().await.expect("rollback");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(n, 0, "a rolled-back enqueue leaves nothing");
+
+    let mut tx = pool.begin().await.expect("begin");
+    let out = c
+        .enqueue_with(
+            &mut tx,
+            EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!("kept")); 2],
+            },
+        )
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE id = ANY($1)")
+        .bind(out.items.iter().map(|e| e.id).collect::<Vec<_>>())
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(n, 2);
+}
+
+#[tokio::test]
+async fn a_failed_enqueue_inside_a_transaction_writes_nothing_of_the_batch() {
+    let (_db, pool, c) = migrated().await;
+    let mut conn = pool.acquire().await.expect("conn");
+    let err = c
+        .enqueue_with(
+            &mut conn,
+            EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!(1)), NewWork::new("unknown", json!(2))],
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, Error::UnknownQueue(q) if q == "unknown"), "{err}");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("count");
+    assert_eq!(n, 0);
+}
+
+/// NOTIFY goes out on commit, once per queue per transaction, and reaches a listener.
+#[tokio::test]
+async fn enqueue_wakes_listeners_once_per_queue_per_transaction_on_commit() {
+    let (_db, pool, c) = migrated().await;
+    c.register_queue(RegisterQueueParams::new("other"))
+        .await
+        .expect("queue");
+    c.register_queue(RegisterQueueParams::new("sentinel"))
+        .await
+        .expect("queue");
+    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("event"),
+        ListenEvent::Connected
+    );
+    let mut tx = pool.begin().await.expect("begin");
+    for _ in 0..3 {
+        c.enqueue_with(
+            &mut tx,
+            EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!(1)), NewWork::new("other", json!(2))],
+            },
+        )
+        .await
+        .expect("enqueue");
+    }
+    // A delayed item wakes nobody.
+    c.enqueue_with(
+        &mut tx,
+        EnqueueWorkParams {
+            items: vec![NewWork::new("sentinel", json!(0)).run_after(Duration::from_secs(600))],
+        },
+    )
+    .await
+    .expect("enqueue");
+    tx.commit().await.expect("commit");
+    // A later transaction's signal marks the end of the first one's.
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("sentinel", json!(1))],
+    })
+    .await
+    .expect("enqueue");
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let deadline = Duration::from_secs(10);
+    loop {
+        let event = tokio::time::timeout(deadline, listener.next_event())
+            .await
+            .expect("a signal within the deadline")
+            .expect("event");
+        match event {
+            ListenEvent::Wake { queue } if queue == "sentinel" => break,
+            ListenEvent::Wake { queue } => *seen.entry(queue).or_default() += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        seen,
+        HashMap::from([("q".to_owned(), 1), ("other".to_owned(), 1)])
+    );
+}
+
+#[tokio::test]
+async fn a_terminated_listener_reports_disconnected_then_reconnects_and_hears_again() {
+    let (_db, pool, c) = migrated().await;
+    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("event"),
+        ListenEvent::Connected
+    );
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("terminate");
+    assert_eq!(killed, vec![true]);
+    let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+        .await
+        .expect("in time")
+        .expect("event");
+    assert_eq!(event, ListenEvent::Disconnected);
+    let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+        .await
+        .expect("in time")
+        .expect("reconnect");
+    assert_eq!(event, ListenEvent::Connected);
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!(1))],
+    })
+    .await
+    .expect("enqueue");
+    let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+        .await
+        .expect("in time")
+        .expect("event");
+    assert_eq!(
+        event,
+        ListenEvent::Wake {
+            queue: "q".into()
+        }
+    );
+}
+
+/// Transactional completion: business write and completion commit together.
+#[tokio::test]
+async fn a_fenced_transaction_commits_the_business_write_with_the_completion() {
+    let (_db, pool, c) = migrated().await;
+    sqlx::query("CREATE TABLE effects (item bigint PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .expect("table");
+    let me = registered(&c).await;
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!(1))],
+    })
+    .await
+    .expect("enqueue");
+    let item = claim_one(&c, me).await;
+    let mut tx = c.begin_fenced(me, item.fence).await.expect("fenced tx");
+    sqlx::query("INSERT INTO effects VALUES ($1)")
+        .bind(item.fence.id)
+        .execute(tx.connection())
+        .await
+        .expect("business write");
+    // While the transaction holds the row, a renewal is busy, not lost.
+    let renewal = c
+        .renew_leases(RenewLeasesParams {
+            instance: me,
+            leases: vec![item.fence],
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .expect("renew");
+    assert_eq!(renewal.items[0].status, RenewalStatus::Busy);
+    tx.complete().await.expect("complete");
+    let state: String = sqlx::query_scalar("SELECT state::text FROM workpump.work WHERE id = $1")
+        .bind(item.fence.id)
+        .fetch_one(&pool)
+        .await
+        .expect("state");
+    assert_eq!(state, "completed");
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .expect("effects");
+    assert_eq!(effects, 1);
+}
+
+#[tokio::test]
+async fn a_fenced_transaction_on_a_lost_lease_is_refused_and_writes_nothing() {
+    let (_db, pool, c) = migrated().await;
+    let zombie = registered(&c).await;
+    let peer = registered(&c).await;
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!(1))],
+    })
+    .await
+    .expect("enqueue");
+    let old = claim_one(&c, zombie).await;
+    sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
+        .bind(old.fence.id)
+        .execute(&pool)
+        .await
+        .expect("expire");
+    let new = claim_one(&c, peer).await;
+    assert_eq!(new.fence.id, old.fence.id);
+    let err = c.begin_fenced(zombie, old.fence).await.unwrap_err();
+    assert!(matches!(err, Error::FencedOut { id } if id == old.fence.id), "{err}");
+    // Rolling back keeps the claim: the holder can still finish.
+    let tx = c.begin_fenced(peer, new.fence).await.expect("fenced tx");
+    tx.rollback().await.expect("rollback");
+    let done = c
+        .complete_work(CompleteWorkParams {
+            instance: peer,
+            items: vec![new.fence],
+        })
+        .await
+        .expect("complete");
+    assert!(done.all_recorded().is_ok());
+}
+
+#[tokio::test]
+async fn two_schemas_in_one_database_are_independent() {
+    let (_db, pool) = fresh().await;
+    migrate(&pool, "tenant_a").await.expect("migrate a");
+    migrate(&pool, "tenant_b").await.expect("migrate b");
+    let a = PgCoordinator::with_schema(pool.clone(), "tenant_a").expect("a");
+    let b = PgCoordinator::with_schema(pool.clone(), "tenant_b").expect("b");
+    a.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .expect("queue");
+    a.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!(1))],
+    })
+    .await
+    .expect("enqueue a");
+    let err = b
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!(1))],
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::UnknownQueue(_)), "{err}");
+    assert_eq!(a.wake_channel(), "tenant_a.wake");
+    // The same instance has different alive-lock keys per schema.
+    let keys: Vec<i64> = sqlx::query_scalar(
+        "SELECT tenant_a.alive_lock_key($1) UNION SELECT tenant_b.alive_lock_key($1)",
+    )
+    .bind(uuid::Uuid::nil())
+    .fetch_all(&pool)
+    .await
+    .expect("keys");
+    assert_eq!(keys.len(), 2);
+    for bad in ["Tenant", "a; DROP SCHEMA public", "pg_x", ""] {
+        assert!(
+            matches!(
+                PgCoordinator::with_schema(pool.clone(), bad),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{bad}"
+        );
+        assert!(matches!(
+            migrate(&pool, bad).await,
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_database_gets_an_error_that_says_what_was_being_done() {
+    // A port nothing listens on: bind one, learn it, let it go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_lazy(&format!("postgres://nobody@127.0.0.1:{port}/none"))
+        .expect("lazy pool");
+    let c = PgCoordinator::new(pool);
+    let err = c
+        .claim_work(ClaimWorkParams {
+            instance: InstanceId::new(),
+            queues: vec!["q".into()],
+            max_items: 10,
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_transient());
+    assert!(err.to_string().starts_with("claiming up to 10 items"), "{err}");
+    let err = c.listen(ListenParams::default()).await.err().expect("error");
+    assert!(err.to_string().contains("listening"), "{err}");
+    let err = c
+        .take_alive_lock(TakeAliveLockParams {
+            instance: InstanceId::new(),
+        })
+        .await
+        .err()
+        .expect("error");
+    assert!(err.to_string().contains("alive-lock"), "{err}");
+    assert!(sqlx::PgConnection::connect(&format!("postgres://nobody@127.0.0.1:{port}/none"))
+        .await
+        .is_err());
+}
