@@ -93,8 +93,11 @@ CREATE TABLE work (
 
 -- claim_work, available rows: one queue's due rows in claim order (priority, then age).
 CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'available';
--- claim_work, orphans; maintenance, expired leases: running rows by expiry (NULL = released).
-CREATE INDEX work_running_lease ON work (lease_expiry) WHERE state = 'running';
+-- claim_work, orphans; maintenance, expired leases: running rows by expiry, a released lease
+-- (NULL) sorting first, so "orphan" (instance_id IS NULL OR lease_expiry < now()) is a single
+-- range: coalesce(lease_expiry, '-infinity') < now().
+CREATE INDEX work_running_lease ON work ((coalesce(lease_expiry, '-infinity'::timestamptz)))
+    WHERE state = 'running';
 -- cleanup_stale_instances / deregister_instance: one instance's leases.
 CREATE INDEX work_running_instance ON work (instance_id) WHERE state = 'running';
 -- promotion of due scheduled (and retrying) rows.

@@ -26,7 +26,8 @@
 --   step 4: Limit -> Sort -> Nested Loop -> Function Scan on unnest
 --           -> Limit -> LockRows -> Index Scan using work_claim on work
 --              Index Cond: ((queue = q.name) AND (run_at <= v_now))   Filter: state = 'available' (partial index)
---   step 3: LockRows -> Index Scan using work_running_lease (lease_expiry < now(), or IS NULL)
+--   steps 2-3 run only when an index probe on work_running_lease finds an orphan at all; they
+--           look orphans up with one range scan of it: coalesce(lease_expiry, '-infinity') < now().
 --   See docs/store.md for the full EXPLAIN output.
 CREATE FUNCTION claim_work(
     p_instance  uuid,
@@ -98,64 +99,73 @@ BEGIN
     ) due
     WHERE w.id = due.id;
 
-    -- 2. Orphans that must not run again.
-    UPDATE work w
-    SET state = CASE WHEN w.cancel_requested THEN 'cancelled'::work_state ELSE 'dead'::work_state END,
-        finished_at = v_now,
-        instance_id = NULL,
-        lease_expiry = NULL,
-        errors = w.errors || jsonb_build_array(jsonb_build_object(
-            'attempt', w.attempt, 'at', v_now, 'instance', w.instance_id,
-            'kind', 'lease_expired',
-            'error', CASE WHEN w.cancel_requested
-                          THEN 'lease expired after a cancel was requested'
-                          ELSE format('lease expired on attempt %s of %s; no attempts left', w.attempt, w.max_attempts)
-                     END))
-    FROM (
-        SELECT o.id FROM work o
-        WHERE o.state = 'running' AND o.queue = ANY (v_queues)
-          AND (o.lease_expiry IS NULL OR o.lease_expiry < v_now)
-          AND (o.attempt >= o.max_attempts OR o.cancel_requested)
-        LIMIT 1000
-        FOR UPDATE SKIP LOCKED
-    ) ended
-    WHERE w.id = ended.id;
+    -- Orphans are rare: one index probe on work_running_lease decides whether to look.
+    -- (An orphan: running AND (instance_id IS NULL OR lease_expiry < now()); owner and expiry
+    -- are NULL together, so this is coalesce(lease_expiry, '-infinity') < now().)
+    IF EXISTS (
+        SELECT 1 FROM work x
+        WHERE x.state = 'running' AND coalesce(x.lease_expiry, '-infinity'::timestamptz) < v_now
+    ) THEN
 
-    -- 3. Reclaim orphans. When they fill the batch, the drain hint says more may be left.
-    RETURN QUERY
-    WITH picked AS (
-        SELECT o.id FROM work o
-        WHERE o.state = 'running' AND o.queue = ANY (v_queues)
-          AND (o.lease_expiry IS NULL OR o.lease_expiry < v_now)
-          AND o.attempt < o.max_attempts AND NOT o.cancel_requested
-        ORDER BY o.priority, o.run_at, o.id
-        LIMIT p_max_items
-        FOR UPDATE SKIP LOCKED
-    ), full_batch AS (
-        SELECT count(*) >= p_max_items AS has_more FROM picked
-    ), claimed AS (
+        -- 2. Orphans that must not run again.
         UPDATE work w
-        SET instance_id = p_instance,
-            lease_expiry = v_now + p_lease,
-            claim_token = nextval('claim_token_seq'),
-            attempt = w.attempt + 1,
-            renewals = 0,
+        SET state = CASE WHEN w.cancel_requested THEN 'cancelled'::work_state ELSE 'dead'::work_state END,
+            finished_at = v_now,
+            instance_id = NULL,
+            lease_expiry = NULL,
             errors = w.errors || jsonb_build_array(jsonb_build_object(
                 'attempt', w.attempt, 'at', v_now, 'instance', w.instance_id,
                 'kind', 'lease_expired',
-                'error', CASE WHEN w.instance_id IS NULL
-                              THEN 'lease released: the owning instance was declared dead'
-                              ELSE 'lease expired: the owning instance stopped renewing'
+                'error', CASE WHEN w.cancel_requested
+                              THEN 'lease expired after a cancel was requested'
+                              ELSE format('lease expired on attempt %s of %s; no attempts left', w.attempt, w.max_attempts)
                          END))
-        FROM picked
-        WHERE w.id = picked.id
-        RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
-                  w.lease_expiry, w.payload, w.checkpoint, w.created_at
-    )
-    SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
-           c.lease_expiry, c.payload, c.checkpoint, c.created_at, true, f.has_more
-    FROM claimed c CROSS JOIN full_batch f;
-    GET DIAGNOSTICS v_claimed = ROW_COUNT;
+        FROM (
+            SELECT o.id FROM work o
+            WHERE o.state = 'running' AND coalesce(o.lease_expiry, '-infinity'::timestamptz) < v_now
+              AND o.queue = ANY (v_queues)
+              AND (o.attempt >= o.max_attempts OR o.cancel_requested)
+            LIMIT 1000
+            FOR UPDATE SKIP LOCKED
+        ) ended
+        WHERE w.id = ended.id;
+
+        -- 3. Reclaim orphans. When they fill the batch, the drain hint says more may be left.
+        RETURN QUERY
+        WITH picked AS (
+            SELECT o.id FROM work o
+            WHERE o.state = 'running' AND coalesce(o.lease_expiry, '-infinity'::timestamptz) < v_now
+              AND o.queue = ANY (v_queues)
+              AND o.attempt < o.max_attempts AND NOT o.cancel_requested
+            ORDER BY o.priority, o.run_at, o.id
+            LIMIT p_max_items
+            FOR UPDATE SKIP LOCKED
+        ), full_batch AS (
+            SELECT count(*) >= p_max_items AS has_more FROM picked
+        ), claimed AS (
+            UPDATE work w
+            SET instance_id = p_instance,
+                lease_expiry = v_now + p_lease,
+                claim_token = nextval('claim_token_seq'),
+                attempt = w.attempt + 1,
+                renewals = 0,
+                errors = w.errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', w.attempt, 'at', v_now, 'instance', w.instance_id,
+                    'kind', 'lease_expired',
+                    'error', CASE WHEN w.instance_id IS NULL
+                                  THEN 'lease released: the owning instance was declared dead'
+                                  ELSE 'lease expired: the owning instance stopped renewing'
+                             END))
+            FROM picked
+            WHERE w.id = picked.id
+            RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
+                      w.lease_expiry, w.payload, w.checkpoint, w.created_at
+        )
+        SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
+               c.lease_expiry, c.payload, c.checkpoint, c.created_at, true, f.has_more
+        FROM claimed c CROSS JOIN full_batch f;
+        GET DIAGNOSTICS v_claimed = ROW_COUNT;
+    END IF;
 
     v_remaining := p_max_items - v_claimed;
     IF v_remaining = 0 THEN
