@@ -3,6 +3,7 @@
 use std::error::Error;
 use std::process::ExitCode;
 
+mod demo;
 mod pg;
 mod test;
 
@@ -13,6 +14,7 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
+  demo                  start a throwaway PostgreSQL and show workpump at work
   pg start [--bench]    start the throwaway PostgreSQL (reusing a running one) and print its URL
   pg stop [--bench]     stop it
   pg url [--bench]      print its URL (exit 1 if it is not running)
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
     init_tracing();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let outcome = match args.split_first() {
+        Some((command, rest)) if command == "demo" => demo::run(rest),
         Some((command, rest)) if command == "pg" => pg::run(rest),
         Some((command, rest)) if command == "test" => test::run(rest),
         Some((command, _)) if command == "help" || command == "--help" || command == "-h" => {

@@ -11,7 +11,9 @@ use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
 async fn fresh() -> (TestDatabase, PgPool) {
-    let server = workpump_testdb::server().await.expect("a PostgreSQL server");
+    let server = workpump_testdb::server()
+        .await
+        .expect("a PostgreSQL server");
     let db = server.create_database().await.expect("a fresh database");
     let pool = PgPoolOptions::new()
         .max_connections(8)
@@ -71,12 +73,11 @@ async fn migrations_run_twice_are_a_no_op_and_concurrent_migrations_are_safe() {
         r.await.expect("task").expect("concurrent migrate");
     }
     migrate(&pool, DEFAULT_SCHEMA).await.expect("again");
-    let applied: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM workpump._sqlx_migrations WHERE success",
-    )
-    .fetch_one(&pool)
-    .await
-    .expect("count");
+    let applied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM workpump._sqlx_migrations WHERE success")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
     let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/migrations"))
         .expect("sql/migrations")
         .filter(|e| {
@@ -104,11 +105,26 @@ async fn constraints_make_impossible_states_impossible() {
     .expect("enqueue");
     let item = claim_one(&c, me).await;
     let cases = [
-        ("UPDATE workpump.work SET lease_expiry = NULL WHERE id = $1", "work_owner_has_expiry"),
-        ("UPDATE workpump.work SET attempt = -1 WHERE id = $1", "work_attempt_in_range"),
-        ("UPDATE workpump.work SET state = 'available' WHERE id = $1", "work_only_running_is_owned"),
-        ("UPDATE workpump.work SET claim_token = NULL WHERE id = $1", "work_running_has_claim"),
-        ("UPDATE workpump.work SET finished_at = now() WHERE id = $1", "work_finished_at_iff_finished"),
+        (
+            "UPDATE workpump.work SET lease_expiry = NULL WHERE id = $1",
+            "work_owner_has_expiry",
+        ),
+        (
+            "UPDATE workpump.work SET attempt = -1 WHERE id = $1",
+            "work_attempt_in_range",
+        ),
+        (
+            "UPDATE workpump.work SET state = 'available' WHERE id = $1",
+            "work_only_running_is_owned",
+        ),
+        (
+            "UPDATE workpump.work SET claim_token = NULL WHERE id = $1",
+            "work_running_has_claim",
+        ),
+        (
+            "UPDATE workpump.work SET finished_at = now() WHERE id = $1",
+            "work_finished_at_iff_finished",
+        ),
     ];
     for (sql, constraint) in cases {
         let err = sqlx::query(sql)
@@ -124,7 +140,10 @@ async fn constraints_make_impossible_states_impossible() {
         .execute(&pool)
         .await
         .expect_err("unknown state");
-    assert!(err.to_string().contains("invalid input value for enum"), "{err}");
+    assert!(
+        err.to_string().contains("invalid input value for enum"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -173,12 +192,18 @@ async fn a_failed_enqueue_inside_a_transaction_writes_nothing_of_the_batch() {
         .enqueue_with(
             &mut conn,
             EnqueueWorkParams {
-                items: vec![NewWork::new("q", json!(1)), NewWork::new("unknown", json!(2))],
+                items: vec![
+                    NewWork::new("q", json!(1)),
+                    NewWork::new("unknown", json!(2)),
+                ],
             },
         )
         .await
         .unwrap_err();
-    assert!(matches!(&err, Error::UnknownQueue(q) if q == "unknown"), "{err}");
+    assert!(
+        matches!(&err, Error::UnknownQueue(q) if q == "unknown"),
+        "{err}"
+    );
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
         .fetch_one(&mut *conn)
         .await
@@ -282,12 +307,7 @@ async fn a_terminated_listener_reports_disconnected_then_reconnects_and_hears_ag
         .await
         .expect("in time")
         .expect("event");
-    assert_eq!(
-        event,
-        ListenEvent::Wake {
-            queue: "q".into()
-        }
-    );
+    assert_eq!(event, ListenEvent::Wake { queue: "q".into() });
 }
 
 /// Transactional completion: business write and completion commit together.
@@ -354,7 +374,10 @@ async fn a_fenced_transaction_on_a_lost_lease_is_refused_and_writes_nothing() {
     let new = claim_one(&c, peer).await;
     assert_eq!(new.fence.id, old.fence.id);
     let err = c.begin_fenced(zombie, old.fence).await.unwrap_err();
-    assert!(matches!(err, Error::FencedOut { id } if id == old.fence.id), "{err}");
+    assert!(
+        matches!(err, Error::FencedOut { id } if id == old.fence.id),
+        "{err}"
+    );
     // Rolling back keeps the claim: the holder can still finish.
     let tx = c.begin_fenced(peer, new.fence).await.expect("fenced tx");
     tx.rollback().await.expect("rollback");
@@ -439,8 +462,15 @@ async fn an_unreachable_database_gets_an_error_that_says_what_was_being_done() {
         .await
         .unwrap_err();
     assert!(err.is_transient());
-    assert!(err.to_string().starts_with("claiming up to 10 items"), "{err}");
-    let err = c.listen(ListenParams::default()).await.err().expect("error");
+    assert!(
+        err.to_string().starts_with("claiming up to 10 items"),
+        "{err}"
+    );
+    let err = c
+        .listen(ListenParams::default())
+        .await
+        .err()
+        .expect("error");
     assert!(err.to_string().contains("listening"), "{err}");
     let err = c
         .take_alive_lock(TakeAliveLockParams {
@@ -450,7 +480,9 @@ async fn an_unreachable_database_gets_an_error_that_says_what_was_being_done() {
         .err()
         .expect("error");
     assert!(err.to_string().contains("alive-lock"), "{err}");
-    assert!(sqlx::PgConnection::connect(&format!("postgres://nobody@127.0.0.1:{port}/none"))
-        .await
-        .is_err());
+    assert!(
+        sqlx::PgConnection::connect(&format!("postgres://nobody@127.0.0.1:{port}/none"))
+            .await
+            .is_err()
+    );
 }
