@@ -472,13 +472,14 @@ async fn an_unreachable_database_gets_an_error_that_says_what_was_being_done() {
         .err()
         .expect("error");
     assert!(err.to_string().contains("listening"), "{err}");
-    let err = c
+    let Err(err) = c
         .take_alive_lock(TakeAliveLockParams {
             instance: InstanceId::new(),
         })
         .await
-        .err()
-        .expect("error");
+    else {
+        panic!("locking on an unreachable server succeeded");
+    };
     assert!(err.to_string().contains("alive-lock"), "{err}");
     assert!(
         sqlx::PgConnection::connect(&format!("postgres://nobody@127.0.0.1:{port}/none"))
