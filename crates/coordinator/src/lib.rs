@@ -22,6 +22,7 @@
 mod coordinator;
 mod error;
 mod identity;
+mod lease;
 mod pg;
 mod types;
 mod validate;
@@ -37,6 +38,7 @@ pub use error::{Error, Result};
 #[cfg(feature = "testing")]
 pub use fake::{Call, FakeCoordinator, Method};
 pub use identity::{Generation, Identity};
+pub use lease::{CancelReason, LeaseSettings, LeaseTracker, TrackedLease};
 pub use pg::{migrate, FencedTransaction, PgCoordinator, DEFAULT_SCHEMA};
 pub use types::*;
 pub use validate::{validate_queue_name, validate_schema_name};
