@@ -1,1 +1,58 @@
-//! claim-worker (to be written)
+//! The claim worker and the handler API.
+//!
+//! [`ClaimWorker`] is the only caller of `claim_work`. It registers the instance before its
+//! first claim, then runs one poll loop per queue: it claims no more than the queue's free
+//! handler slots, dispatches each item on its own task under a lease kept by a
+//! [`LeaseTracker`](workpump_coordinator::LeaseTracker) (the lease-renewal worker), runs the
+//! user's [`Handler`], and writes the outcome — complete, retry with backoff, dead letter,
+//! cancelled, or a release when draining — in coalesced, fenced batches. Between polls it
+//! waits adaptively (see [`wait_after`]); wake signals from local enqueues and from
+//! LISTEN/NOTIFY end any wait at once.
+//!
+//! It deliberately does not renew leases, send heartbeats (beyond the first, its
+//! registration), sweep stale instances or promote scheduled work: those are the
+//! lease-renewal, heartbeat and maintenance workers' jobs. Arrows: coordinator ← claim-worker
+//! ← host; it talks to the store only through `WorkCoordinator` (and, for transactional
+//! completion, the PostgreSQL coordinator's fenced transactions).
+//!
+//! # Writing a handler
+//!
+//! ```
+//! use serde::Deserialize;
+//! use workpump_claim_worker::{handler_fn, Job, JobError};
+//!
+//! #[derive(Deserialize)]
+//! struct Resize { image: String, width: u32 }
+//!
+//! let resize = handler_fn(|job: Job<Resize>| async move {
+//!     if job.payload().width == 0 {
+//!         return Err(JobError::dead_letter("width must be positive")); // no retry
+//!     }
+//!     let token = job.cancellation_token(); // fires on lease loss, cancel, shutdown
+//!     tokio::select! {
+//!         _ = token.cancelled() => Err(JobError::cancelled("stopped")),
+//!         _ = async { /* resize job.payload().image */ } => Ok(()),
+//!     }
+//! });
+//! # let _ = resize;
+//! ```
+//!
+//! A plain error (`?`) retries with the queue's backoff (about 2^attempt s with jitter,
+//! capped at 5 min) until the item's attempts are used up; then it becomes a dead letter with
+//! every attempt's error. A panic is caught and recorded as a failure with its message.
+
+mod config;
+mod handler;
+pub mod metrics;
+mod recorder;
+mod wait;
+mod worker;
+
+pub use config::{
+    Backoff, ClaimConfig, QueueSettings, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_MAX_ITEMS_PER_CLAIM,
+    DEFAULT_NOTIFY_HEALTHY_BASE_MS, DEFAULT_OUTCOME_BATCH, DEFAULT_POLL_BASE_MS,
+    DEFAULT_POLL_MAX_MS,
+};
+pub use handler::{handler_fn, FnHandler, Handler, Job, JobError, JobResult, JobTransaction};
+pub use wait::{wait_after, Gate};
+pub use worker::{ClaimWorker, Handlers, Registration, Waker};

@@ -1,0 +1,49 @@
+//! The claim worker's metrics, named in their final Prometheus form. Labels come from small
+//! closed sets: the queue (configured), a result or outcome word, a reason word.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+/// claim_work calls, by queue and `result` (`items`, `empty`, `error`).
+pub const POLLS: &str = "workpump_claim_polls_total";
+/// Items claimed, by queue and `kind` (`new`, `reclaimed`).
+pub const CLAIMED: &str = "workpump_claimed_items_total";
+/// Items per non-empty claim, by queue.
+pub const BATCH_SIZE: &str = "workpump_claim_batch_size";
+/// The wait chosen after each poll, by queue (absent while sleeping until a signal).
+pub const POLL_WAIT: &str = "workpump_poll_wait_seconds";
+/// Wake signals received, by `source` (`notify`, `local`, `reconnect`).
+pub const WAKES: &str = "workpump_wake_signals_total";
+/// 1 while LISTEN/NOTIFY delivers wake signals, else 0.
+pub const GATE_HEALTHY: &str = "workpump_notify_gate_healthy";
+/// NOTIFY gate transitions, by `to` (`healthy`, `unavailable`).
+pub const GATE_TRANSITIONS: &str = "workpump_notify_gate_transitions_total";
+/// Finished attempts, by queue and `outcome` (`completed`, `retried`, `dead`, `cancelled`,
+/// `released`, `fenced_out`, `abandoned`, `rejected_expired`, `unrecorded`).
+pub const ITEMS: &str = "workpump_items_total";
+/// Handler run time, by queue and `result` (`ok`, `error`, `panic`, `abandoned`).
+pub const HANDLER_DURATION: &str = "workpump_handler_duration_seconds";
+/// Handlers running now, by queue.
+pub const IN_FLIGHT: &str = "workpump_in_flight";
+/// Handler tokens fired, by queue and `reason`.
+pub const HANDLER_CANCELLED: &str = "workpump_handler_cancellations_total";
+/// Outcome writes, by `kind` (`complete`, `fail`, `release`) and `result` (`ok`, `error`).
+pub const OUTCOME_WRITES: &str = "workpump_outcome_writes_total";
+/// Outcomes per write.
+pub const OUTCOME_BATCH: &str = "workpump_outcome_batch_size";
+
+/// Describes every metric above; the host calls it after installing a recorder.
+pub fn describe() {
+    describe_counter!(POLLS, Unit::Count, "claim_work calls by queue and result");
+    describe_counter!(CLAIMED, Unit::Count, "work items claimed by queue and kind");
+    describe_histogram!(BATCH_SIZE, Unit::Count, "items per non-empty claim");
+    describe_histogram!(POLL_WAIT, Unit::Seconds, "wait chosen after a poll");
+    describe_counter!(WAKES, Unit::Count, "wake signals by source");
+    describe_gauge!(GATE_HEALTHY, Unit::Count, "1 while LISTEN/NOTIFY is healthy");
+    describe_counter!(GATE_TRANSITIONS, Unit::Count, "NOTIFY gate transitions");
+    describe_counter!(ITEMS, Unit::Count, "finished attempts by queue and outcome");
+    describe_histogram!(HANDLER_DURATION, Unit::Seconds, "handler run time");
+    describe_gauge!(IN_FLIGHT, Unit::Count, "handlers running now by queue");
+    describe_counter!(HANDLER_CANCELLED, Unit::Count, "handler tokens fired by reason");
+    describe_counter!(OUTCOME_WRITES, Unit::Count, "outcome statements by kind and result");
+    describe_histogram!(OUTCOME_BATCH, Unit::Count, "outcomes per statement");
+}

@@ -1,0 +1,201 @@
+//! Outcome writes, coalesced: every outcome that arrives while a write is in flight goes out
+//! with the next one, one statement per kind (complete, fail, release) and instance. At low
+//! load an outcome is written at once; under load the statements carry hundreds.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use workpump_coordinator::{
+    CompleteWorkParams, Error, FailDisposition, FailWorkParams, Failure, Fence, InstanceId,
+    OutcomeBatch, ReleaseWorkParams, WorkCoordinator, WorkState,
+};
+
+use crate::metrics;
+
+/// What to write for one attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Outcome {
+    Complete,
+    Fail {
+        error: String,
+        disposition: FailDisposition,
+    },
+    Release {
+        consume_attempt: bool,
+    },
+}
+
+/// What the write did: the state the item went to, `None` when fenced out; `Err` when the
+/// store could not be reached after retries (the item will be reclaimed when its lease lapses).
+pub(crate) type Recorded = Result<Option<WorkState>, String>;
+
+struct Request {
+    instance: InstanceId,
+    fence: Fence,
+    outcome: Outcome,
+    reply: oneshot::Sender<Recorded>,
+}
+
+/// The sending side; cheap to clone. The writer stops when every sender is gone.
+#[derive(Clone)]
+pub(crate) struct Recorder {
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl Recorder {
+    /// The recorder and its writer loop (to be awaited by the owner).
+    pub(crate) fn new(
+        coordinator: Arc<dyn WorkCoordinator>,
+        batch: usize,
+    ) -> (Recorder, impl std::future::Future<Output = ()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Recorder { tx }, write_loop(coordinator, rx, batch))
+    }
+
+    /// Writes `outcome` for the claim and waits for the result.
+    pub(crate) async fn record(
+        &self,
+        instance: InstanceId,
+        fence: Fence,
+        outcome: Outcome,
+    ) -> Recorded {
+        let (reply, rx) = oneshot::channel();
+        let request = Request {
+            instance,
+            fence,
+            outcome,
+            reply,
+        };
+        if self.tx.send(request).is_err() {
+            return Err("the outcome writer has stopped".into());
+        }
+        rx.await
+            .unwrap_or_else(|_| Err("the outcome writer has stopped".into()))
+    }
+}
+
+async fn write_loop(
+    coordinator: Arc<dyn WorkCoordinator>,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    batch: usize,
+) {
+    let mut pending = Vec::with_capacity(batch);
+    while rx.recv_many(&mut pending, batch).await > 0 {
+        flush(&*coordinator, std::mem::take(&mut pending)).await;
+    }
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Complete,
+    Fail,
+    Release(bool),
+}
+
+async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>) {
+    let mut groups: BTreeMap<(InstanceId, Kind), Vec<Request>> = BTreeMap::new();
+    for r in requests {
+        let kind = match &r.outcome {
+            Outcome::Complete => Kind::Complete,
+            Outcome::Fail { .. } => Kind::Fail,
+            Outcome::Release { consume_attempt } => Kind::Release(*consume_attempt),
+        };
+        groups.entry((r.instance, kind)).or_default().push(r);
+    }
+    for ((instance, kind), group) in groups {
+        let label = match kind {
+            Kind::Complete => "complete",
+            Kind::Fail => "fail",
+            Kind::Release(_) => "release",
+        };
+        ::metrics::histogram!(metrics::OUTCOME_BATCH).record(group.len() as f64);
+        let result = with_retries(|| write(coordinator, instance, &kind, &group)).await;
+        ::metrics::counter!(metrics::OUTCOME_WRITES, "kind" => label, "result" => if result.is_ok() { "ok" } else { "error" })
+            .increment(1);
+        match result {
+            Ok(batch) => {
+                for (request, record) in group.into_iter().zip(batch.items) {
+                    debug_assert_eq!(request.fence, record.fence);
+                    let _ = request.reply.send(Ok(record.state));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "writing {} {label} outcomes failed: {e}; their items will be reclaimed when the leases lapse",
+                    group.len()
+                );
+                let message = e.to_string();
+                for request in group {
+                    let _ = request.reply.send(Err(message.clone()));
+                }
+            }
+        }
+    }
+}
+
+async fn write(
+    coordinator: &dyn WorkCoordinator,
+    instance: InstanceId,
+    kind: &Kind,
+    group: &[Request],
+) -> Result<OutcomeBatch, Error> {
+    let fences = || group.iter().map(|r| r.fence).collect::<Vec<_>>();
+    match kind {
+        Kind::Complete => {
+            coordinator
+                .complete_work(CompleteWorkParams {
+                    instance,
+                    items: fences(),
+                })
+                .await
+        }
+        Kind::Release(consume_attempt) => {
+            coordinator
+                .release_work(ReleaseWorkParams {
+                    instance,
+                    items: fences(),
+                    consume_attempt: *consume_attempt,
+                })
+                .await
+        }
+        Kind::Fail => {
+            let items = group
+                .iter()
+                .filter_map(|r| match &r.outcome {
+                    Outcome::Fail { error, disposition } => Some(Failure {
+                        fence: r.fence,
+                        error: error.clone(),
+                        disposition: *disposition,
+                    }),
+                    _ => None,
+                })
+                .collect();
+            coordinator
+                .fail_work(FailWorkParams { instance, items })
+                .await
+        }
+    }
+}
+
+/// Retries a transient failure a few times (50, 100, 200 ms): an outcome that can't be
+/// written means the work runs again.
+async fn with_retries<F, Fut>(mut attempt: F) -> Result<OutcomeBatch, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<OutcomeBatch, Error>>,
+{
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..3 {
+        match attempt().await {
+            Err(e) if e.is_transient() => {
+                tracing::debug!("outcome write failed, retrying in {delay:?}: {e}");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    attempt().await
+}
