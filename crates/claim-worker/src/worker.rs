@@ -494,6 +494,10 @@ async fn claim_loop(
             }
         }
         let want = (free as u32).min(shared.config.max_items_per_claim);
+        // This poll answers every wake signal received so far: drop a stored one, so a burst
+        // is one poll. (A signal that arrives while the claim is in flight is kept: the claim
+        // may not have seen that work.)
+        let _ = q.wake.notified().now_or_never();
         let sent_at = Instant::now();
         let result = shared
             .coordinator

@@ -1,0 +1,371 @@
+//! The claim loop's timing against the fake coordinator, with paused tokio time: the backoff
+//! table, the NOTIFY gate, wake signals, slots, the drain hint and the killswitch.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use workpump_claim_worker::*;
+use workpump_coordinator::*;
+
+/// A lease tracker with only the local fence (no renewals): enough for loop timing.
+struct FenceOnly;
+
+struct FenceOnlyLease {
+    fence: Fence,
+    token: CancellationToken,
+    reason: Mutex<Option<CancelReason>>,
+    fence_at: Instant,
+}
+
+impl LeaseTracker for FenceOnly {
+    fn track(
+        &self,
+        _instance: InstanceId,
+        fence: Fence,
+        sent_at: Instant,
+        settings: LeaseSettings,
+        parent: &CancellationToken,
+    ) -> Arc<dyn TrackedLease> {
+        Arc::new(FenceOnlyLease {
+            fence,
+            token: parent.child_token(),
+            reason: Mutex::new(None),
+            fence_at: sent_at + settings.lease - settings.grace,
+        })
+    }
+}
+
+#[async_trait]
+impl TrackedLease for FenceOnlyLease {
+    fn fence(&self) -> Fence {
+        self.fence
+    }
+    fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+    fn cancel_reason(&self) -> Option<CancelReason> {
+        *self.reason.lock().unwrap()
+    }
+    fn cancel(&self, reason: CancelReason) {
+        self.reason.lock().unwrap().get_or_insert(reason);
+        self.token.cancel();
+    }
+    fn is_expired(&self) -> bool {
+        Instant::now() >= self.fence_at
+    }
+    async fn guard(&self) {
+        tokio::select! {
+            _ = self.token.cancelled() => {}
+            _ = tokio::time::sleep_until(self.fence_at) => self.cancel(CancelReason::LeaseFence),
+        }
+    }
+    fn dispose(&self) {
+        self.cancel(CancelReason::Disposed);
+    }
+}
+
+struct Setup {
+    fake: FakeCoordinator,
+    worker: Arc<ClaimWorker>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), WorkerError>>,
+}
+
+async fn start(config: ClaimConfig, concurrency: usize, handler_hold: Option<Duration>) -> Setup {
+    let fake = FakeCoordinator::new();
+    fake.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .unwrap();
+    let mut handlers = Handlers::new();
+    let settings = QueueSettings {
+        concurrency,
+        ..QueueSettings::default()
+    };
+    handlers
+        .add(
+            "q",
+            handler_fn(move |_job: Job<serde_json::Value>| async move {
+                if let Some(d) = handler_hold {
+                    tokio::time::sleep(d).await;
+                }
+                Ok(())
+            }),
+            settings,
+        )
+        .unwrap();
+    let worker = Arc::new(ClaimWorker::new(
+        Arc::new(fake.clone()),
+        None,
+        Arc::new(FenceOnly),
+        Identity::new(),
+        handlers,
+        config,
+        Registration::default(),
+    ));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let worker = worker.clone();
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
+    Setup {
+        fake,
+        worker,
+        shutdown,
+        task,
+    }
+}
+
+impl Setup {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+
+    /// Milliseconds from the first claim to each claim.
+    fn claim_times(&self) -> Vec<u64> {
+        let calls = self.fake.calls_of(Method::ClaimWork);
+        let Some(first) = calls.first().map(|c| c.at) else {
+            return vec![];
+        };
+        calls
+            .iter()
+            .map(|c| (c.at - first).as_millis() as u64)
+            .collect()
+    }
+
+    async fn enqueue(&self, n: usize) {
+        self.fake
+            .enqueue_work(EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!({})); n],
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// Lets every ready task run without moving the clock much.
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn gaps(times: &[u64]) -> Vec<u64> {
+    times.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+fn tight() -> ClaimConfig {
+    ClaimConfig {
+        notify_healthy_base_ms: None,
+        ..ClaimConfig::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_killswitch_means_no_coordinator_calls_at_all() {
+    let s = start(
+        ClaimConfig {
+            enabled: false,
+            ..ClaimConfig::default()
+        },
+        10,
+        None,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(s.fake.calls().iter().all(|c| c.method == Method::RegisterQueue));
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_heartbeat_comes_before_the_first_claim() {
+    let s = start(ClaimConfig::default(), 10, None).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let order: Vec<Method> = s
+        .fake
+        .calls()
+        .into_iter()
+        .map(|c| c.method)
+        .filter(|m| matches!(m, Method::RecordHeartbeat | Method::ClaimWork))
+        .collect();
+    assert_eq!(order.first(), Some(&Method::RecordHeartbeat));
+    assert!(order.contains(&Method::ClaimWork));
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_polls_back_off_as_the_seed_table_says() {
+    let s = start(tight(), 10, None).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let times = s.claim_times();
+    // A catch-up poll when the listener connects may come at the very start; skip it.
+    let g: Vec<u64> = gaps(&times).into_iter().skip_while(|g| *g == 0).collect();
+    assert_eq!(
+        g[..8].to_vec(),
+        vec![250, 500, 1000, 2000, 4000, 8000, 10_000, 10_000]
+    );
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_listener_down_polling_is_pinned_to_the_base() {
+    let s = start(
+        ClaimConfig {
+            listen: false,
+            ..ClaimConfig::default()
+        },
+        10,
+        None,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let g = gaps(&s.claim_times());
+    assert!(g.len() >= 19, "{g:?}");
+    assert!(g.iter().all(|g| *g == 250), "{g:?}");
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_gate_starts_the_backoff_at_the_relaxed_base() {
+    let s = start(ClaimConfig::default(), 10, None).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    // A batch with work resets the backoff; from there the waits start at 5 s.
+    s.enqueue(1).await;
+    settle().await;
+    s.fake.clear_calls();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let g = gaps(&s.claim_times());
+    assert_eq!(g[..4].to_vec(), vec![5000, 10_000, 10_000, 10_000], "{g:?}");
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_listener_fails_the_loop_pins_to_the_base_and_catches_up_when_it_returns() {
+    let s = start(ClaimConfig::default(), 10, None).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    s.fake.clear_calls();
+    s.fake.set_listeners_down(true);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let down = gaps(&s.claim_times());
+    assert!(down.len() >= 7, "polls every base while down: {down:?}");
+    assert!(down.iter().all(|g| *g == 250), "{down:?}");
+    s.fake.set_listeners_down(false);
+    s.fake.clear_calls();
+    // The listener reconnects (its retry delay is at most the backoff cap), the loop polls
+    // at once to catch up, then relaxes: the tight polling stops.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let g = gaps(&s.claim_times());
+    let tight = g.iter().take_while(|g| **g <= 250).count();
+    assert!(tight <= 12, "tight polling ends with the reconnect: {g:?}");
+    assert!(
+        g[tight..].iter().all(|g| *g >= 5000) && g.len() > tight,
+        "back to the relaxed cadence after reconnecting: {g:?}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_safety_net_a_healthy_loop_sleeps_until_a_signal() {
+    let s = start(
+        ClaimConfig {
+            safety_net_poll: false,
+            ..ClaimConfig::default()
+        },
+        10,
+        None,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = s.fake.calls_of(Method::ClaimWork).len();
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(s.fake.calls_of(Method::ClaimWork).len(), before, "no timer polls");
+    s.fake.notify("q");
+    settle().await;
+    assert_eq!(s.fake.calls_of(Method::ClaimWork).len(), before + 1);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_ends_a_ten_second_wait_at_once_and_a_burst_is_one_poll() {
+    let s = start(tight(), 10, None).await;
+    tokio::time::sleep(Duration::from_secs(60)).await; // deep in the 10 s backoff
+    let before = s.fake.calls_of(Method::ClaimWork).len();
+    let waker = s.worker.waker();
+    let woke_at = Instant::now();
+    for _ in 0..100 {
+        waker.wake("q");
+    }
+    settle().await;
+    let calls = s.fake.calls_of(Method::ClaimWork);
+    assert_eq!(calls.len(), before + 1, "100 wakes, one poll");
+    assert_eq!(calls.last().unwrap().at, woke_at, "at once");
+    // A NOTIFY from another process does the same.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = s.fake.calls_of(Method::ClaimWork).len();
+    s.fake.notify("q");
+    s.fake.notify("q");
+    settle().await;
+    assert_eq!(s.fake.calls_of(Method::ClaimWork).len(), before + 1);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_never_ask_for_more_than_the_free_slots() {
+    let s = start(tight(), 3, Some(Duration::from_secs(5))).await;
+    s.enqueue(10).await;
+    s.worker.waker().wake("q");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked: Vec<usize> = s
+        .fake
+        .calls_of(Method::ClaimWork)
+        .iter()
+        .map(|c| c.items)
+        .collect();
+    assert!(asked.iter().all(|n| *n <= 3), "{asked:?}");
+    let running = s
+        .fake
+        .work_rows()
+        .iter()
+        .filter(|r| r.state == WorkState::Running)
+        .count();
+    assert_eq!(running, 3);
+    // Slots free as handlers finish; everything completes.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let completed = s
+        .fake
+        .work_rows()
+        .iter()
+        .filter(|r| r.state == WorkState::Completed)
+        .count();
+    assert_eq!(completed, 10);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_batch_polls_again_at_once() {
+    let s = start(
+        ClaimConfig {
+            max_items_per_claim: 10,
+            ..tight()
+        },
+        100,
+        Some(Duration::from_secs(1)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.fake.clear_calls();
+    let t0 = Instant::now();
+    // The enqueue's wake signal starts the polls.
+    s.enqueue(25).await;
+    settle().await;
+    let calls = s.fake.calls_of(Method::ClaimWork);
+    // 10 + 10 (full, more left) + 5 (not full): three polls at the same instant.
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls.iter().all(|c| c.at == t0));
+    s.stop().await;
+}
