@@ -1,0 +1,813 @@
+//! [`HeartbeatWorker`]: `record_heartbeat` on its own timer, the alive-lock on a dedicated
+//! session, and the adaptive cadence between them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use tokio::sync::watch;
+use tokio::time::{timeout, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use workpump_coordinator::{
+    AliveLockSession, ConfigProblem, Identity, InstanceId, RecordHeartbeatOutcome,
+    RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator, Worker, WorkerError,
+};
+
+use crate::metrics as m;
+use crate::Error;
+
+// ---------------------------------------------------------------------------------------------
+// defaults
+
+/// The worker's name in logs, metrics and the host's supervision.
+pub const NAME: &str = "heartbeat";
+/// Default [`HeartbeatConfig::fast_interval_ms`]: 10 s.
+pub const DEFAULT_FAST_INTERVAL_MS: u64 = 10_000;
+/// Default [`HeartbeatConfig::slow_interval_ms`]: 60 s.
+pub const DEFAULT_SLOW_INTERVAL_MS: u64 = 60_000;
+/// Default [`HeartbeatConfig::stale_after_ms`]: 30 s.
+pub const DEFAULT_STALE_AFTER_MS: u64 = 30_000;
+/// Default [`HeartbeatConfig::dead_after_ms`]: 5 min.
+pub const DEFAULT_DEAD_AFTER_MS: u64 = 300_000;
+/// The largest interval or cutoff [`HeartbeatConfig::validate`] accepts: 24 h.
+pub const MAX_SETTING_MS: u64 = 24 * 60 * 60 * 1000;
+
+// ---------------------------------------------------------------------------------------------
+// config
+
+/// Which signal proves this instance alive to its peers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LivenessMode {
+    /// Hold the session-level alive-lock on a dedicated connection, and fall back to the
+    /// heartbeat row when it is not held. Beats at the slow cadence while the lock is held,
+    /// at the fast one otherwise. Written `"advisory_lock_when_available"`.
+    #[default]
+    AdvisoryLockWhenAvailable,
+    /// Never take the alive-lock (no dedicated connection); the heartbeat row alone proves
+    /// liveness, so every beat is at the fast cadence. For poolers that cannot keep a
+    /// session (PgBouncer in transaction mode). Written `"heartbeat_table_only"`.
+    HeartbeatTableOnly,
+}
+
+impl LivenessMode {
+    /// The name as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LivenessMode::AdvisoryLockWhenAvailable => "advisory_lock_when_available",
+            LivenessMode::HeartbeatTableOnly => "heartbeat_table_only",
+        }
+    }
+}
+
+impl fmt::Display for LivenessMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `[heartbeat]` section. See the crate docs for the liveness model these settings feed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HeartbeatConfig {
+    /// The killswitch. `false`: no heartbeats and no alive-lock; `run` only waits for
+    /// shutdown, so peers see this instance go stale and reap it (a drain from the outside:
+    /// its leases are released to them). **Default: true.**
+    pub enabled: bool,
+    /// The wait between beats while the alive-lock is not held (not taken yet, lost, held by
+    /// another session), in heartbeat-table-only mode, and after a failed beat. Also the
+    /// timeout of each store call of a beat: a call that has not answered by then is
+    /// abandoned and the beat counts as failed. **Default: 10 000 ms (10 s).**
+    pub fast_interval_ms: u64,
+    /// The wait between beats while this instance's dedicated session holds its alive-lock:
+    /// the lock proves liveness, the row is a fallback, so it is written less often. May
+    /// exceed `stale_after_ms` (see the crate docs). **Default: 60 000 ms (60 s).**
+    pub slow_interval_ms: u64,
+    /// Which signal proves liveness: `"advisory_lock_when_available"` (the alive-lock first,
+    /// the heartbeat row as fallback) or `"heartbeat_table_only"` (no lock, always the fast
+    /// cadence). **Default: `"advisory_lock_when_available"`.**
+    pub liveness: LivenessMode,
+    /// Passed to `record_heartbeat`: a peer whose heartbeat is older than this is stale, and
+    /// the sweep reaps it unless its alive-lock is held. Must be at least twice
+    /// `fast_interval_ms`, so that an instance beating at the fast cadence never looks stale
+    /// between two beats. **Default: 30 000 ms (30 s).**
+    pub stale_after_ms: u64,
+    /// Passed to `record_heartbeat`: a peer whose heartbeat is older than this is reaped even
+    /// though its alive-lock is held (the definitive-dead bypass, for a dead process whose
+    /// half-open connection still holds the lock). Must exceed `stale_after_ms` and, with the
+    /// alive-lock in use, twice `slow_interval_ms`. `"none"` (or JSON `null`) disables the
+    /// bypass. **Default: 300 000 ms (5 min).**
+    #[serde(deserialize_with = "dead_after_ms::deserialize")]
+    pub dead_after_ms: Option<u64>,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            enabled: true,
+            fast_interval_ms: DEFAULT_FAST_INTERVAL_MS,
+            slow_interval_ms: DEFAULT_SLOW_INTERVAL_MS,
+            liveness: LivenessMode::AdvisoryLockWhenAvailable,
+            stale_after_ms: DEFAULT_STALE_AFTER_MS,
+            dead_after_ms: Some(DEFAULT_DEAD_AFTER_MS),
+        }
+    }
+}
+
+impl HeartbeatConfig {
+    /// Every setting this config refuses, each named `prefix.field` (e.g.
+    /// `heartbeat.stale_after_ms`); empty when the config is usable. Checked even with the
+    /// killswitch off, so turning it back on cannot surprise.
+    pub fn validate(&self, prefix: &str) -> Vec<ConfigProblem> {
+        let name = |field: &str| {
+            if prefix.is_empty() {
+                field.to_owned()
+            } else {
+                format!("{prefix}.{field}")
+            }
+        };
+        let mut problems = Vec::new();
+        let mut in_range = |field: &str, value: u64| {
+            if value == 0 {
+                problems.push(ConfigProblem::new(name(field), "must be positive, got 0"));
+                false
+            } else if value > MAX_SETTING_MS {
+                problems.push(ConfigProblem::new(
+                    name(field),
+                    format!("must be at most {MAX_SETTING_MS} ms (24 h), got {value} ms"),
+                ));
+                false
+            } else {
+                true
+            }
+        };
+        let fast = in_range("fast_interval_ms", self.fast_interval_ms);
+        let slow = in_range("slow_interval_ms", self.slow_interval_ms);
+        let stale = in_range("stale_after_ms", self.stale_after_ms);
+        let dead = self
+            .dead_after_ms
+            .map(|d| in_range("dead_after_ms", d).then_some(d));
+        let (fast_ms, slow_ms, stale_ms) = (
+            self.fast_interval_ms,
+            self.slow_interval_ms,
+            self.stale_after_ms,
+        );
+        if fast && slow && slow_ms < fast_ms {
+            problems.push(ConfigProblem::new(
+                name("slow_interval_ms"),
+                format!(
+                    "{} ({slow_ms} ms) must be at least {} ({fast_ms} ms): the slow cadence is \
+                     the one used while the alive-lock is held",
+                    name("slow_interval_ms"),
+                    name("fast_interval_ms"),
+                ),
+            ));
+        }
+        if fast && stale && stale_ms < 2 * fast_ms {
+            problems.push(ConfigProblem::new(
+                name("stale_after_ms"),
+                format!(
+                    "{} ({stale_ms} ms) must be at least 2 × {} (2 × {fast_ms} ms = {} ms): \
+                     otherwise peers declare an instance that beats at the fast cadence \
+                     stale between two of its beats",
+                    name("stale_after_ms"),
+                    name("fast_interval_ms"),
+                    2 * fast_ms,
+                ),
+            ));
+        }
+        if let Some(Some(dead_ms)) = dead {
+            if stale && dead_ms <= stale_ms {
+                problems.push(ConfigProblem::new(
+                    name("dead_after_ms"),
+                    format!(
+                        "{} ({dead_ms} ms) must be greater than {} ({stale_ms} ms): the \
+                         definitive-dead cutoff lies beyond the stale one",
+                        name("dead_after_ms"),
+                        name("stale_after_ms"),
+                    ),
+                ));
+            }
+            if self.liveness == LivenessMode::AdvisoryLockWhenAvailable
+                && slow
+                && dead_ms <= 2 * slow_ms
+            {
+                problems.push(ConfigProblem::new(
+                    name("dead_after_ms"),
+                    format!(
+                        "{} ({dead_ms} ms) must be greater than 2 × {} (2 × {slow_ms} ms = {} \
+                         ms): while its alive-lock is held an instance beats only every slow \
+                         interval, and the definitive-dead bypass would reap it alive",
+                        name("dead_after_ms"),
+                        name("slow_interval_ms"),
+                        2 * slow_ms,
+                    ),
+                ));
+            }
+        }
+        problems
+    }
+
+    /// [`fast_interval_ms`](Self::fast_interval_ms) as a duration.
+    pub fn fast_interval(&self) -> Duration {
+        Duration::from_millis(self.fast_interval_ms)
+    }
+
+    /// [`slow_interval_ms`](Self::slow_interval_ms) as a duration.
+    pub fn slow_interval(&self) -> Duration {
+        Duration::from_millis(self.slow_interval_ms)
+    }
+
+    /// [`stale_after_ms`](Self::stale_after_ms) as a duration.
+    pub fn stale_after(&self) -> Duration {
+        Duration::from_millis(self.stale_after_ms)
+    }
+
+    /// [`dead_after_ms`](Self::dead_after_ms) as a duration.
+    pub fn dead_after(&self) -> Option<Duration> {
+        self.dead_after_ms.map(Duration::from_millis)
+    }
+}
+
+/// `dead_after_ms` reads a number of milliseconds, or `"none"` / `null` for no bypass (TOML
+/// has no null, and environment variables are strings).
+mod dead_after_ms {
+    use std::fmt;
+
+    use serde::de::{self, Deserializer, Visitor};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        d.deserialize_any(DeadAfter)
+    }
+
+    struct DeadAfter;
+
+    impl<'de> Visitor<'de> for DeadAfter {
+        type Value = Option<u64>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(
+                "a number of milliseconds, or \"none\" to disable the definitive-dead bypass",
+            )
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            u64::try_from(v)
+                .map(Some)
+                .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            let v = v.trim();
+            if v.eq_ignore_ascii_case("none") {
+                return Ok(None);
+            }
+            v.parse::<u64>()
+                .map(Some)
+                .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            deserialize(d)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// what the worker reports
+
+/// What the host can read about the heartbeat at any time (health checks, metrics). Cheap:
+/// it comes from a `watch` channel ([`HeartbeatWorker::status`],
+/// [`HeartbeatWorker::subscribe_status`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeartbeatStatus {
+    /// The instance the last beat was for (before the first beat: the identity's).
+    pub instance: InstanceId,
+    /// When the last beat was recorded (tokio's monotonic clock); `None` before the first.
+    pub last_success: Option<Instant>,
+    /// Whether this instance's alive-lock is held by the worker's dedicated session.
+    pub lock_held: bool,
+    /// Beats that failed in a row since the last recorded one.
+    pub consecutive_failures: u32,
+    /// How many times a beat found this process's instance reaped (since the worker was
+    /// built).
+    pub evictions: u64,
+    /// The wait chosen before the next beat; `None` while the worker is not running (or is
+    /// disabled).
+    pub cadence: Option<Duration>,
+}
+
+/// What one beat ([`HeartbeatWorker::run_once`]) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BeatOutcome {
+    /// The instance whose heartbeat was recorded (after an eviction: the fresh id).
+    pub instance: InstanceId,
+    /// The id this beat found reaped, when it did; the beat then minted a fresh id through
+    /// [`Identity::evicted`] and registered it at once.
+    pub evicted: Option<InstanceId>,
+    /// Whether the alive-lock is held after the beat (always false in heartbeat-table-only
+    /// mode).
+    pub lock_held: bool,
+    /// Stale peers the sweep inside `record_heartbeat` reaped.
+    pub reaped: u64,
+    /// Leases those peers held, now released.
+    pub released: u64,
+}
+
+/// The alive-lock session of one run: per-run state, kept by [`HeartbeatWorker::run`] in a
+/// local and passed to [`HeartbeatWorker::run_once`]. Dropping it ends the dedicated
+/// session, which releases the lock.
+#[derive(Default)]
+pub struct AliveLock {
+    session: Option<LockSession>,
+}
+
+struct LockSession {
+    instance: InstanceId,
+    session: Box<dyn AliveLockSession>,
+    held: bool,
+}
+
+impl fmt::Debug for AliveLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AliveLock")
+            .field("instance", &self.instance())
+            .field("held", &self.is_held())
+            .field("session_id", &self.session_id())
+            .finish()
+    }
+}
+
+impl AliveLock {
+    /// No session yet: the next beat opens one.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the session held the lock at its last check.
+    pub fn is_held(&self) -> bool {
+        self.session.as_ref().is_some_and(|s| s.held)
+    }
+
+    /// The instance whose lock the open session is for.
+    pub fn instance(&self) -> Option<InstanceId> {
+        self.session.as_ref().map(|s| s.instance)
+    }
+
+    /// The open session's server process id, where the store has one.
+    pub fn session_id(&self) -> Option<i32> {
+        self.session.as_ref().and_then(|s| s.session.session_id())
+    }
+
+    /// Ends the session (and with it the lock).
+    pub fn release(&mut self) {
+        self.session = None;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the worker
+
+/// Records this instance's heartbeat on its own timer and holds its alive-lock; see the crate
+/// docs. Implements [`Worker`] (name `"heartbeat"`).
+pub struct HeartbeatWorker {
+    coordinator: Arc<dyn WorkCoordinator>,
+    identity: Identity,
+    config: HeartbeatConfig,
+    host_name: String,
+    metadata: Value,
+    status: watch::Sender<HeartbeatStatus>,
+}
+
+impl fmt::Debug for HeartbeatWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeartbeatWorker")
+            .field("config", &self.config)
+            .field("host_name", &self.host_name)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HeartbeatWorker {
+    /// A worker for the process whose instance is `identity`. `host_name` goes into the
+    /// instance row; `metadata` (a JSON object, or null) is stored beside `"pid"` and
+    /// `"version"` (this crate's), which this worker always sets itself. Anything else than an
+    /// object or null is stored under `"extra"`. The config is checked again when `run`
+    /// starts (the host checks it before any worker starts).
+    pub fn new(
+        coordinator: Arc<dyn WorkCoordinator>,
+        identity: Identity,
+        config: HeartbeatConfig,
+        host_name: String,
+        metadata: Value,
+    ) -> Self {
+        let status = HeartbeatStatus {
+            instance: identity.current(),
+            last_success: None,
+            lock_held: false,
+            consecutive_failures: 0,
+            evictions: 0,
+            cadence: None,
+        };
+        HeartbeatWorker {
+            coordinator,
+            identity,
+            config,
+            host_name,
+            metadata: instance_metadata(metadata),
+            status: watch::Sender::new(status),
+        }
+    }
+
+    /// The current status.
+    pub fn status(&self) -> HeartbeatStatus {
+        *self.status.borrow()
+    }
+
+    /// Watches the status; it changes after every beat and when a run stops.
+    pub fn subscribe_status(&self) -> watch::Receiver<HeartbeatStatus> {
+        self.status.subscribe()
+    }
+
+    /// The config this worker runs with.
+    pub fn config(&self) -> &HeartbeatConfig {
+        &self.config
+    }
+
+    /// The metadata every heartbeat carries.
+    pub fn metadata(&self) -> &Value {
+        &self.metadata
+    }
+}
+
+#[async_trait]
+impl Worker for HeartbeatWorker {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    /// Refuses an invalid config (an error naming each setting). With the killswitch off,
+    /// waits for shutdown without touching the store. Else beats until `shutdown`: the first
+    /// beat at once, then after each beat the slow interval while the alive-lock is held, else
+    /// the fast one. A change of identity made elsewhere (an eviction another worker learned
+    /// of) triggers a beat at once, so the fresh id is registered without waiting. The
+    /// alive-lock session lives in a local and is dropped (lock released) when this returns,
+    /// also when the future is dropped. Spawns nothing.
+    async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let problems = self.config.validate(NAME);
+        if !problems.is_empty() {
+            let message = problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(WorkerError::Failed {
+                worker: NAME.to_owned(),
+                message: format!("refusing to start: {message}"),
+            });
+        }
+        metrics::gauge!(m::ALIVE_LOCK_HELD).set(0.0);
+        if !self.config.enabled {
+            info!(
+                "heartbeat disabled ({NAME}.enabled = false): no heartbeats and no alive-lock; \
+                 peers will see this instance as stale and release its leases"
+            );
+            shutdown.cancelled().await;
+            return Ok(());
+        }
+        // Declared before the lock, so dropped after it: the status says "not held" only once
+        // the session is gone, on return and when this future is dropped.
+        let _stopped = Stopped(&self.status);
+        let mut lock = AliveLock::new();
+        let mut identity = self.identity.subscribe();
+        'beats: loop {
+            identity.mark_unchanged();
+            let beat = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break 'beats,
+                beat = self.run_once(&mut lock) => beat,
+            };
+            let (wait, registered) = match beat {
+                Ok(beat) => (self.cadence(beat.lock_held), Some(beat.instance)),
+                Err(e) => {
+                    warn!(
+                        error = %e,
+                        consecutive_failures = self.status.borrow().consecutive_failures,
+                        "heartbeat failed; the next beat follows at the fast cadence"
+                    );
+                    (self.config.fast_interval(), None)
+                }
+            };
+            self.status.send_modify(|s| s.cadence = Some(wait));
+            metrics::gauge!(m::CADENCE_SECONDS).set(wait.as_secs_f64());
+            let next = Instant::now() + wait;
+            let mut watching = registered.is_some();
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break 'beats,
+                    _ = tokio::time::sleep_until(next) => break,
+                    changed = identity.changed(), if watching => {
+                        if changed.is_err() {
+                            watching = false;
+                        } else if registered != Some(self.identity.current()) {
+                            debug!("the instance id changed; beating at once to register it");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Marks the status stopped when a run ends.
+struct Stopped<'a>(&'a watch::Sender<HeartbeatStatus>);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        metrics::gauge!(m::ALIVE_LOCK_HELD).set(0.0);
+        self.0.send_modify(|s| {
+            s.lock_held = false;
+            s.cadence = None;
+        });
+    }
+}
+
+impl HeartbeatWorker {
+    /// One beat, whatever `enabled` says (the killswitch lives in `run`):
+    ///
+    /// 1. `record_heartbeat` for the identity's current instance, with `stale_after` and
+    ///    `dead_after` (its sweep's reaped/released counts are reported and counted). When it
+    ///    answers `evicted`: [`Identity::evicted`] mints a fresh id (everyone subscribed
+    ///    cancels the old id's work), the old id's session is dropped, and the fresh id is
+    ///    registered by a second `record_heartbeat` at once.
+    /// 2. Unless in heartbeat-table-only mode, the alive-lock: re-checked on the open session
+    ///    (`retake`); when that session is gone, or was for another id, a new one is opened
+    ///    with `take_alive_lock`. Lock trouble is logged and counted, never an error: it only
+    ///    makes the next beat come at the fast cadence. Step 2 runs even when step 1 failed.
+    ///
+    /// Each store call is abandoned after `fast_interval_ms`. Err when the heartbeat was not
+    /// recorded.
+    pub async fn run_once(&self, lock: &mut AliveLock) -> Result<BeatOutcome, Error> {
+        let mut instance = self.identity.current();
+        let mut evicted = None;
+        let recorded = loop {
+            match self.record(instance).await {
+                Ok(out) if out.evicted => {
+                    let fresh = self.on_evicted(instance, lock);
+                    if evicted.is_some() {
+                        // The fresh id was reaped before it could beat twice: give up for now;
+                        // the next beat (fast cadence) registers yet another.
+                        break Err(Error::EvictedAgain { instance });
+                    }
+                    evicted = Some(instance);
+                    instance = fresh;
+                }
+                other => break other,
+            }
+        };
+        let lock_held = match self.config.liveness {
+            LivenessMode::AdvisoryLockWhenAvailable => {
+                self.keep_alive_lock(lock, self.identity.current()).await
+            }
+            LivenessMode::HeartbeatTableOnly => {
+                lock.release();
+                false
+            }
+        };
+        metrics::gauge!(m::ALIVE_LOCK_HELD).set(if lock_held { 1.0 } else { 0.0 });
+        match recorded {
+            Ok(out) => {
+                metrics::counter!(m::HEARTBEATS_TOTAL, m::RESULT => m::OK).increment(1);
+                metrics::counter!(m::REAPED_INSTANCES_TOTAL).increment(out.reaped);
+                metrics::counter!(m::RELEASED_LEASES_TOTAL).increment(out.released);
+                if out.reaped > 0 {
+                    info!(
+                        instance = %instance,
+                        reaped = out.reaped,
+                        released = out.released,
+                        "the heartbeat's sweep reaped stale peers and released their leases"
+                    );
+                }
+                let now = Instant::now();
+                self.status.send_modify(|s| {
+                    s.instance = instance;
+                    s.last_success = Some(now);
+                    s.lock_held = lock_held;
+                    s.consecutive_failures = 0;
+                });
+                Ok(BeatOutcome {
+                    instance,
+                    evicted,
+                    lock_held,
+                    reaped: out.reaped,
+                    released: out.released,
+                })
+            }
+            Err(e) => {
+                if !matches!(e, Error::EvictedAgain { .. }) {
+                    metrics::counter!(m::HEARTBEATS_TOTAL, m::RESULT => m::FAILED).increment(1);
+                }
+                let current = self.identity.current();
+                self.status.send_modify(|s| {
+                    s.instance = current;
+                    s.lock_held = lock_held;
+                    s.consecutive_failures = s.consecutive_failures.saturating_add(1);
+                });
+                Err(e)
+            }
+        }
+    }
+
+    // -- helpers ----------------------------------------------------------------------------
+
+    /// The wait after a recorded beat.
+    fn cadence(&self, lock_held: bool) -> Duration {
+        match self.config.liveness {
+            LivenessMode::AdvisoryLockWhenAvailable if lock_held => self.config.slow_interval(),
+            _ => self.config.fast_interval(),
+        }
+    }
+
+    /// How long one store call of a beat may take.
+    fn call_timeout(&self) -> Duration {
+        self.config.fast_interval()
+    }
+
+    async fn record(&self, instance: InstanceId) -> Result<RecordHeartbeatOutcome, Error> {
+        let params = RecordHeartbeatParams {
+            instance,
+            host: self.host_name.clone(),
+            metadata: self.metadata.clone(),
+            stale_after: self.config.stale_after(),
+            dead_after: self.config.dead_after(),
+        };
+        let after = self.call_timeout();
+        match timeout(after, self.coordinator.record_heartbeat(params)).await {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(source)) => Err(Error::Heartbeat { instance, source }),
+            Err(_) => Err(Error::TimedOut { instance, after }),
+        }
+    }
+
+    /// The store reaped `instance`: mint a fresh id, drop the old id's lock session, count
+    /// it. Returns the fresh id.
+    fn on_evicted(&self, instance: InstanceId, lock: &mut AliveLock) -> InstanceId {
+        metrics::counter!(m::HEARTBEATS_TOTAL, m::RESULT => m::EVICTED).increment(1);
+        metrics::counter!(m::EVICTIONS_TOTAL).increment(1);
+        lock.release();
+        let fresh = self.identity.evicted(instance);
+        self.status.send_modify(|s| {
+            s.evictions += 1;
+            s.lock_held = false;
+        });
+        warn!(
+            evicted = %instance,
+            fresh = %fresh,
+            "this instance was reaped by a peer (its heartbeat went stale): every lease of the \
+             old id is lost; registering afresh under a new id"
+        );
+        fresh
+    }
+
+    /// Makes sure the dedicated session holds `instance`'s alive-lock; returns whether it
+    /// does. Never fails: trouble drops the session, so the next beat opens a new one.
+    async fn keep_alive_lock(&self, lock: &mut AliveLock, instance: InstanceId) -> bool {
+        if lock.instance().is_some_and(|held_for| held_for != instance) {
+            debug!("dropping the alive-lock session of a former instance id");
+            lock.release();
+        }
+        let after = self.call_timeout();
+        if let Some(open) = lock.session.as_mut() {
+            match timeout(after, open.session.retake()).await {
+                Ok(Ok(held)) => return self.note_held(open, held),
+                Ok(Err(e)) => {
+                    metrics::counter!(m::ALIVE_LOCK_ERRORS_TOTAL).increment(1);
+                    warn!(
+                        instance = %instance,
+                        error = %e,
+                        "the alive-lock session is gone (and the lock with it); opening a new one"
+                    );
+                    lock.release();
+                }
+                Err(_) => {
+                    metrics::counter!(m::ALIVE_LOCK_ERRORS_TOTAL).increment(1);
+                    warn!(
+                        instance = %instance,
+                        timeout = ?after,
+                        "the alive-lock check did not answer in time; dropping its session, \
+                         the next beat opens a new one"
+                    );
+                    lock.release();
+                    return false;
+                }
+            }
+        }
+        let params = TakeAliveLockParams { instance };
+        match timeout(after, self.coordinator.take_alive_lock(params)).await {
+            Ok(Ok(taken)) => {
+                let open = lock.session.insert(LockSession {
+                    instance,
+                    session: taken.session,
+                    held: false,
+                });
+                self.note_held(open, taken.held)
+            }
+            Ok(Err(e)) => {
+                metrics::counter!(m::ALIVE_LOCK_ERRORS_TOTAL).increment(1);
+                warn!(
+                    instance = %instance,
+                    error = %e,
+                    "could not open the alive-lock session; the heartbeat row alone proves \
+                     liveness until the next beat"
+                );
+                false
+            }
+            Err(_) => {
+                metrics::counter!(m::ALIVE_LOCK_ERRORS_TOTAL).increment(1);
+                warn!(
+                    instance = %instance,
+                    timeout = ?after,
+                    "opening the alive-lock session did not answer in time; the next beat tries again"
+                );
+                false
+            }
+        }
+    }
+
+    /// Records the session's answer; counts and logs the transitions.
+    fn note_held(&self, open: &mut LockSession, held: bool) -> bool {
+        match (open.held, held) {
+            (false, true) => {
+                metrics::counter!(m::ALIVE_LOCK_ACQUISITIONS_TOTAL).increment(1);
+                info!(instance = %open.instance, "alive-lock taken");
+            }
+            (true, false) => warn!(
+                instance = %open.instance,
+                "the alive-lock session no longer holds the lock"
+            ),
+            (false, false) => debug!(
+                instance = %open.instance,
+                "the alive-lock is held by another session (a former connection not yet \
+                 closed?); beating at the fast cadence until it is ours"
+            ),
+            (true, true) => {}
+        }
+        open.held = held;
+        held
+    }
+}
+
+/// The metadata stored with every heartbeat: `pid` and `version` (this crate's), plus the
+/// host's keys.
+fn instance_metadata(extra: Value) -> Value {
+    let mut out = match extra {
+        Value::Object(map) => map,
+        Value::Null => Map::new(),
+        other => {
+            let mut map = Map::new();
+            map.insert("extra".to_owned(), other);
+            map
+        }
+    };
+    out.insert("pid".to_owned(), json!(std::process::id()));
+    out.insert("version".to_owned(), json!(env!("CARGO_PKG_VERSION")));
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn metadata_carries_pid_version_and_the_hosts_keys() {
+        let md = instance_metadata(json!({"region": "eu-1", "pid": 1}));
+        assert_eq!(md["pid"], json!(std::process::id()));
+        assert_eq!(md["version"], json!(env!("CARGO_PKG_VERSION")));
+        assert_eq!(md["region"], json!("eu-1"));
+        assert_eq!(
+            instance_metadata(Value::Null).as_object().map(Map::len),
+            Some(2)
+        );
+        assert_eq!(instance_metadata(json!([1, 2]))["extra"], json!([1, 2]));
+    }
+}

@@ -1,0 +1,1030 @@
+//! Worker-logic tests against the fake coordinator under paused tokio time: cadences are
+//! asserted to the instant from the fake's call log.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics::atomics::AtomicU64;
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+use workpump_coordinator::{
+    ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams, FakeCoordinator, Identity,
+    InstanceId, IsInstanceAliveParams, Method, NewWork, RecordHeartbeatParams, RegisterQueueParams,
+    TakeAliveLockParams, WorkCoordinator, Worker, WorkerError,
+};
+
+use crate::metrics as m;
+use crate::{AliveLock, HeartbeatConfig, HeartbeatWorker, LivenessMode};
+
+// -- harness ----------------------------------------------------------------------------------
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn offsets(v: &[u64]) -> Vec<Duration> {
+    v.iter().copied().map(secs).collect()
+}
+
+/// When each call of `method` happened, measured from `t0`.
+fn calls_at(fake: &FakeCoordinator, method: Method, t0: Instant) -> Vec<Duration> {
+    fake.calls_of(method).iter().map(|c| c.at - t0).collect()
+}
+
+fn table_only() -> HeartbeatConfig {
+    HeartbeatConfig {
+        liveness: LivenessMode::HeartbeatTableOnly,
+        ..HeartbeatConfig::default()
+    }
+}
+
+fn worker(
+    fake: &FakeCoordinator,
+    identity: &Identity,
+    config: HeartbeatConfig,
+) -> Arc<HeartbeatWorker> {
+    Arc::new(HeartbeatWorker::new(
+        Arc::new(fake.clone()),
+        identity.clone(),
+        config,
+        "test-host".to_owned(),
+        json!({ "role": "test" }),
+    ))
+}
+
+struct Running {
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), WorkerError>>,
+}
+
+fn start(worker: &Arc<HeartbeatWorker>) -> Running {
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let worker = worker.clone();
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
+    Running { shutdown, task }
+}
+
+impl Running {
+    /// Cancels and waits for `run` to return (it must within a second, on paused time).
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(secs(1), self.task)
+            .await
+            .expect("run returns promptly after shutdown")
+            .expect("run does not panic")
+            .expect("run ends with Ok");
+    }
+}
+
+async fn alive(fake: &FakeCoordinator, instance: InstanceId) -> bool {
+    fake.is_instance_alive(IsInstanceAliveParams { instance })
+        .await
+        .expect("the fake answers")
+        .alive
+}
+
+/// Counters and gauges by `name{label=value,...}`, set as the thread's recorder (the tests
+/// run on one thread, worker tasks included).
+#[derive(Default)]
+struct TestRecorder {
+    values: Mutex<HashMap<String, Arc<AtomicU64>>>,
+}
+
+impl TestRecorder {
+    fn handle(&self, key: &Key) -> Arc<AtomicU64> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        self.values.lock().unwrap().entry(name).or_default().clone()
+    }
+
+    fn raw(&self, name: &str) -> u64 {
+        self.values
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or(0, |v| v.load(Ordering::Acquire))
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        self.raw(name)
+    }
+
+    fn gauge(&self, name: &str) -> f64 {
+        f64::from_bits(self.raw(name))
+    }
+}
+
+impl Recorder for TestRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.handle(key))
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(self.handle(key))
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+fn beats(result: &str) -> String {
+    format!("{}{{{}={result}}}", m::HEARTBEATS_TOTAL, m::RESULT)
+}
+
+fn plain(name: &str) -> String {
+    format!("{name}{{}}")
+}
+
+// -- cadence ----------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn the_first_beat_is_at_start_and_beats_are_60_s_apart_while_the_lock_is_held() {
+    let recorder = TestRecorder::default();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let me = identity.current();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(1)).await;
+    assert_eq!(calls_at(&fake, Method::RecordHeartbeat, t0), offsets(&[0]));
+    assert!(fake.instance_registered(me));
+    assert!(alive(&fake, me).await);
+    let status = worker.status();
+    assert_eq!(status.instance, me);
+    assert_eq!(status.last_success, Some(t0));
+    assert!(status.lock_held);
+    assert_eq!(status.cadence, Some(secs(60)));
+    assert_eq!(recorder.gauge(&plain(m::CADENCE_SECONDS)), 60.0);
+    assert_eq!(recorder.gauge(&plain(m::ALIVE_LOCK_HELD)), 1.0);
+
+    sleep_until(t0 + secs(190)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 120, 180])
+    );
+    // One session, re-checked on every beat.
+    assert_eq!(calls_at(&fake, Method::TakeAliveLock, t0), offsets(&[0]));
+    assert_eq!(recorder.counter(&beats(m::OK)), 4);
+    assert_eq!(
+        recorder.counter(&plain(m::ALIVE_LOCK_ACQUISITIONS_TOTAL)),
+        1
+    );
+
+    run.stop().await;
+    assert!(
+        !alive(&fake, me).await,
+        "stopping drops the alive-lock session"
+    );
+    let status = worker.status();
+    assert!(!status.lock_held);
+    assert_eq!(status.cadence, None);
+    assert_eq!(recorder.gauge(&plain(m::ALIVE_LOCK_HELD)), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn beats_are_10_s_apart_while_another_session_holds_the_lock_and_slow_once_it_is_ours() {
+    let recorder = TestRecorder::default();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let me = identity.current();
+    let t0 = Instant::now();
+    let other = fake
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("take");
+    assert!(other.held);
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(35)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 10, 20, 30])
+    );
+    let status = worker.status();
+    assert!(!status.lock_held);
+    assert_eq!(status.cadence, Some(secs(10)));
+    assert_eq!(recorder.gauge(&plain(m::ALIVE_LOCK_HELD)), 0.0);
+    assert_eq!(
+        recorder.counter(&plain(m::ALIVE_LOCK_ACQUISITIONS_TOTAL)),
+        0
+    );
+
+    drop(other);
+    sleep_until(t0 + secs(105)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 10, 20, 30, 40, 100])
+    );
+    // The test's session and the worker's; the worker re-checked its own every beat.
+    assert_eq!(calls_at(&fake, Method::TakeAliveLock, t0), offsets(&[0, 0]));
+    assert!(worker.status().lock_held);
+    assert_eq!(
+        recorder.counter(&plain(m::ALIVE_LOCK_ACQUISITIONS_TOTAL)),
+        1
+    );
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_table_only_beats_every_10_s_and_never_takes_the_lock() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let worker = worker(&fake, &identity, table_only());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(35)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 10, 20, 30])
+    );
+    assert!(fake.calls_of(Method::TakeAliveLock).is_empty());
+    assert!(!alive(&fake, identity.current()).await);
+    let status = worker.status();
+    assert!(!status.lock_held);
+    assert_eq!(status.cadence, Some(secs(10)));
+    assert_eq!(status.last_success, Some(t0 + secs(30)));
+    run.stop().await;
+}
+
+// -- the alive-lock's session -----------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn after_the_lock_session_is_killed_the_next_beat_reconnects_and_retakes_the_lock() {
+    let recorder = TestRecorder::default();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let me = identity.current();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(1)).await;
+    assert!(fake.kill_alive_lock_session(me));
+    assert!(!alive(&fake, me).await);
+
+    sleep_until(t0 + secs(61)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60])
+    );
+    assert_eq!(
+        calls_at(&fake, Method::TakeAliveLock, t0),
+        offsets(&[0, 60])
+    );
+    assert!(alive(&fake, me).await);
+    assert!(worker.status().lock_held);
+    assert_eq!(recorder.counter(&plain(m::ALIVE_LOCK_ERRORS_TOTAL)), 1);
+    assert_eq!(
+        recorder.counter(&plain(m::ALIVE_LOCK_ACQUISITIONS_TOTAL)),
+        2
+    );
+
+    sleep_until(t0 + secs(125)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 120])
+    );
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_a_former_session_still_holds_the_lock_the_cadence_is_fast_until_it_is_ours_again() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let me = identity.current();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    // The worker's session dies, and another session (a connection the server has not closed
+    // yet) holds the lock when the worker reconnects.
+    sleep_until(t0 + secs(1)).await;
+    assert!(fake.kill_alive_lock_session(me));
+    let lingering = fake
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("take");
+    assert!(lingering.held);
+
+    sleep_until(t0 + secs(85)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 70, 80])
+    );
+    assert!(!worker.status().lock_held);
+    drop(lingering);
+
+    sleep_until(t0 + secs(155)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 70, 80, 90, 150])
+    );
+    // Reconnected once at 60; the new session was re-checked at 70, 80 and 90.
+    assert_eq!(
+        calls_at(&fake, Method::TakeAliveLock, t0),
+        offsets(&[0, 1, 60])
+    );
+    assert!(worker.status().lock_held);
+    assert!(alive(&fake, me).await);
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_outage_fails_beats_at_the_fast_cadence_and_the_lock_is_retaken_after_it() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let me = identity.current();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(1)).await;
+    fake.set_unreachable(true);
+    sleep_until(t0 + secs(75)).await;
+    let status = worker.status();
+    assert_eq!(status.consecutive_failures, 2);
+    assert!(!status.lock_held);
+    assert_eq!(status.last_success, Some(t0));
+    fake.set_unreachable(false);
+
+    sleep_until(t0 + secs(145)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 70, 80, 140])
+    );
+    // 60: the session is gone and a new one cannot be opened; 70: again; 80: reconnected.
+    assert_eq!(
+        calls_at(&fake, Method::TakeAliveLock, t0),
+        offsets(&[0, 60, 70, 80])
+    );
+    let status = worker.status();
+    assert_eq!(status.consecutive_failures, 0);
+    assert!(status.lock_held);
+    assert!(alive(&fake, me).await);
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lock_session_that_cannot_be_opened_makes_the_next_beat_fast() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    fake.fail_next(Method::TakeAliveLock, 1);
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(75)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 10, 70])
+    );
+    assert_eq!(
+        calls_at(&fake, Method::TakeAliveLock, t0),
+        offsets(&[0, 10])
+    );
+    assert_eq!(
+        worker.status().consecutive_failures,
+        0,
+        "the beats were recorded"
+    );
+    run.stop().await;
+}
+
+// -- failed beats -----------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_heartbeat_is_counted_and_the_next_beat_comes_at_the_fast_cadence() {
+    let recorder = TestRecorder::default();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(1)).await;
+    fake.fail_next(Method::RecordHeartbeat, 1);
+    sleep_until(t0 + secs(65)).await;
+    let status = worker.status();
+    assert_eq!(status.consecutive_failures, 1);
+    assert_eq!(status.last_success, Some(t0));
+    assert_eq!(status.cadence, Some(secs(10)));
+    assert!(status.lock_held, "the lock was still checked");
+    assert_eq!(recorder.counter(&beats(m::FAILED)), 1);
+
+    sleep_until(t0 + secs(135)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 70, 130])
+    );
+    let status = worker.status();
+    assert_eq!(status.consecutive_failures, 0);
+    assert_eq!(status.last_success, Some(t0 + secs(130)));
+    assert_eq!(recorder.counter(&beats(m::OK)), 3);
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_heartbeat_is_abandoned_after_the_fast_interval_and_counts_as_failed() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(1)).await;
+    fake.hang_next(Method::RecordHeartbeat, 1);
+    sleep_until(t0 + secs(75)).await;
+    assert_eq!(worker.status().consecutive_failures, 1);
+
+    sleep_until(t0 + secs(145)).await;
+    // 60 hangs, abandoned at 70, then the fast cadence: 80; then slow again.
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 80, 140])
+    );
+    assert_eq!(worker.status().consecutive_failures, 0);
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_during_a_hung_heartbeat_returns_at_once_and_releases_the_lock() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let me = identity.current();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    sleep_until(t0 + secs(1)).await;
+    fake.hang_next(Method::RecordHeartbeat, 1);
+    sleep_until(t0 + secs(61)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60])
+    );
+    assert!(alive(&fake, me).await);
+    let stopping = Instant::now();
+    run.stop().await;
+    assert_eq!(Instant::now(), stopping, "no time passed while stopping");
+    assert!(!alive(&fake, me).await);
+    assert!(!worker.status().lock_held);
+}
+
+// -- eviction ---------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn an_evicted_instance_mints_a_new_id_and_registers_it_at_once_with_its_own_lock() {
+    let recorder = TestRecorder::default();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let old = identity.current();
+    let generations = identity.subscribe();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    // A zombie: the heartbeat is past the definitive-dead cutoff, so a peer's sweep reaps the
+    // instance although its lock is held.
+    sleep_until(t0 + secs(1)).await;
+    assert!(alive(&fake, old).await);
+    fake.age_heartbeat(old, secs(301));
+    let swept = fake
+        .cleanup_stale_instances(CleanupStaleInstancesParams {
+            stale_after: secs(30),
+            dead_after: Some(secs(300)),
+        })
+        .await
+        .expect("sweep");
+    assert_eq!(swept.reaped.len(), 1);
+    assert!(!fake.instance_registered(old));
+
+    sleep_until(t0 + secs(61)).await;
+    let fresh = identity.current();
+    assert_ne!(fresh, old);
+    assert_eq!(identity.generation().evictions, 1);
+    assert!(generations.has_changed().expect("identity lives"));
+    // The refused beat and, at the same instant, the fresh id's registration.
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 60])
+    );
+    assert!(fake.instance_registered(fresh));
+    assert!(!fake.instance_registered(old), "the reaped id stays gone");
+    assert_eq!(
+        calls_at(&fake, Method::TakeAliveLock, t0),
+        offsets(&[0, 60])
+    );
+    assert!(!alive(&fake, old).await, "the old id's session was dropped");
+    assert!(alive(&fake, fresh).await);
+    let status = worker.status();
+    assert_eq!(status.instance, fresh);
+    assert_eq!(status.evictions, 1);
+    assert!(status.lock_held);
+    assert_eq!(status.last_success, Some(t0 + secs(60)));
+    assert_eq!(recorder.counter(&plain(m::EVICTIONS_TOTAL)), 1);
+    assert_eq!(recorder.counter(&beats(m::EVICTED)), 1);
+    assert_eq!(recorder.counter(&beats(m::OK)), 2);
+
+    // No extra beat for the identity change the worker made itself: slow cadence again.
+    sleep_until(t0 + secs(125)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 60, 60, 120])
+    );
+    run.stop().await;
+    assert!(!alive(&fake, fresh).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_once_reports_the_eviction_and_the_fresh_instance() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let old = identity.current();
+    let worker = worker(&fake, &identity, table_only());
+    let mut lock = AliveLock::new();
+
+    let first = worker.run_once(&mut lock).await.expect("beat");
+    assert_eq!((first.instance, first.evicted), (old, None));
+    fake.age_heartbeat(old, secs(31));
+    let swept = fake
+        .cleanup_stale_instances(CleanupStaleInstancesParams {
+            stale_after: secs(30),
+            dead_after: Some(secs(300)),
+        })
+        .await
+        .expect("sweep");
+    assert_eq!(swept.reaped.len(), 1);
+
+    let second = worker.run_once(&mut lock).await.expect("beat");
+    assert_eq!(second.evicted, Some(old));
+    assert_eq!(second.instance, identity.current());
+    assert_ne!(second.instance, old);
+    assert!(fake.instance_registered(second.instance));
+    assert!(!second.lock_held);
+    assert_eq!(worker.status().evictions, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_identity_change_made_elsewhere_is_registered_at_once() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let old = identity.current();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+
+    // Another worker learned of an eviction and renewed the identity.
+    sleep_until(t0 + secs(5)).await;
+    let fresh = identity.evicted(old);
+    sleep_until(t0 + secs(6)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 5])
+    );
+    assert_eq!(calls_at(&fake, Method::TakeAliveLock, t0), offsets(&[0, 5]));
+    assert!(fake.instance_registered(fresh));
+    assert!(alive(&fake, fresh).await);
+    assert!(!alive(&fake, old).await);
+    assert_eq!(worker.status().instance, fresh);
+
+    sleep_until(t0 + secs(70)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 5, 65])
+    );
+    run.stop().await;
+}
+
+// -- the sweep inside record_heartbeat --------------------------------------------------------
+
+/// A peer that registered and claimed `items` items.
+async fn peer_with_leases(fake: &FakeCoordinator, items: usize) -> InstanceId {
+    let peer = InstanceId::new();
+    fake.record_heartbeat(RecordHeartbeatParams {
+        instance: peer,
+        host: "peer".to_owned(),
+        metadata: json!({}),
+        stale_after: secs(30),
+        dead_after: Some(secs(300)),
+    })
+    .await
+    .expect("peer beat");
+    fake.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .expect("queue");
+    fake.enqueue_work(EnqueueWorkParams {
+        items: (0..items)
+            .map(|i| NewWork::new("q", json!({ "i": i })))
+            .collect(),
+    })
+    .await
+    .expect("enqueue");
+    let claimed = fake
+        .claim_work(ClaimWorkParams {
+            instance: peer,
+            queues: vec!["q".to_owned()],
+            max_items: 100,
+            lease: secs(60),
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claimed.items.len(), items);
+    peer
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweep_counts_reaped_peers_and_released_leases() {
+    let recorder = TestRecorder::default();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let peer = peer_with_leases(&fake, 2).await;
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let mut lock = AliveLock::new();
+
+    fake.age_heartbeat(peer, secs(31));
+    let beat = worker.run_once(&mut lock).await.expect("beat");
+    assert_eq!((beat.reaped, beat.released), (1, 2));
+    assert!(!fake.instance_registered(peer));
+    assert!(fake.work_rows().iter().all(|r| r.instance.is_none()));
+    assert_eq!(recorder.counter(&plain(m::REAPED_INSTANCES_TOTAL)), 1);
+    assert_eq!(recorder.counter(&plain(m::RELEASED_LEASES_TOTAL)), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_configured_stale_cutoff_is_the_one_the_sweep_uses() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let peer = peer_with_leases(&fake, 1).await;
+    let config = HeartbeatConfig {
+        stale_after_ms: 45_000,
+        ..HeartbeatConfig::default()
+    };
+    let worker = worker(&fake, &identity, config);
+    let mut lock = AliveLock::new();
+
+    fake.age_heartbeat(peer, secs(40));
+    let beat = worker.run_once(&mut lock).await.expect("beat");
+    assert_eq!(beat.reaped, 0, "40 s is not stale with a 45 s cutoff");
+    fake.age_heartbeat(peer, secs(6));
+    let beat = worker.run_once(&mut lock).await.expect("beat");
+    assert_eq!((beat.reaped, beat.released), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_configured_dead_cutoff_decides_whether_a_lock_holder_is_reaped() {
+    let fake = FakeCoordinator::new();
+    let zombie = InstanceId::new();
+    fake.record_heartbeat(RecordHeartbeatParams {
+        instance: zombie,
+        host: "zombie".to_owned(),
+        metadata: json!({}),
+        stale_after: secs(30),
+        dead_after: Some(secs(300)),
+    })
+    .await
+    .expect("beat");
+    let _zombie_lock = fake
+        .take_alive_lock(TakeAliveLockParams { instance: zombie })
+        .await
+        .expect("take");
+    fake.age_heartbeat(zombie, secs(400));
+
+    let no_bypass = worker(
+        &fake,
+        &Identity::new(),
+        HeartbeatConfig {
+            dead_after_ms: None,
+            ..HeartbeatConfig::default()
+        },
+    );
+    let beat = no_bypass
+        .run_once(&mut AliveLock::new())
+        .await
+        .expect("beat");
+    assert_eq!(beat.reaped, 0, "without the bypass the lock keeps it");
+
+    let bypass = worker(&fake, &Identity::new(), HeartbeatConfig::default());
+    let beat = bypass.run_once(&mut AliveLock::new()).await.expect("beat");
+    assert_eq!(beat.reaped, 1, "past 5 min the lock does not save it");
+    assert!(!fake.instance_registered(zombie));
+}
+
+// -- killswitch, config, lifecycle ------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn with_the_killswitch_off_run_touches_nothing_and_waits_for_shutdown() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let worker = worker(
+        &fake,
+        &identity,
+        HeartbeatConfig {
+            enabled: false,
+            ..HeartbeatConfig::default()
+        },
+    );
+    let t0 = Instant::now();
+    let run = start(&worker);
+    sleep_until(t0 + secs(24 * 3600)).await;
+    assert!(!run.task.is_finished(), "run waits for shutdown");
+    assert!(fake.calls().is_empty(), "no coordinator call at all");
+    assert!(!fake.instance_registered(identity.current()));
+    let status = worker.status();
+    assert_eq!(status.last_success, None);
+    assert!(!status.lock_held);
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_refuses_an_invalid_config_naming_the_setting_and_touches_nothing() {
+    let fake = FakeCoordinator::new();
+    let worker = worker(
+        &fake,
+        &Identity::new(),
+        HeartbeatConfig {
+            fast_interval_ms: 20_000,
+            ..HeartbeatConfig::default()
+        },
+    );
+    let err = worker
+        .run(CancellationToken::new())
+        .await
+        .expect_err("refused");
+    let text = err.to_string();
+    assert!(text.contains("heartbeat.stale_after_ms"), "{text}");
+    assert!(fake.calls().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifty_starts_and_stops_leave_no_task_and_no_lock_behind() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let me = identity.current();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let baseline = tasks();
+    let mut beats_seen = 0;
+    for i in 0..50u64 {
+        // Stop before the first beat, in a wait, or in the middle of a hung call.
+        if i % 5 == 4 {
+            fake.hang_next(Method::RecordHeartbeat, 1);
+        }
+        let run = start(&worker);
+        sleep(Duration::from_secs(i % 3 * 35)).await;
+        let beats = fake.calls_of(Method::RecordHeartbeat).len();
+        if beats > beats_seen {
+            beats_seen = beats;
+        }
+        run.stop().await;
+        assert!(!alive(&fake, me).await, "run {i} left the lock held");
+        assert!(!worker.status().lock_held);
+        assert_eq!(tasks(), baseline, "run {i} left a task behind");
+        fake.release_hangs();
+    }
+    assert!(beats_seen > 30, "the runs did beat ({beats_seen})");
+}
+
+// -- config -----------------------------------------------------------------------------------
+
+fn refused(config: &HeartbeatConfig) -> Vec<String> {
+    config
+        .validate("heartbeat")
+        .into_iter()
+        .map(|p| p.setting)
+        .collect()
+}
+
+#[test]
+fn the_defaults_are_the_documented_ones_and_valid() {
+    let c = HeartbeatConfig::default();
+    assert!(c.enabled);
+    assert_eq!(c.fast_interval_ms, 10_000);
+    assert_eq!(c.slow_interval_ms, 60_000);
+    assert_eq!(c.liveness, LivenessMode::AdvisoryLockWhenAvailable);
+    assert_eq!(c.stale_after_ms, 30_000);
+    assert_eq!(c.dead_after_ms, Some(300_000));
+    assert!(c.validate("heartbeat").is_empty());
+}
+
+#[test]
+fn a_stale_cutoff_under_twice_the_fast_interval_is_refused_with_both_numbers() {
+    let c = HeartbeatConfig {
+        fast_interval_ms: 20_000,
+        ..HeartbeatConfig::default()
+    };
+    let problems = c.validate("heartbeat");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].setting, "heartbeat.stale_after_ms");
+    let reason = &problems[0].reason;
+    for part in ["30000", "20000", "40000", "heartbeat.fast_interval_ms"] {
+        assert!(reason.contains(part), "{reason} lacks {part}");
+    }
+    let edge = HeartbeatConfig {
+        fast_interval_ms: 15_000,
+        ..HeartbeatConfig::default()
+    };
+    assert!(
+        edge.validate("heartbeat").is_empty(),
+        "exactly twice is enough"
+    );
+}
+
+#[test]
+fn zero_intervals_and_cutoffs_are_refused_each_by_name() {
+    let c = HeartbeatConfig {
+        fast_interval_ms: 0,
+        slow_interval_ms: 0,
+        stale_after_ms: 0,
+        dead_after_ms: Some(0),
+        ..HeartbeatConfig::default()
+    };
+    assert_eq!(
+        refused(&c),
+        [
+            "heartbeat.fast_interval_ms",
+            "heartbeat.slow_interval_ms",
+            "heartbeat.stale_after_ms",
+            "heartbeat.dead_after_ms"
+        ]
+    );
+}
+
+#[test]
+fn settings_beyond_a_day_are_refused() {
+    let c = HeartbeatConfig {
+        slow_interval_ms: crate::MAX_SETTING_MS + 1,
+        dead_after_ms: None,
+        ..HeartbeatConfig::default()
+    };
+    assert_eq!(refused(&c), ["heartbeat.slow_interval_ms"]);
+}
+
+#[test]
+fn a_slow_interval_under_the_fast_one_is_refused() {
+    let c = HeartbeatConfig {
+        slow_interval_ms: 9_999,
+        ..HeartbeatConfig::default()
+    };
+    assert_eq!(refused(&c), ["heartbeat.slow_interval_ms"]);
+    let equal = HeartbeatConfig {
+        slow_interval_ms: 10_000,
+        ..HeartbeatConfig::default()
+    };
+    assert!(equal.validate("heartbeat").is_empty());
+}
+
+#[test]
+fn a_dead_cutoff_not_beyond_the_stale_one_is_refused() {
+    let c = HeartbeatConfig {
+        liveness: LivenessMode::HeartbeatTableOnly,
+        dead_after_ms: Some(30_000),
+        ..HeartbeatConfig::default()
+    };
+    assert_eq!(refused(&c), ["heartbeat.dead_after_ms"]);
+    let beyond = HeartbeatConfig {
+        dead_after_ms: Some(30_001),
+        ..c.clone()
+    };
+    assert!(beyond.validate("heartbeat").is_empty());
+}
+
+#[test]
+fn with_the_lock_a_dead_cutoff_within_two_slow_intervals_is_refused() {
+    let c = HeartbeatConfig {
+        dead_after_ms: Some(120_000),
+        ..HeartbeatConfig::default()
+    };
+    let problems = c.validate("heartbeat");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].setting, "heartbeat.dead_after_ms");
+    for part in ["120000", "60000", "heartbeat.slow_interval_ms"] {
+        assert!(problems[0].reason.contains(part), "{}", problems[0].reason);
+    }
+    let beyond = HeartbeatConfig {
+        dead_after_ms: Some(120_001),
+        ..HeartbeatConfig::default()
+    };
+    assert!(beyond.validate("heartbeat").is_empty());
+    // Without the lock the slow cadence is never used.
+    let table_only = HeartbeatConfig {
+        liveness: LivenessMode::HeartbeatTableOnly,
+        ..c
+    };
+    assert!(table_only.validate("heartbeat").is_empty());
+    // No bypass, nothing to compare.
+    let no_bypass = HeartbeatConfig {
+        dead_after_ms: None,
+        ..HeartbeatConfig::default()
+    };
+    assert!(no_bypass.validate("heartbeat").is_empty());
+}
+
+#[test]
+fn every_problem_is_reported_at_once_and_an_empty_prefix_gives_bare_names() {
+    let c = HeartbeatConfig {
+        fast_interval_ms: 20_000,
+        slow_interval_ms: 15_000,
+        dead_after_ms: Some(25_000),
+        ..HeartbeatConfig::default()
+    };
+    assert_eq!(
+        refused(&c),
+        [
+            "heartbeat.slow_interval_ms",
+            "heartbeat.stale_after_ms",
+            "heartbeat.dead_after_ms",
+            "heartbeat.dead_after_ms"
+        ]
+    );
+    let bare: Vec<String> = c.validate("").into_iter().map(|p| p.setting).collect();
+    assert_eq!(bare[0], "slow_interval_ms");
+}
+
+#[test]
+fn the_heartbeat_section_reads_from_toml() {
+    use figment::providers::{Format, Toml};
+    use figment::Figment;
+
+    let read = |toml: &str| {
+        Figment::new()
+            .merge(Toml::string(toml))
+            .extract_inner::<HeartbeatConfig>("heartbeat")
+            .map_err(|e| e.to_string())
+    };
+    let c = read(
+        r#"
+        [heartbeat]
+        enabled = false
+        fast_interval_ms = 5000
+        liveness = "heartbeat_table_only"
+        dead_after_ms = "none"
+        "#,
+    )
+    .expect("valid");
+    assert_eq!(
+        c,
+        HeartbeatConfig {
+            enabled: false,
+            fast_interval_ms: 5000,
+            liveness: LivenessMode::HeartbeatTableOnly,
+            dead_after_ms: None,
+            ..HeartbeatConfig::default()
+        }
+    );
+    let c = read("[heartbeat]\ndead_after_ms = 600000\n").expect("valid");
+    assert_eq!(c.dead_after_ms, Some(600_000));
+    let c = read("[heartbeat]\n").expect("valid");
+    assert_eq!(c, HeartbeatConfig::default());
+
+    let err = read("[heartbeat]\nfast_interval = 5000\n").expect_err("unknown field");
+    assert!(err.contains("fast_interval"), "{err}");
+    let err = read("[heartbeat]\nliveness = \"lock\"\n").expect_err("unknown mode");
+    assert!(err.contains("heartbeat_table_only"), "{err}");
+    let err = read("[heartbeat]\ndead_after_ms = -1\n").expect_err("negative");
+    assert!(err.contains("none"), "{err}");
+}
+
+#[test]
+fn the_config_round_trips_through_json_with_null_for_no_bypass() {
+    let c: HeartbeatConfig =
+        serde_json::from_value(json!({ "dead_after_ms": null })).expect("valid");
+    assert_eq!(c.dead_after_ms, None);
+    let back: HeartbeatConfig =
+        serde_json::from_value(serde_json::to_value(&c).expect("serialize")).expect("valid");
+    assert_eq!(back, c);
+    let d = HeartbeatConfig::default();
+    let back: HeartbeatConfig =
+        serde_json::from_value(serde_json::to_value(&d).expect("serialize")).expect("valid");
+    assert_eq!(back, d);
+}
