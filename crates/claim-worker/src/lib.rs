@@ -55,4 +55,4 @@ pub use config::{
 };
 pub use handler::{handler_fn, FnHandler, Handler, Job, JobError, JobResult, JobTransaction};
 pub use wait::{wait_after, Gate};
-pub use worker::{ClaimWorker, Handlers, Registration, Waker};
+pub use worker::{ClaimStatus, ClaimWorker, Handlers, Registration, Waker};

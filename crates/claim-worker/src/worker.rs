@@ -135,6 +135,18 @@ struct Shared {
     registration: Registration,
     queues: Vec<Arc<QueueRuntime>>,
     waker: Waker,
+    status: watch::Sender<ClaimStatus>,
+}
+
+/// What the claim worker is doing, for health reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimStatus {
+    /// Whether LISTEN/NOTIFY delivers wake signals.
+    pub gate: Gate,
+    /// The instance registered for claiming (`None` while waiting for the store).
+    pub registered: Option<InstanceId>,
+    /// Whether a run is in progress.
+    pub running: bool,
 }
 
 struct QueueRuntime {
@@ -176,6 +188,11 @@ impl ClaimWorker {
                     .collect(),
             ),
         };
+        let (status, _) = watch::channel(ClaimStatus {
+            gate: Gate::Unavailable,
+            registered: None,
+            running: false,
+        });
         ClaimWorker {
             shared: Arc::new(Shared {
                 coordinator,
@@ -186,8 +203,14 @@ impl ClaimWorker {
                 registration,
                 queues,
                 waker,
+                status,
             }),
         }
+    }
+
+    /// Watches the worker's gate, registration and running state.
+    pub fn status(&self) -> watch::Receiver<ClaimStatus> {
+        self.shared.status.subscribe()
     }
 
     /// Wakes claim loops for work this process enqueued.
@@ -208,6 +231,7 @@ impl Worker for ClaimWorker {
             return Ok(());
         }
         let run = Arc::new(Run::new(self.shared.clone()));
+        self.shared.status.send_modify(|s| s.running = true);
         let (recorder, writer) = Recorder::new(
             self.shared.coordinator.clone(),
             self.shared.config.outcome_batch,
@@ -268,6 +292,11 @@ impl Worker for ClaimWorker {
         drop(recorder);
         let _ = writer.await;
         run.root.cancel();
+        self.shared.status.send_replace(ClaimStatus {
+            gate: Gate::Unavailable,
+            registered: None,
+            running: false,
+        });
         Ok(())
     }
 }
@@ -315,6 +344,7 @@ impl Run {
     }
 
     fn set_gate(&self, to: Gate) {
+        self.shared.status.send_modify(|s| s.gate = to);
         let changed = self.gate.send_if_modified(|g| {
             let changed = *g != to;
             *g = to;
@@ -331,6 +361,11 @@ impl Run {
         }
     }
 
+    fn set_registered(&self, instance: Option<InstanceId>) {
+        self.shared.status.send_modify(|s| s.registered = instance);
+        self.registered.send_replace(instance);
+    }
+
     fn cancel_in_flight(&self, reason: CancelReason) {
         let leases: Vec<_> = self
             .in_flight
@@ -341,7 +376,7 @@ impl Run {
             lease.cancel(reason);
         }
         if reason == CancelReason::Evicted {
-            self.registered.send_replace(None);
+            self.set_registered(None);
         }
     }
 }
@@ -373,7 +408,7 @@ async fn register_loop(run: Arc<Run>, stop: CancellationToken) {
                 if waiting_logged {
                     tracing::info!("registered as instance {instance}; claiming");
                 }
-                run.registered.send_replace(Some(instance));
+                run.set_registered(Some(instance));
                 delay = shared.config.base();
                 waiting_logged = false;
                 tokio::select! {
