@@ -14,128 +14,177 @@ use tokio_util::sync::CancellationToken;
 
 use crate::types::{Fence, InstanceId};
 use crate::worker::ConfigProblem;
+use crate::MAX_LEASE;
 
-/// Resolved lease settings for one item (per queue in the host's config).
+/// The default lease. **60 s.**
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The default longest attempt. **30 min.**
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(30 * 60);
+
+fn setting(prefix: &str, field: &str) -> String {
+    if prefix.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{prefix}.{field}")
+    }
+}
+
+fn ms(d: Duration) -> String {
+    if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{d:?}")
+    }
+}
+
+/// Resolved per-item lease settings (per queue in the host config). Build them with
+/// [`LeaseSettings::from_lease`] or [`LeaseConfig::settings`]; check them with
+/// [`LeaseSettings::validate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseSettings {
-    /// How long a claim or renewal holds the item without renewal. **Default: 60 s.**
+    /// How long a claim (and each renewal) lasts on the database clock. **Default: 60 s.**
     pub lease: Duration,
-    /// How often a running item is renewed. **Default: lease / 3.**
+    /// How often the item's renewal is requested; each renewal extends by the full lease.
+    /// **Default: lease / 3.**
     pub renewal_interval: Duration,
     /// How long before the local deadline the lease fence fires. **Default: lease / 6.**
     pub grace: Duration,
-    /// Renewals one claim may have; past it the lease lapses. **Default: none.**
+    /// Renewals after which the lease is left to lapse. **Default: none.**
     pub max_renewals: Option<u32>,
-    /// How long one attempt may run; past it the handler is stopped. **Default: 30 min.**
+    /// How long a handler may run before its token fires. **Default: 30 min.**
     pub max_duration: Option<Duration>,
 }
 
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self::from_lease(DEFAULT_LEASE)
+    }
+}
+
 impl LeaseSettings {
-    /// The defaults derived from a lease length.
+    /// Settings for `lease` with the other defaults derived from it: renewal interval
+    /// lease / 3, grace lease / 6, no renewal cap, max duration 30 min.
     pub fn from_lease(lease: Duration) -> Self {
         LeaseSettings {
             lease,
             renewal_interval: lease / 3,
             grace: lease / 6,
             max_renewals: None,
-            max_duration: Some(Duration::from_secs(30 * 60)),
+            max_duration: Some(DEFAULT_MAX_DURATION),
         }
     }
 
-    /// Every rule this violates, each naming its setting under `prefix`.
+    /// Every refused setting, named `prefix.field` as in the config (`lease_ms`,
+    /// `renewal_interval_ms`, `grace_ms`, `max_renewals`, `max_duration_ms`). Refused: any zero
+    /// bound, a lease over 24 h, a renewal interval not shorter than the lease, and a grace
+    /// that leaves no room (`grace >= lease − renewal_interval`: the fence would fire before
+    /// the first renewal could land).
     pub fn validate(&self, prefix: &str) -> Vec<ConfigProblem> {
-        let name = |field: &str| {
-            if prefix.is_empty() {
-                field.to_owned()
-            } else {
-                format!("{prefix}.{field}")
-            }
-        };
+        let name = |field: &str| setting(prefix, field);
         let mut problems = Vec::new();
-        if self.lease.is_zero() {
-            problems.push(ConfigProblem::new(name("lease_ms"), "must be positive"));
+        // The relations between settings are checked only against a valid lease, so one
+        // mistake is reported once.
+        let lease_ok = self.lease >= Duration::from_millis(1) && self.lease <= MAX_LEASE;
+        if self.lease < Duration::from_millis(1) {
+            problems.push(ConfigProblem::new(
+                name("lease_ms"),
+                format!("must be at least 1 ms, got {}", ms(self.lease)),
+            ));
+        } else if self.lease > MAX_LEASE {
+            problems.push(ConfigProblem::new(
+                name("lease_ms"),
+                format!(
+                    "must be at most 24 h ({} ms), got {}",
+                    MAX_LEASE.as_millis(),
+                    ms(self.lease)
+                ),
+            ));
         }
         if self.renewal_interval.is_zero() {
             problems.push(ConfigProblem::new(
                 name("renewal_interval_ms"),
                 "must be positive",
             ));
-        } else if self.renewal_interval >= self.lease {
+        } else if lease_ok && self.renewal_interval >= self.lease {
             problems.push(ConfigProblem::new(
                 name("renewal_interval_ms"),
                 format!(
-                    "must be shorter than the lease ({} ms >= {} ms): the lease would lapse between renewals",
-                    self.renewal_interval.as_millis(),
-                    self.lease.as_millis()
+                    "must be shorter than the lease ({}), got {}",
+                    ms(self.lease),
+                    ms(self.renewal_interval)
                 ),
             ));
         }
         if self.grace.is_zero() {
-            problems.push(ConfigProblem::new(name("grace_ms"), "must be positive"));
-        } else if self.renewal_interval < self.lease
+            problems.push(ConfigProblem::new(
+                name("grace_ms"),
+                "must be positive: the fence must stop the handler before the database lease expires",
+            ));
+        } else if lease_ok
+            && self.renewal_interval < self.lease
             && self.grace >= self.lease - self.renewal_interval
         {
             problems.push(ConfigProblem::new(
                 name("grace_ms"),
                 format!(
-                    "leaves no room: the lease fence ({} ms before the deadline) would fire before the first renewal ({} ms after the claim) could land",
-                    self.grace.as_millis(),
-                    self.renewal_interval.as_millis()
+                    "leaves no room: the fence (lease − grace = {}) would fire before the first \
+                     renewal (every {}) could land; grace must be shorter than lease − \
+                     renewal_interval ({})",
+                    ms(self.lease.saturating_sub(self.grace)),
+                    ms(self.renewal_interval),
+                    ms(self.lease - self.renewal_interval)
                 ),
             ));
         }
         if self.max_renewals == Some(0) {
             problems.push(ConfigProblem::new(
                 name("max_renewals"),
-                "must be at least 1 (leave it unset for no limit)",
+                "must be at least 1 (leave it unset for no cap)",
             ));
         }
         if self.max_duration.is_some_and(|d| d.is_zero()) {
             problems.push(ConfigProblem::new(
                 name("max_duration_ms"),
-                "must be positive (leave it unset for no limit)",
+                "must be positive (\"none\" for no limit)",
             ));
         }
         problems
     }
 }
 
-impl Default for LeaseSettings {
-    fn default() -> Self {
-        Self::from_lease(Duration::from_secs(60))
-    }
-}
-
-/// Why a tracked lease's token fired. The first reason wins.
+/// Why a lease handle's token fired. The first reason recorded wins; later ones change
+/// nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CancelReason {
-    /// The local deadline minus the grace passed without a confirmed renewal.
+    /// The local lease fence: the deadline minus the grace passed without a confirmed renewal
+    /// moving it (renewal calls failed, hung or were never sent). No database reply is needed.
     LeaseFence,
-    /// The store said the lease is no longer this claim's.
+    /// The database reported the lease lost: the item is no longer this claim's (reclaimed,
+    /// released, finished or expired). Whatever the handler writes now is fenced out.
     LeaseLost,
-    /// An operator asked to cancel the item.
+    /// An operator asked to cancel the item; the renewal reply carried the request.
     CancelRequested,
-    /// The attempt ran longer than `max_duration`.
+    /// The handler ran for `max_duration` since its handle was registered.
     MaxDuration {
-        /// The limit.
+        /// The configured `max_duration`.
         limit: Duration,
     },
-    /// The claim used up `max_renewals` and its lease lapsed.
+    /// Renewals stopped at `max_renewals` and the lease fence then fired.
     MaxRenewals {
-        /// The limit.
+        /// The configured `max_renewals`.
         limit: u32,
     },
-    /// The host is shutting down (draining).
+    /// The host is shutting down (the parent token fired, or the host said so).
     Shutdown,
-    /// The store reaped this instance: every lease of it is lost.
+    /// The instance was evicted: every lease it held counts as lost.
     Evicted,
-    /// The dispatcher let go of the lease.
+    /// The handle was dropped (the dispatch ended).
     Disposed,
 }
 
 impl CancelReason {
-    /// Whether the lease can no longer be trusted (the handler must stop; no outcome can be
-    /// expected to land).
+    /// Whether the lease can no longer be trusted (the store took it, or the instance): the
+    /// handler must stop and nothing it records would land.
     pub fn lease_gone(self) -> bool {
         matches!(
             self,
@@ -143,7 +192,7 @@ impl CancelReason {
         )
     }
 
-    /// A stable label for metrics.
+    /// The reason's metric label.
     pub fn label(self) -> &'static str {
         match self {
             CancelReason::LeaseFence => "lease_fence",
@@ -161,19 +210,34 @@ impl CancelReason {
 impl fmt::Display for CancelReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CancelReason::LeaseFence => {
-                f.write_str("the lease could not be renewed in time (lease fence)")
+            CancelReason::LeaseFence => f.write_str(
+                "the lease fence fired: the lease was not renewed before its deadline minus the grace",
+            ),
+            CancelReason::LeaseLost => {
+                f.write_str("the lease was lost: the item is no longer held by this claim")
             }
-            CancelReason::LeaseLost => f.write_str("the lease was lost"),
-            CancelReason::CancelRequested => f.write_str("a cancel was requested"),
+            CancelReason::CancelRequested => f.write_str("an operator requested cancellation"),
             CancelReason::MaxDuration { limit } => {
-                write!(f, "exceeded max_duration ({} ms)", limit.as_millis())
+                write!(f, "exceeded max_duration ({})", format_duration(*limit))
             }
             CancelReason::MaxRenewals { limit } => write!(f, "exceeded max_renewals ({limit})"),
             CancelReason::Shutdown => f.write_str("the host is shutting down"),
-            CancelReason::Evicted => f.write_str("this instance was evicted"),
-            CancelReason::Disposed => f.write_str("the lease was disposed"),
+            CancelReason::Evicted => {
+                f.write_str("the instance was evicted: every lease it held is treated as lost")
+            }
+            CancelReason::Disposed => f.write_str("the lease handle was disposed"),
         }
+    }
+}
+
+/// `1800s`, `600ms`, or Debug form for anything finer.
+fn format_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{d:?}")
     }
 }
 

@@ -38,7 +38,9 @@ pub use error::{Error, Result};
 #[cfg(feature = "testing")]
 pub use fake::{Call, FakeCoordinator, Method};
 pub use identity::{Generation, Identity};
-pub use lease::{CancelReason, LeaseSettings, LeaseTracker, TrackedLease};
+pub use lease::{
+    CancelReason, LeaseSettings, LeaseTracker, TrackedLease, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
+};
 pub use pg::{migrate, FencedTransaction, PgCoordinator, DEFAULT_SCHEMA};
 pub use types::*;
 pub use validate::{validate_queue_name, validate_schema_name};
