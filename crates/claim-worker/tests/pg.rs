@@ -1,0 +1,537 @@
+//! The claim worker end to end against PostgreSQL, with the real lease-renewal worker:
+//! completion, retries into the dead letters, panics, checkpoints across a reclaim,
+//! transactional completion on a lost lease, operator cancel, NOTIFY wake-ups and a killed
+//! listener.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use workpump_claim_worker::*;
+use workpump_coordinator::*;
+use workpump_lease_renewal::{LeaseConfig, LeaseRenewalWorker};
+use workpump_testdb::TestDatabase;
+
+struct Env {
+    _db: TestDatabase,
+    pool: PgPool,
+    pg: PgCoordinator,
+    shutdown: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), WorkerError>>>,
+    status: tokio::sync::watch::Receiver<ClaimStatus>,
+}
+
+/// Fast polling for tests: the safety net every 50..200 ms unless told otherwise.
+fn fast() -> ClaimConfig {
+    ClaimConfig {
+        poll_base_ms: 50,
+        poll_max_ms: 200,
+        notify_healthy_base_ms: None,
+        ..ClaimConfig::default()
+    }
+}
+
+fn short_lease() -> LeaseSettings {
+    LeaseSettings {
+        lease: Duration::from_millis(1500),
+        renewal_interval: Duration::from_millis(300),
+        grace: Duration::from_millis(250),
+        max_renewals: None,
+        max_duration: None,
+    }
+}
+
+async fn setup<H: Handler>(handler: H, settings: QueueSettings, config: ClaimConfig) -> Env {
+    let server = workpump_testdb::server().await.expect("server");
+    let db = server.create_database().await.expect("database");
+    let pool = PgPoolOptions::new()
+        .max_connections(10)
+        .connect(db.url())
+        .await
+        .expect("connect");
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let pg = PgCoordinator::new(pool.clone());
+    pg.register_queue(RegisterQueueParams {
+        name: "q".into(),
+        max_attempts: 5,
+    })
+    .await
+    .expect("queue");
+    let coordinator: Arc<dyn WorkCoordinator> = Arc::new(pg.clone());
+    let renewal = Arc::new(LeaseRenewalWorker::new(
+        coordinator.clone(),
+        LeaseConfig {
+            window_ms: 20,
+            ..LeaseConfig::default()
+        },
+    ));
+    let mut handlers = Handlers::new();
+    handlers.add("q", handler, settings).expect("handler");
+    let worker = Arc::new(ClaimWorker::new(
+        coordinator,
+        Some(pg.clone()),
+        Arc::new(renewal.leases()),
+        Identity::new(),
+        handlers,
+        config,
+        Registration::default(),
+    ));
+    let status = worker.status();
+    let shutdown = CancellationToken::new();
+    let mut tasks = Vec::new();
+    for w in [renewal as Arc<dyn Worker>, worker as Arc<dyn Worker>] {
+        let token = shutdown.clone();
+        tasks.push(tokio::spawn(async move { w.run(token).await }));
+    }
+    Env {
+        _db: db,
+        pool,
+        pg,
+        shutdown,
+        tasks,
+        status,
+    }
+}
+
+impl Env {
+    async fn enqueue(&self, items: Vec<NewWork>) -> Vec<WorkId> {
+        self.pg
+            .enqueue_work(EnqueueWorkParams { items })
+            .await
+            .expect("enqueue")
+            .items
+            .into_iter()
+            .map(|e| e.id)
+            .collect()
+    }
+
+    async fn state(&self, id: WorkId) -> String {
+        sqlx::query_scalar("SELECT state::text FROM workpump.work WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .expect("state")
+    }
+
+    async fn wait_for_state(&self, id: WorkId, state: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = self.state(id).await;
+            if now == state {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "item {id} stayed {now}, never {state}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn errors(&self, id: WorkId) -> Vec<Value> {
+        let v: Value = sqlx::query_scalar("SELECT errors FROM workpump.work WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .expect("errors");
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        for t in self.tasks {
+            tokio::time::timeout(Duration::from_secs(20), t)
+                .await
+                .expect("workers stop")
+                .expect("join")
+                .expect("clean stop");
+        }
+    }
+}
+
+async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_enqueued_item_runs_and_is_completed() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let env = setup(
+        handler_fn(move |job: Job<Value>| {
+            let s = s.clone();
+            async move {
+                s.lock().unwrap().push((job.id(), job.attempt(), job.payload().clone()));
+                Ok(())
+            }
+        }),
+        QueueSettings::default(),
+        fast(),
+    )
+    .await;
+    let ids = env
+        .enqueue(vec![NewWork::new("q", json!({"hello": "world"})); 3])
+        .await;
+    for id in &ids {
+        env.wait_for_state(*id, "completed").await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|(_, attempt, p)| *attempt == 1 && p["hello"] == "world"));
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_handler_is_retried_with_growing_delays_then_dead_lettered_with_its_history() {
+    let env = setup(
+        handler_fn(|job: Job<Value>| async move { Err(JobError::retry(format!("failure {}", job.attempt()))) }),
+        QueueSettings {
+            backoff: Backoff {
+                base: Duration::from_millis(100),
+                cap: Duration::from_secs(10),
+            },
+            ..QueueSettings::default()
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    env.wait_for_state(id, "dead").await;
+    let errors = env.errors(id).await;
+    let messages: Vec<&str> = errors.iter().map(|e| e["error"].as_str().unwrap()).collect();
+    assert_eq!(
+        messages,
+        vec!["failure 1", "failure 2", "failure 3", "failure 4", "failure 5"]
+    );
+    // Attempt n failed at `at`; attempt n+1 started about 100 ms × 2^n later.
+    let at: Vec<chrono::DateTime<chrono::Utc>> = errors
+        .iter()
+        .map(|e| e["at"].as_str().unwrap().parse().unwrap())
+        .collect();
+    let gaps: Vec<i64> = at.windows(2).map(|w| (w[1] - w[0]).num_milliseconds()).collect();
+    for (n, gap) in gaps.iter().enumerate() {
+        let nominal = 100 * (1 << (n + 1));
+        assert!(
+            *gap as f64 >= nominal as f64 * 0.9,
+            "retry {n} came after {gap} ms, before its {nominal} ms backoff: {gaps:?}"
+        );
+    }
+    assert!(gaps.windows(2).all(|w| w[1] > w[0]), "growing: {gaps:?}");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_recorded_as_a_failure_with_the_panic_message() {
+    let env = setup(
+        handler_fn(|job: Job<Value>| async move {
+            if job.attempt() == 1 {
+                panic!("the handler fell over");
+            }
+            Ok(())
+        }),
+        QueueSettings {
+            backoff: Backoff {
+                base: Duration::from_millis(10),
+                cap: Duration::from_millis(50),
+            },
+            ..QueueSettings::default()
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    env.wait_for_state(id, "completed").await;
+    let errors = env.errors(id).await;
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0]["error"], "the handler panicked: the handler fell over");
+    assert_eq!(errors[0]["kind"], "failed");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_payload_that_does_not_match_the_type_is_dead_lettered_with_the_serde_error() {
+    #[derive(serde::Deserialize)]
+    struct Typed {
+        #[allow(dead_code)]
+        count: u32,
+    }
+    let env = setup(
+        handler_fn(|_job: Job<Typed>| async move { Ok(()) }),
+        QueueSettings::default(),
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({"count": "ten"}))]).await[0];
+    env.wait_for_state(id, "dead").await;
+    let errors = env.errors(id).await;
+    let message = errors[0]["error"].as_str().unwrap();
+    assert!(message.contains("does not match") && message.contains("Typed"), "{message}");
+    assert_eq!(errors[0]["kind"], "rejected");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_reclaimed_item_resumes_from_its_checkpoint() {
+    let saved = Arc::new(Notify::new());
+    let resumed = Arc::new(Mutex::new(None));
+    let (s, r) = (saved.clone(), resumed.clone());
+    let env = setup(
+        handler_fn(move |job: Job<Value>| {
+            let (s, r) = (s.clone(), r.clone());
+            async move {
+                if job.attempt() == 1 {
+                    job.save_checkpoint(&json!({"done_units": 3})).await?;
+                    s.notify_one();
+                    job.cancellation_token().cancelled().await;
+                    return Err(JobError::cancelled("lost the lease"));
+                }
+                *r.lock().unwrap() = Some((job.attempt(), job.checkpoint::<Value>()?));
+                Ok(())
+            }
+        }),
+        QueueSettings {
+            lease: short_lease(),
+            ..QueueSettings::default()
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    saved.notified().await;
+    // The lease expires under the handler (as if renewals had stopped): the next renewal
+    // reports it lost, and the next claim reclaims it.
+    sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
+        .bind(id)
+        .execute(&env.pool)
+        .await
+        .expect("expire");
+    env.wait_for_state(id, "completed").await;
+    assert_eq!(
+        resumed.lock().unwrap().clone(),
+        Some((2, Some(json!({"done_units": 3}))))
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_handler_whose_lease_was_lost_cannot_commit_its_transactional_completion() {
+    let go = Arc::new(Notify::new());
+    let started = Arc::new(Notify::new());
+    let outcome = Arc::new(Mutex::new(None));
+    let (g, st, o) = (go.clone(), started.clone(), outcome.clone());
+    let env = setup(
+        handler_fn(move |job: Job<Value>| {
+            let (g, st, o) = (g.clone(), st.clone(), o.clone());
+            async move {
+                st.notify_one();
+                g.notified().await;
+                let result = async {
+                    let mut tx = job.begin_transaction().await?;
+                    sqlx::query("INSERT INTO effects (item) VALUES ($1)")
+                        .bind(job.id())
+                        .execute(tx.connection())
+                        .await?;
+                    tx.complete().await
+                }
+                .await;
+                *o.lock().unwrap() = Some(result.as_ref().map_err(|e| e.to_string()).err());
+                result
+            }
+        }),
+        QueueSettings {
+            lease: LeaseSettings {
+                // Long renewal interval: the lease is taken away before any renewal notices.
+                renewal_interval: Duration::from_secs(20),
+                grace: Duration::from_secs(5),
+                ..LeaseSettings::from_lease(Duration::from_secs(60))
+            },
+            ..QueueSettings::default()
+        },
+        fast(),
+    )
+    .await;
+    sqlx::query("CREATE TABLE effects (item bigint PRIMARY KEY)")
+        .execute(&env.pool)
+        .await
+        .expect("table");
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    started.notified().await;
+    // A peer takes the item over: expire the lease and claim it as another instance.
+    sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
+        .bind(id)
+        .execute(&env.pool)
+        .await
+        .expect("expire");
+    let peer = InstanceId::new();
+    env.pg
+        .record_heartbeat(RecordHeartbeatParams {
+            instance: peer,
+            host: "peer".into(),
+            metadata: json!({}),
+            stale_after: Duration::from_secs(30),
+            dead_after: None,
+        })
+        .await
+        .expect("peer");
+    let taken = env
+        .pg
+        .claim_work(ClaimWorkParams {
+            instance: peer,
+            queues: vec!["q".into()],
+            max_items: 1,
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .expect("peer claims");
+    assert_eq!(taken.items.len(), 1);
+    go.notify_one();
+    wait_until("the handler tried to commit", || outcome.lock().unwrap().is_some()).await;
+    let error = outcome.lock().unwrap().clone().flatten();
+    assert!(
+        error.as_deref().is_some_and(|e| e.contains("fenced out")),
+        "{error:?}"
+    );
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects")
+        .fetch_one(&env.pool)
+        .await
+        .expect("count");
+    assert_eq!(effects, 0, "the business write was rolled back");
+    assert_eq!(env.state(id).await, "running", "still the peer's");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn an_operator_cancel_stops_a_running_handler_and_the_item_ends_cancelled() {
+    let started = Arc::new(Notify::new());
+    let reason = Arc::new(Mutex::new(None));
+    let (st, r) = (started.clone(), reason.clone());
+    let env = setup(
+        handler_fn(move |job: Job<Value>| {
+            let (st, r) = (st.clone(), r.clone());
+            async move {
+                st.notify_one();
+                job.cancellation_token().cancelled().await;
+                *r.lock().unwrap() = job.cancel_reason();
+                Err(JobError::cancelled("stopped on request"))
+            }
+        }),
+        QueueSettings {
+            lease: short_lease(),
+            ..QueueSettings::default()
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    started.notified().await;
+    sqlx::query("UPDATE workpump.work SET cancel_requested = true WHERE id = $1")
+        .bind(id)
+        .execute(&env.pool)
+        .await
+        .expect("request cancel");
+    env.wait_for_state(id, "cancelled").await;
+    assert_eq!(*reason.lock().unwrap(), Some(CancelReason::CancelRequested));
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_notify_from_another_connection_wakes_an_idle_worker() {
+    let ran = Arc::new(Notify::new());
+    let r = ran.clone();
+    // No safety-net poll: with LISTEN healthy the worker sleeps until a signal, so only the
+    // NOTIFY can wake it.
+    let env = setup(
+        handler_fn(move |_job: Job<Value>| {
+            let r = r.clone();
+            async move {
+                r.notify_one();
+                Ok(())
+            }
+        }),
+        QueueSettings::default(),
+        ClaimConfig {
+            safety_net_poll: false,
+            ..ClaimConfig::default()
+        },
+    )
+    .await;
+    let mut status = env.status.clone();
+    status
+        .wait_for(|s| s.gate == Gate::Healthy && s.registered.is_some())
+        .await
+        .expect("healthy");
+    // Another process's connection enqueues.
+    let server = workpump_testdb::server().await.expect("server");
+    let _ = server;
+    let other = PgCoordinator::new(
+        PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*env.pool.connect_options()).clone())
+            .await
+            .expect("other pool"),
+    );
+    let enqueued = tokio::time::Instant::now();
+    other
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!({}))],
+        })
+        .await
+        .expect("enqueue");
+    tokio::time::timeout(Duration::from_secs(10), ran.notified())
+        .await
+        .expect("the NOTIFY woke the worker");
+    tracing::info!("picked up after {:?}", enqueued.elapsed());
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn with_its_listener_killed_the_worker_falls_back_to_polling_and_processes_everything() {
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = count.clone();
+    let env = setup(
+        handler_fn(move |_job: Job<Value>| {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+        }),
+        QueueSettings::default(),
+        ClaimConfig {
+            poll_base_ms: 50,
+            ..ClaimConfig::default()
+        },
+    )
+    .await;
+    let mut status = env.status.clone();
+    status
+        .wait_for(|s| s.gate == Gate::Healthy)
+        .await
+        .expect("healthy");
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .expect("terminate");
+    assert_eq!(killed, vec![true]);
+    let ids = env.enqueue(vec![NewWork::new("q", json!({})); 50]).await;
+    for id in &ids {
+        env.wait_for_state(*id, "completed").await;
+    }
+    assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 50);
+    // And the listener comes back.
+    status
+        .wait_for(|s| s.gate == Gate::Healthy)
+        .await
+        .expect("healthy again");
+    env.stop().await;
+}
