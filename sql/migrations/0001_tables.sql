@@ -102,8 +102,8 @@ CREATE INDEX work_running_lease ON work ((coalesce(lease_expiry, '-infinity'::ti
 CREATE INDEX work_running_instance ON work (instance_id) WHERE state = 'running';
 -- promotion of due scheduled (and retrying) rows.
 CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';
--- retention pruning of finished rows.
-CREATE INDEX work_finished ON work (finished_at) WHERE finished_at IS NOT NULL;
+-- retention pruning of finished rows, one range per state.
+CREATE INDEX work_finished ON work (state, finished_at) WHERE finished_at IS NOT NULL;
 -- unique keys hold while an item is unfinished.
 CREATE UNIQUE INDEX work_unique_key ON work (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running');

@@ -61,7 +61,8 @@ pub struct WorkRow {
 pub struct ErrorEntry {
     /// The attempt that failed.
     pub attempt: i64,
-    /// `failed`, `rejected`, `cancelled`, `lease_expired` or `released`.
+    /// `failed`, `rejected`, `cancelled`, `lease_expired`, `released`, or `retried` (a note
+    /// that an operator retried the dead letter).
     pub kind: String,
     /// The message.
     pub error: String,
@@ -108,6 +109,12 @@ pub trait Harness: Send + Sync {
     async fn kill_alive_lock_session(&self, instance: InstanceId);
     /// The instance's alive-lock key, where the store has one (PostgreSQL).
     async fn alive_lock_key(&self, instance: InstanceId) -> Option<i64>;
+    /// Sets a scheduled item's run_at to the store's now + `offset` (negative: due).
+    async fn set_run_at(&self, id: WorkId, offset: chrono::Duration);
+    /// Moves a finished item's finished_at `by` into the past.
+    async fn age_finished(&self, id: WorkId, by: Duration);
+    /// Moves the eviction tombstone of a reaped instance `by` into the past.
+    async fn age_eviction(&self, instance: InstanceId, by: Duration);
 }
 
 /// Generates one `#[tokio::test]` per conformance case. `$make` is an async fn returning
@@ -151,6 +158,22 @@ macro_rules! conformance_suite {
             a_unique_key_returns_the_existing_item_while_it_is_unfinished,
             scheduled_items_are_scheduled_and_priorities_kept,
             deregistering_releases_leases_and_deletes_the_instance,
+            promotion_moves_only_due_scheduled_items_and_wakes_their_claimers,
+            promotion_takes_at_most_limit_items_oldest_first,
+            concurrent_sweeps_promote_each_due_item_exactly_once,
+            expired_leases_with_attempts_used_up_become_dead_letters_in_every_queue,
+            expired_leases_of_cancelled_items_end_cancelled_and_the_limit_holds,
+            pruning_deletes_only_finished_items_past_their_retention,
+            pruning_takes_completed_items_first_and_at_most_limit,
+            pruning_tombstones_forgets_only_old_evictions,
+            queue_depth_counts_waiting_and_running_items_per_queue,
+            cancel_of_a_waiting_item_cancels_it_at_once,
+            cancel_of_a_running_item_is_requested_and_reaches_its_owner,
+            cancel_of_a_finished_or_unknown_item_is_refused,
+            a_retried_dead_letter_is_claimable_again_with_fresh_attempts_and_its_history,
+            retry_refuses_items_that_are_not_dead_letters_or_whose_unique_key_is_taken,
+            discard_deletes_finished_items_and_refuses_unfinished_ones,
+            maintenance_calls_refuse_bad_limits_and_retentions,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {
@@ -1245,4 +1268,695 @@ pub async fn deregistering_releases_leases_and_deletes_the_instance(h: &dyn Harn
     assert!(!h.instance_registered(me).await);
     // Leaving is not eviction: a later heartbeat registers it again.
     assert!(!heartbeat(h, me).await.evicted);
+}
+
+// -- maintenance: promote_scheduled / dead_letter_expired / prune_finished / queue_depth ----
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+fn counts(pairs: &[(&str, u64)]) -> Vec<QueueCount> {
+    pairs
+        .iter()
+        .map(|(q, n)| QueueCount {
+            queue: q.to_string(),
+            items: *n,
+        })
+        .collect()
+}
+
+async fn promote(h: &dyn Harness, limit: u32) -> PromoteScheduledOutcome {
+    h.coordinator()
+        .promote_scheduled(PromoteScheduledParams { limit })
+        .await
+        .expect("promote")
+}
+
+async fn dead_letter(h: &dyn Harness, limit: u32) -> DeadLetterExpiredOutcome {
+    h.coordinator()
+        .dead_letter_expired(DeadLetterExpiredParams { limit })
+        .await
+        .expect("dead-letter")
+}
+
+async fn prune(h: &dyn Harness, limit: u32) -> PruneFinishedOutcome {
+    h.coordinator()
+        .prune_finished(PruneFinishedParams {
+            completed_retention: DAY,
+            dead_retention: 7 * DAY,
+            limit,
+        })
+        .await
+        .expect("prune")
+}
+
+/// Enqueues `n` items due in an hour.
+async fn enqueue_later(h: &dyn Harness, q: &str, n: usize) -> Vec<WorkId> {
+    enqueue(
+        h,
+        (0..n)
+            .map(|i| NewWork::new(q, json!({ "n": i })).run_after(HOUR))
+            .collect(),
+    )
+    .await
+}
+
+/// Waits for the next wake signal, skipping `Connected`.
+async fn next_wake(listener: &mut Box<dyn crate::WakeListener>) -> String {
+    let wait = async {
+        loop {
+            match listener.next_event().await.expect("listen") {
+                ListenEvent::Wake { queue } => return queue,
+                ListenEvent::Connected => continue,
+                ListenEvent::Disconnected => panic!("the listener disconnected"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("a wake signal within 10 s")
+}
+
+/// Due scheduled items (delays and retries) become available, in every queue; items not yet
+/// due stay scheduled; claimers of each queue with promoted items are woken once.
+pub async fn promotion_moves_only_due_scheduled_items_and_wakes_their_claimers(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    queue(h, "other", 10).await;
+    let me = instance(h).await;
+    let later = enqueue_later(h, "q", 3).await;
+    let elsewhere = enqueue_later(h, "other", 1).await[0];
+    // A retry in backoff is a scheduled item too.
+    enqueue_n(h, "q", 1).await;
+    let retry = claim_one(h, me, "q").await.fence;
+    let state = fail(h, me, retry, "boom", FailDisposition::RetryAfter(HOUR)).await;
+    assert_eq!(state, Some(WorkState::Scheduled));
+
+    let mut listener = h
+        .coordinator()
+        .listen(ListenParams::default())
+        .await
+        .expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("listen"),
+        ListenEvent::Connected
+    );
+    assert_eq!(promote(h, 100).await.promoted(), 0, "nothing is due yet");
+    for id in [later[0], later[1], elsewhere, retry.id] {
+        h.set_run_at(id, chrono::Duration::seconds(-1)).await;
+    }
+    let out = promote(h, 100).await;
+    assert_eq!(out.queues, counts(&[("other", 1), ("q", 3)]));
+    assert_eq!(out.promoted(), 4);
+    for id in [later[0], later[1], elsewhere, retry.id] {
+        assert_eq!(row(h, id).await.state, WorkState::Available);
+    }
+    assert_eq!(row(h, later[2]).await.state, WorkState::Scheduled);
+    let mut woken = vec![
+        next_wake(&mut listener).await,
+        next_wake(&mut listener).await,
+    ];
+    woken.sort();
+    assert_eq!(woken, vec!["other".to_string(), "q".to_string()]);
+    assert_eq!(promote(h, 100).await, PromoteScheduledOutcome::default());
+    // The promoted retry keeps its history and runs as its next attempt.
+    let again = claim(h, me, &["q"], 10).await;
+    let retried = again
+        .items
+        .iter()
+        .find(|c| c.fence.id == retry.id)
+        .expect("the retry is claimable");
+    assert_eq!(retried.attempt, 2);
+    assert_eq!(row(h, retry.id).await.errors.len(), 1);
+}
+
+/// At most `limit` items per call, the longest due first.
+pub async fn promotion_takes_at_most_limit_items_oldest_first(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let ids = enqueue_later(h, "q", 5).await;
+    for (i, id) in ids.iter().enumerate() {
+        // ids[4] has been due longest, ids[0] the shortest.
+        h.set_run_at(*id, chrono::Duration::seconds(-10 * (i as i64 + 1)))
+            .await;
+    }
+    assert_eq!(promote(h, 2).await.promoted(), 2);
+    let available: Vec<WorkId> = {
+        let mut v = Vec::new();
+        for id in &ids {
+            if row(h, *id).await.state == WorkState::Available {
+                v.push(*id);
+            }
+        }
+        v
+    };
+    assert_eq!(available, vec![ids[3], ids[4]]);
+    assert_eq!(promote(h, 2).await.promoted(), 2);
+    assert_eq!(promote(h, 2).await.promoted(), 1);
+    assert_eq!(promote(h, 2).await.promoted(), 0);
+}
+
+/// Sweeps running at once (one per instance) promote every due item exactly once.
+pub async fn concurrent_sweeps_promote_each_due_item_exactly_once(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    const ITEMS: usize = 1000;
+    let ids = enqueue(
+        h,
+        (0..ITEMS)
+            .map(|i| {
+                NewWork::new("q", json!({ "n": i }))
+                    .run_at(chrono::Utc::now() + chrono::Duration::hours(1))
+            })
+            .collect(),
+    )
+    .await;
+    for id in &ids {
+        h.set_run_at(*id, chrono::Duration::seconds(-1)).await;
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let c = h.coordinator();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0;
+            loop {
+                let n = c
+                    .promote_scheduled(PromoteScheduledParams { limit: 50 })
+                    .await
+                    .expect("promote")
+                    .promoted();
+                if n == 0 {
+                    return mine;
+                }
+                mine += n;
+            }
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("sweeper");
+    }
+    assert_eq!(total, ITEMS as u64);
+    let me = instance(h).await;
+    assert_eq!(claim(h, me, &["q"], 10_000).await.items.len(), ITEMS);
+}
+
+/// An orphan with no attempts left becomes a dead letter whichever queue it is in, whether
+/// its lease expired or was released; live leases and orphans with attempts left stay.
+pub async fn expired_leases_with_attempts_used_up_become_dead_letters_in_every_queue(
+    h: &dyn Harness,
+) {
+    queue(h, "last", 1).await;
+    queue(h, "more", 10).await;
+    let owner = instance(h).await;
+    let gone = instance(h).await;
+    let [expired, live] = enqueue_n(h, "last", 2).await[..] else {
+        unreachable!()
+    };
+    let expired_claim = claim_one(h, owner, "last").await.fence;
+    assert_eq!(expired_claim.id, expired);
+    claim_one(h, owner, "last").await;
+    let released = enqueue_n(h, "last", 1).await[0];
+    claim_one(h, gone, "last").await;
+    let with_attempts_left = enqueue_n(h, "more", 1).await[0];
+    claim_one(h, owner, "more").await;
+    h.set_lease_expiry(expired, chrono::Duration::seconds(-1))
+        .await;
+    h.set_lease_expiry(with_attempts_left, chrono::Duration::seconds(-1))
+        .await;
+    h.age_heartbeat(gone, STALE * 2).await;
+    assert_eq!(cleanup(h, Some(DEAD)).await.reaped.len(), 1);
+
+    let out = dead_letter(h, 100).await;
+    assert_eq!(out.dead, counts(&[("last", 2)]));
+    assert!(out.cancelled.is_empty());
+    assert_eq!((out.dead_lettered(), out.ended()), (2, 2));
+    for id in [expired, released] {
+        let r = row(h, id).await;
+        assert_eq!(r.state, WorkState::Dead);
+        assert!(r.finished && r.instance.is_none() && !r.has_lease);
+        let last = r.errors.last().expect("an error entry");
+        assert_eq!((last.kind.as_str(), last.attempt), ("lease_expired", 1));
+        assert!(last.error.contains("no attempts left"), "{}", last.error);
+    }
+    assert_eq!(row(h, live).await.state, WorkState::Running);
+    assert_eq!(row(h, with_attempts_left).await.state, WorkState::Running);
+    // The late owner's outcome no longer lands.
+    assert!(complete(h, owner, vec![expired_claim]).await.items[0].fenced_out());
+    assert_eq!(
+        dead_letter(h, 100).await,
+        DeadLetterExpiredOutcome::default()
+    );
+}
+
+/// An orphan whose cancel was requested ends cancelled; at most `limit` per call.
+pub async fn expired_leases_of_cancelled_items_end_cancelled_and_the_limit_holds(h: &dyn Harness) {
+    queue(h, "q", 1).await;
+    let owner = instance(h).await;
+    let ids = enqueue_n(h, "q", 3).await;
+    claim(h, owner, &["q"], 3).await;
+    h.request_cancel(ids[0]).await;
+    for id in &ids {
+        h.set_lease_expiry(*id, chrono::Duration::seconds(-1)).await;
+    }
+    let first = dead_letter(h, 2).await;
+    assert_eq!(first.ended(), 2);
+    let second = dead_letter(h, 2).await;
+    assert_eq!(second.ended(), 1);
+    assert_eq!(first.cancelled() + second.cancelled(), 1);
+    assert_eq!(first.dead_lettered() + second.dead_lettered(), 2);
+    let r = row(h, ids[0]).await;
+    assert_eq!((r.state, r.finished), (WorkState::Cancelled, true));
+    assert_eq!(
+        r.errors.last().map(|e| e.error.as_str()),
+        Some("lease expired after a cancel was requested")
+    );
+}
+
+/// Finished items go once past their retention (completed 24 h, dead and cancelled 7 days
+/// here); younger ones and unfinished ones stay.
+pub async fn pruning_deletes_only_finished_items_past_their_retention(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let ids = enqueue_n(h, "q", 6).await;
+    let claimed = claim(h, me, &["q"], 5).await;
+    let fence = |id: WorkId| {
+        claimed
+            .items
+            .iter()
+            .find(|c| c.fence.id == id)
+            .expect("claimed")
+            .fence
+    };
+    let [old_done, new_done, old_dead, young_dead, old_cancelled, waiting] = ids[..] else {
+        unreachable!()
+    };
+    complete(h, me, vec![fence(old_done), fence(new_done)]).await;
+    fail(h, me, fence(old_dead), "x", FailDisposition::DeadLetter).await;
+    fail(h, me, fence(young_dead), "x", FailDisposition::DeadLetter).await;
+    fail(h, me, fence(old_cancelled), "x", FailDisposition::Cancelled).await;
+    h.age_finished(old_done, DAY + HOUR).await;
+    h.age_finished(new_done, DAY - HOUR).await;
+    h.age_finished(old_dead, 7 * DAY + HOUR).await;
+    h.age_finished(young_dead, 2 * DAY).await;
+    h.age_finished(old_cancelled, 7 * DAY + HOUR).await;
+
+    let out = prune(h, 100).await;
+    assert_eq!(
+        out,
+        PruneFinishedOutcome {
+            completed: 1,
+            dead: 1,
+            cancelled: 1
+        }
+    );
+    assert_eq!(out.pruned(), 3);
+    for id in [old_done, old_dead, old_cancelled] {
+        assert_eq!(h.work_row(id).await, None, "item {id} was pruned");
+    }
+    for id in [new_done, young_dead, waiting] {
+        assert!(h.work_row(id).await.is_some(), "item {id} was kept");
+    }
+    assert_eq!(prune(h, 100).await, PruneFinishedOutcome::default());
+}
+
+/// Completed items go first; one call deletes at most `limit`.
+pub async fn pruning_takes_completed_items_first_and_at_most_limit(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    enqueue_n(h, "q", 4).await;
+    let claimed = claim(h, me, &["q"], 4).await;
+    let f: Vec<Fence> = claimed.items.iter().map(|c| c.fence).collect();
+    complete(h, me, vec![f[0], f[1], f[2]]).await;
+    fail(h, me, f[3], "x", FailDisposition::DeadLetter).await;
+    for c in &f {
+        h.age_finished(c.id, 8 * DAY).await;
+    }
+    assert_eq!(
+        prune(h, 2).await,
+        PruneFinishedOutcome {
+            completed: 2,
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        prune(h, 2).await,
+        PruneFinishedOutcome {
+            completed: 1,
+            dead: 1,
+            cancelled: 0
+        }
+    );
+    assert_eq!(h.work_count().await, 0);
+}
+
+/// Tombstones older than the retention go; a heartbeat from that instance then registers it
+/// again, while a younger tombstone still reports eviction.
+pub async fn pruning_tombstones_forgets_only_old_evictions(h: &dyn Harness) {
+    let old = instance(h).await;
+    let recent = instance(h).await;
+    let _peer = instance(h).await;
+    h.age_heartbeat(old, STALE * 2).await;
+    h.age_heartbeat(recent, STALE * 2).await;
+    assert_eq!(cleanup(h, Some(DEAD)).await.reaped.len(), 2);
+    h.age_eviction(old, 7 * DAY + HOUR).await;
+    let c = h.coordinator();
+    let pruned = c
+        .prune_evicted_instances(PruneEvictedInstancesParams {
+            retention: 7 * DAY,
+            limit: 100,
+        })
+        .await
+        .expect("prune tombstones");
+    assert_eq!(pruned.pruned, 1);
+    assert!(heartbeat(h, recent).await.evicted);
+    assert!(!heartbeat(h, old).await.evicted);
+    assert!(h.instance_registered(old).await);
+}
+
+/// Every registered queue with each waiting or running state, zero included.
+pub async fn queue_depth_counts_waiting_and_running_items_per_queue(h: &dyn Harness) {
+    queue(h, "a", 10).await;
+    queue(h, "b", 10).await;
+    queue(h, "c", 10).await;
+    let me = instance(h).await;
+    enqueue_n(h, "a", 4).await;
+    let claimed = claim(h, me, &["a"], 2).await;
+    complete(h, me, vec![claimed.items[0].fence]).await;
+    enqueue_later(h, "a", 1).await;
+    enqueue_later(h, "b", 2).await;
+    let out = h
+        .coordinator()
+        .queue_depth(QueueDepthParams::default())
+        .await
+        .expect("queue depth");
+    let got: Vec<(&str, WorkState, u64)> = out
+        .depths
+        .iter()
+        .map(|d| (d.queue.as_str(), d.state, d.items))
+        .collect();
+    use WorkState::{Available, Running, Scheduled};
+    assert_eq!(
+        got,
+        vec![
+            ("a", Available, 2),
+            ("a", Scheduled, 1),
+            ("a", Running, 1),
+            ("b", Available, 0),
+            ("b", Scheduled, 2),
+            ("b", Running, 0),
+            ("c", Available, 0),
+            ("c", Scheduled, 0),
+            ("c", Running, 0),
+        ]
+    );
+    assert_eq!(out.get("b", Scheduled), 2);
+    assert_eq!(out.get("nope", Running), 0);
+}
+
+// -- operator: cancel_work / retry_dead_work / discard_work ---------------------------------
+
+async fn cancel(h: &dyn Harness, id: WorkId) -> Result<CancelWorkOutcome> {
+    h.coordinator().cancel_work(CancelWorkParams { id }).await
+}
+
+async fn retry(h: &dyn Harness, id: WorkId) -> Result<RetryDeadWorkOutcome> {
+    h.coordinator()
+        .retry_dead_work(RetryDeadWorkParams { id })
+        .await
+}
+
+async fn discard(h: &dyn Harness, id: WorkId) -> Result<DiscardWorkOutcome> {
+    h.coordinator().discard_work(DiscardWorkParams { id }).await
+}
+
+fn assert_invalid_state(err: Error, want_id: WorkId, want_state: WorkState, reason_has: &str) {
+    match &err {
+        Error::InvalidState { id, state, reason } => {
+            assert_eq!((*id, *state), (want_id, want_state), "{err}");
+            assert!(reason.contains(reason_has), "{err}");
+            assert!(!err.is_transient());
+        }
+        other => panic!("expected InvalidState for item {want_id}, got {other}"),
+    }
+}
+
+fn assert_not_found(err: Error, want_id: WorkId) {
+    assert!(
+        matches!(err, Error::NotFound { id } if id == want_id),
+        "expected NotFound for item {want_id}, got {err}"
+    );
+}
+
+/// An available or scheduled item is cancelled at once and never runs.
+pub async fn cancel_of_a_waiting_item_cancels_it_at_once(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let now = enqueue_n(h, "q", 1).await[0];
+    let later = enqueue_later(h, "q", 1).await[0];
+    for id in [now, later] {
+        let out = cancel(h, id).await.expect("cancel");
+        assert_eq!(out.cancellation, Cancellation::Cancelled);
+        let r = row(h, id).await;
+        assert_eq!((r.state, r.finished), (WorkState::Cancelled, true));
+        assert_eq!(
+            r.errors.last().map(|e| (e.kind.as_str(), e.attempt)),
+            Some(("cancelled", 0))
+        );
+    }
+    h.set_run_at(later, chrono::Duration::seconds(-1)).await;
+    assert_eq!(promote(h, 10).await.promoted(), 0);
+    assert!(claim(h, me, &["q"], 10).await.items.is_empty());
+}
+
+/// A running item's cancel is requested: the owner hears it in its next renewal reply and
+/// records the item cancelled; an orphan whose cancel was requested ends cancelled.
+pub async fn cancel_of_a_running_item_is_requested_and_reaches_its_owner(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    enqueue_n(h, "q", 2).await;
+    let running = claim_one(h, me, "q").await.fence;
+    let orphan = claim_one(h, me, "q").await.fence;
+    for _ in 0..2 {
+        let out = cancel(h, running.id).await.expect("cancel");
+        assert_eq!(out.cancellation, Cancellation::Requested);
+    }
+    let r = row(h, running.id).await;
+    assert_eq!(
+        (r.state, r.cancel_requested, r.instance),
+        (WorkState::Running, true, Some(me))
+    );
+    let reply = renew(h, me, vec![running]).await;
+    assert_eq!(reply[0].status, RenewalStatus::Renewed);
+    assert!(reply[0].cancel_requested);
+    assert_eq!(
+        fail(h, me, running, "stopped", FailDisposition::Cancelled).await,
+        Some(WorkState::Cancelled)
+    );
+
+    assert_eq!(
+        cancel(h, orphan.id).await.expect("cancel").cancellation,
+        Cancellation::Requested
+    );
+    h.set_lease_expiry(orphan.id, chrono::Duration::seconds(-1))
+        .await;
+    let ended = dead_letter(h, 10).await;
+    assert_eq!(ended.cancelled, counts(&[("q", 1)]));
+    assert_eq!(row(h, orphan.id).await.state, WorkState::Cancelled);
+}
+
+/// A finished item refuses the cancel with its state; an unknown id is not found.
+pub async fn cancel_of_a_finished_or_unknown_item_is_refused(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    enqueue_n(h, "q", 3).await;
+    let done = claim_one(h, me, "q").await.fence;
+    let dead = claim_one(h, me, "q").await.fence;
+    let cancelled = claim_one(h, me, "q").await.fence;
+    complete(h, me, vec![done]).await;
+    fail(h, me, dead, "x", FailDisposition::DeadLetter).await;
+    fail(h, me, cancelled, "x", FailDisposition::Cancelled).await;
+    for (id, state) in [
+        (done.id, WorkState::Completed),
+        (dead.id, WorkState::Dead),
+        (cancelled.id, WorkState::Cancelled),
+    ] {
+        let before = row(h, id).await;
+        let err = cancel(h, id).await.unwrap_err();
+        assert_invalid_state(err, id, state, "finished");
+        assert_eq!(row(h, id).await, before, "nothing changed");
+    }
+    assert_not_found(cancel(h, 987_654_321).await.unwrap_err(), 987_654_321);
+}
+
+/// A retried dead letter is available again with fresh attempts; its history is kept with a
+/// `retried` note, and the next attempts add to it.
+pub async fn a_retried_dead_letter_is_claimable_again_with_fresh_attempts_and_its_history(
+    h: &dyn Harness,
+) {
+    queue(h, "q", 2).await;
+    let me = instance(h).await;
+    let id = enqueue_n(h, "q", 1).await[0];
+    for n in 1..=2 {
+        let c = claim_one(h, me, "q").await;
+        fail(
+            h,
+            me,
+            c.fence,
+            &format!("error {n}"),
+            FailDisposition::RetryAfter(Duration::ZERO),
+        )
+        .await;
+    }
+    assert_eq!(row(h, id).await.state, WorkState::Dead);
+    let mut listener = h
+        .coordinator()
+        .listen(ListenParams::default())
+        .await
+        .expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("listen"),
+        ListenEvent::Connected
+    );
+    let out = retry(h, id).await.expect("retry");
+    assert_eq!(out.queue, "q");
+    assert_eq!(next_wake(&mut listener).await, "q");
+    let r = row(h, id).await;
+    assert_eq!(
+        (r.state, r.attempt, r.finished, r.cancel_requested),
+        (WorkState::Available, 0, false, false)
+    );
+    let kinds: Vec<(&str, i64)> = r
+        .errors
+        .iter()
+        .map(|e| (e.kind.as_str(), e.attempt))
+        .collect();
+    assert_eq!(kinds, vec![("failed", 1), ("failed", 2), ("retried", 2)]);
+    let again = claim_one(h, me, "q").await;
+    assert_eq!(
+        (again.fence.id, again.attempt, again.reclaimed),
+        (id, 1, false)
+    );
+    fail(h, me, again.fence, "error 3", FailDisposition::DeadLetter).await;
+    let r = row(h, id).await;
+    assert_eq!(r.state, WorkState::Dead);
+    assert_eq!(r.errors.len(), 4);
+}
+
+/// Only dead letters are retried; a retry that would make a second unfinished item with the
+/// same unique key is refused.
+pub async fn retry_refuses_items_that_are_not_dead_letters_or_whose_unique_key_is_taken(
+    h: &dyn Harness,
+) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let waiting = enqueue_n(h, "q", 1).await[0];
+    let err = retry(h, waiting).await.unwrap_err();
+    assert_invalid_state(err, waiting, WorkState::Available, "dead letter");
+    let keyed = enqueue(h, vec![NewWork::new("q", json!(1)).unique_key("k")]).await[0];
+    let claimed = claim(h, me, &["q"], 10).await;
+    let fence = claimed
+        .items
+        .iter()
+        .find(|c| c.fence.id == keyed)
+        .expect("claimed")
+        .fence;
+    let err = retry(h, keyed).await.unwrap_err();
+    assert_invalid_state(err, keyed, WorkState::Running, "dead letter");
+    fail(h, me, fence, "x", FailDisposition::DeadLetter).await;
+    // The key is free once the item is dead: a new item takes it.
+    let newer = enqueue(h, vec![NewWork::new("q", json!(2)).unique_key("k")]).await[0];
+    assert_ne!(newer, keyed);
+    let err = retry(h, keyed).await.unwrap_err();
+    assert_invalid_state(err, keyed, WorkState::Dead, "unique key");
+    assert_eq!(row(h, keyed).await.state, WorkState::Dead);
+    cancel(h, newer).await.expect("cancel");
+    retry(h, keyed).await.expect("the key is free again");
+    assert_eq!(row(h, keyed).await.state, WorkState::Available);
+    assert_not_found(retry(h, 987_654_321).await.unwrap_err(), 987_654_321);
+}
+
+/// Finished items (completed, dead, cancelled) are deleted; unfinished ones are refused.
+pub async fn discard_deletes_finished_items_and_refuses_unfinished_ones(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let ids = enqueue_n(h, "q", 5).await;
+    let done = claim_one(h, me, "q").await.fence;
+    let dead = claim_one(h, me, "q").await.fence;
+    let running = claim_one(h, me, "q").await.fence;
+    complete(h, me, vec![done]).await;
+    fail(h, me, dead, "x", FailDisposition::DeadLetter).await;
+    cancel(h, ids[3]).await.expect("cancel");
+    let available = ids[4];
+    for (id, state) in [
+        (done.id, WorkState::Completed),
+        (dead.id, WorkState::Dead),
+        (ids[3], WorkState::Cancelled),
+    ] {
+        assert_eq!(discard(h, id).await.expect("discard").state, state);
+        assert_eq!(h.work_row(id).await, None);
+        assert_not_found(discard(h, id).await.unwrap_err(), id);
+    }
+    for (id, state) in [
+        (running.id, WorkState::Running),
+        (available, WorkState::Available),
+    ] {
+        let err = discard(h, id).await.unwrap_err();
+        assert_invalid_state(err, id, state, "cancel it first");
+        assert_eq!(row(h, id).await.state, state);
+    }
+}
+
+/// Limits outside 1..=10 000 and empty retentions are refused with messages naming them.
+pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness) {
+    let c = h.coordinator();
+    for limit in [0, MAX_SWEEP_BATCH + 1] {
+        let errs = [
+            c.promote_scheduled(PromoteScheduledParams { limit })
+                .await
+                .unwrap_err(),
+            c.dead_letter_expired(DeadLetterExpiredParams { limit })
+                .await
+                .unwrap_err(),
+            c.prune_finished(PruneFinishedParams {
+                completed_retention: DAY,
+                dead_retention: DAY,
+                limit,
+            })
+            .await
+            .unwrap_err(),
+            c.prune_evicted_instances(PruneEvictedInstancesParams {
+                retention: DAY,
+                limit,
+            })
+            .await
+            .unwrap_err(),
+        ];
+        for err in errs {
+            assert!(
+                matches!(&err, Error::InvalidArgument(m) if m.contains("limit")),
+                "{err}"
+            );
+        }
+    }
+    let err = c
+        .prune_finished(PruneFinishedParams {
+            completed_retention: DAY,
+            dead_retention: Duration::ZERO,
+            limit: 1,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("dead_retention")),
+        "{err}"
+    );
+    let err = c
+        .prune_evicted_instances(PruneEvictedInstancesParams {
+            retention: Duration::ZERO,
+            limit: 1,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("retention")),
+        "{err}"
+    );
 }

@@ -59,6 +59,51 @@ pub trait WorkCoordinator: Send + Sync + 'static {
         params: DeregisterInstanceParams,
     ) -> Result<DeregisterInstanceOutcome>;
 
+    /// Promotes due scheduled items (delays and retries whose time came) to available in
+    /// every queue, at most `limit`, and wakes their claimers; see
+    /// `0015_promote_scheduled.sql`.
+    async fn promote_scheduled(
+        &self,
+        params: PromoteScheduledParams,
+    ) -> Result<PromoteScheduledOutcome>;
+
+    /// Ends orphans that must not run again, in every queue, at most `limit`: attempts used up
+    /// → dead letter, cancel requested → cancelled; see `0016_dead_letter_expired.sql`.
+    async fn dead_letter_expired(
+        &self,
+        params: DeadLetterExpiredParams,
+    ) -> Result<DeadLetterExpiredOutcome>;
+
+    /// Deletes finished items past their retention, at most `limit`; see
+    /// `0017_prune_finished.sql`.
+    async fn prune_finished(&self, params: PruneFinishedParams) -> Result<PruneFinishedOutcome>;
+
+    /// Deletes eviction tombstones past their retention, at most `limit`; see
+    /// `0018_prune_evicted_instances.sql`.
+    async fn prune_evicted_instances(
+        &self,
+        params: PruneEvictedInstancesParams,
+    ) -> Result<PruneEvictedInstancesOutcome>;
+
+    /// Counts available, scheduled and running items per queue (for metrics); see
+    /// `0019_queue_depth.sql` for its cost.
+    async fn queue_depth(&self, params: QueueDepthParams) -> Result<QueueDepthOutcome>;
+
+    /// An operator cancels an item: available or scheduled → cancelled now; running → cancel
+    /// requested (delivered in the next renewal reply). A finished item is refused with
+    /// [`crate::Error::InvalidState`], an unknown id with [`crate::Error::NotFound`].
+    async fn cancel_work(&self, params: CancelWorkParams) -> Result<CancelWorkOutcome>;
+
+    /// An operator retries a dead letter: available again, attempts reset to 0, error history
+    /// kept. Any other state is refused with [`crate::Error::InvalidState`], an unknown id
+    /// with [`crate::Error::NotFound`].
+    async fn retry_dead_work(&self, params: RetryDeadWorkParams) -> Result<RetryDeadWorkOutcome>;
+
+    /// An operator deletes a finished item (completed, dead or cancelled). An unfinished item
+    /// is refused with [`crate::Error::InvalidState`], an unknown id with
+    /// [`crate::Error::NotFound`].
+    async fn discard_work(&self, params: DiscardWorkParams) -> Result<DiscardWorkOutcome>;
+
     /// Opens a dedicated session (not from the shared pool) and takes the instance's
     /// alive-lock on it.
     async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome>;

@@ -1,6 +1,6 @@
 //! The coordinator's errors: each variant is an outcome a caller can act on.
 
-use crate::types::{InstanceId, WorkId};
+use crate::types::{InstanceId, WorkId, WorkState};
 
 /// What went wrong in a coordinator call.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +26,25 @@ pub enum Error {
     #[error("instance {0} is not registered (record a heartbeat first; an evicted instance must register afresh)")]
     NotRegistered(InstanceId),
 
+    /// No work item has this id (it never existed, or it was pruned or discarded).
+    #[error("work item {id} not found")]
+    NotFound {
+        /// The id asked for.
+        id: WorkId,
+    },
+
+    /// The item's state does not allow the operation (cancelling a finished item, retrying
+    /// an item that is not a dead letter, discarding an unfinished one); nothing changed.
+    #[error("work item {id} is {state}: {reason}")]
+    InvalidState {
+        /// The item.
+        id: WorkId,
+        /// The state it is in.
+        state: WorkState,
+        /// Why that state refuses the operation.
+        reason: String,
+    },
+
     /// The database said no, or could not be reached. `context` says what was being done.
     #[error("{context}: {source}")]
     Database {
@@ -50,7 +69,8 @@ impl Error {
     }
 
     /// Whether retrying the same call later may succeed (the database was unreachable or
-    /// said no for a passing reason). Fencing, unknown queues and invalid arguments are final.
+    /// said no for a passing reason). Fencing, unknown queues, invalid arguments, unknown
+    /// items and invalid states are final.
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::Database { .. })
     }

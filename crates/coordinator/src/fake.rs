@@ -41,6 +41,14 @@ pub enum Method {
     TakeAliveLock,
     IsInstanceAlive,
     Listen,
+    PromoteScheduled,
+    DeadLetterExpired,
+    PruneFinished,
+    PruneEvictedInstances,
+    QueueDepth,
+    CancelWork,
+    RetryDeadWork,
+    DiscardWork,
 }
 
 /// One call the fake received.
@@ -82,7 +90,8 @@ struct State {
     next_session: u64,
     queues: HashMap<String, QueueRow>,
     instances: HashMap<InstanceId, InstanceRow>,
-    evicted: HashSet<InstanceId>,
+    /// Tombstones of reaped instances, with when they were reaped.
+    evicted: HashMap<InstanceId, DateTime<Utc>>,
     work: BTreeMap<i64, Row>,
     /// Which session holds each instance's alive-lock.
     alive_locks: HashMap<InstanceId, u64>,
@@ -131,6 +140,35 @@ impl Row {
                 None => true,
                 Some(e) => e < now,
             }
+    }
+
+    /// An orphan that must not run again: attempts used up, or a cancel requested.
+    fn must_end(&self, now: DateTime<Utc>) -> bool {
+        self.is_orphan(now) && (self.attempt >= self.max_attempts || self.cancel_requested)
+    }
+
+    /// Ends an orphan that must not run again (see [`Row::must_end`]): dead, or cancelled
+    /// when a cancel was requested, with the history entry claim_work writes. Returns the
+    /// state it went to.
+    fn end_orphan(&mut self, now: DateTime<Utc>) -> WorkState {
+        let (state, error) = if self.cancel_requested {
+            (
+                WorkState::Cancelled,
+                "lease expired after a cancel was requested".to_owned(),
+            )
+        } else {
+            (
+                WorkState::Dead,
+                format!(
+                    "lease expired on attempt {} of {}; no attempts left",
+                    self.attempt, self.max_attempts
+                ),
+            )
+        };
+        let owner = self.instance;
+        self.push_error(now, owner, "lease_expired", &error);
+        self.finish(state, now);
+        state
     }
 
     fn fenced_to(&self, instance: InstanceId, token: i64) -> bool {
@@ -316,6 +354,32 @@ impl FakeCoordinator {
         }
     }
 
+    /// Sets a scheduled item's run_at to `now + offset` (negative: in the past, so it is due).
+    pub fn set_run_at(&self, id: WorkId, offset: chrono::Duration) {
+        let now = self.now();
+        if let Some(r) = self.state().work.get_mut(&id) {
+            if r.state == WorkState::Scheduled {
+                r.run_at = now + offset;
+            }
+        }
+    }
+
+    /// Moves a finished item's finished_at `by` into the past.
+    pub fn age_finished(&self, id: WorkId, by: Duration) {
+        if let Some(r) = self.state().work.get_mut(&id) {
+            if let Some(f) = r.finished_at.as_mut() {
+                *f -= chrono::Duration::from_std(by).unwrap_or_default();
+            }
+        }
+    }
+
+    /// Moves the eviction tombstone of `instance` `by` into the past.
+    pub fn age_eviction(&self, instance: InstanceId, by: Duration) {
+        if let Some(at) = self.state().evicted.get_mut(&instance) {
+            *at -= chrono::Duration::from_std(by).unwrap_or_default();
+        }
+    }
+
     /// Sets an item's cancel flag, as an operator's cancel of a running item does.
     pub fn request_cancel(&self, id: WorkId) {
         if let Some(r) = self.state().work.get_mut(&id) {
@@ -422,27 +486,8 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
     }
     // 2. Orphans that must not run again.
     for r in st.work.values_mut() {
-        if r.is_orphan(now)
-            && queues.contains(r.queue.as_str())
-            && (r.attempt >= r.max_attempts || r.cancel_requested)
-        {
-            let (state, error) = if r.cancel_requested {
-                (
-                    WorkState::Cancelled,
-                    "lease expired after a cancel was requested".to_owned(),
-                )
-            } else {
-                (
-                    WorkState::Dead,
-                    format!(
-                        "lease expired on attempt {} of {}; no attempts left",
-                        r.attempt, r.max_attempts
-                    ),
-                )
-            };
-            let owner = r.instance;
-            r.push_error(now, owner, "lease_expired", &error);
-            r.finish(state, now);
+        if r.must_end(now) && queues.contains(r.queue.as_str()) {
+            r.end_orphan(now);
         }
     }
     let in_claim_order = |rows: &mut Vec<&Row>| {
@@ -545,7 +590,7 @@ fn cleanup(
     let mut out = Vec::new();
     for id in reaped {
         st.instances.remove(&id);
-        st.evicted.insert(id);
+        st.evicted.insert(id, now);
         let mut released = 0;
         for r in st.work.values_mut() {
             if r.state == WorkState::Running && r.instance == Some(id) {
@@ -560,6 +605,32 @@ fn cleanup(
         });
     }
     out
+}
+
+fn counts(per_queue: BTreeMap<String, u64>) -> Vec<QueueCount> {
+    per_queue
+        .into_iter()
+        .map(|(queue, items)| QueueCount { queue, items })
+        .collect()
+}
+
+/// The reasons the store gives for refusing an operator's call on an item in the wrong
+/// state: the same words as the SQL functions (0020 to 0022).
+mod refusal {
+    pub(super) const CANCEL_FINISHED: &str = "a finished item cannot be cancelled";
+    pub(super) const RETRY_NOT_DEAD: &str = "only a dead letter can be retried";
+    pub(super) const RETRY_UNIQUE_KEY_TAKEN: &str =
+        "another unfinished item of its queue holds its unique key";
+    pub(super) const DISCARD_UNFINISHED: &str =
+        "only a finished item can be discarded (cancel it first)";
+}
+
+fn refused(id: WorkId, state: WorkState, reason: &str) -> Error {
+    Error::InvalidState {
+        id,
+        state,
+        reason: reason.to_owned(),
+    }
 }
 
 #[async_trait]
@@ -830,7 +901,8 @@ impl WorkCoordinator for FakeCoordinator {
         validate::validate_stale(params.stale_after, params.dead_after)?;
         let now = self.now();
         let mut st = self.state();
-        if !st.instances.contains_key(&params.instance) && st.evicted.contains(&params.instance) {
+        if !st.instances.contains_key(&params.instance) && st.evicted.contains_key(&params.instance)
+        {
             return Ok(RecordHeartbeatOutcome {
                 evicted: true,
                 ..Default::default()
@@ -889,6 +961,250 @@ impl WorkCoordinator for FakeCoordinator {
         }
         st.instances.remove(&params.instance);
         Ok(DeregisterInstanceOutcome { released })
+    }
+
+    async fn promote_scheduled(
+        &self,
+        params: PromoteScheduledParams,
+    ) -> Result<PromoteScheduledOutcome> {
+        self.enter(Method::PromoteScheduled, params.limit as usize)
+            .await?;
+        params.validate()?;
+        let now = self.now();
+        let mut st = self.state();
+        let mut due: Vec<(DateTime<Utc>, i64)> = st
+            .work
+            .values()
+            .filter(|r| r.state == WorkState::Scheduled && r.run_at <= now)
+            .map(|r| (r.run_at, r.id))
+            .collect();
+        due.sort();
+        let mut per_queue: BTreeMap<String, u64> = BTreeMap::new();
+        for (_, id) in due.into_iter().take(params.limit as usize) {
+            let r = st.work.get_mut(&id).expect("due row exists");
+            r.state = WorkState::Available;
+            *per_queue.entry(r.queue.clone()).or_default() += 1;
+        }
+        let woken: Vec<String> = per_queue
+            .keys()
+            .filter(|q| !st.queues.get(*q).is_some_and(|row| row.paused))
+            .cloned()
+            .collect();
+        drop(st);
+        for q in woken {
+            let _ = self.inner.wake.send(q);
+        }
+        Ok(PromoteScheduledOutcome {
+            queues: counts(per_queue),
+        })
+    }
+
+    async fn dead_letter_expired(
+        &self,
+        params: DeadLetterExpiredParams,
+    ) -> Result<DeadLetterExpiredOutcome> {
+        self.enter(Method::DeadLetterExpired, params.limit as usize)
+            .await?;
+        params.validate()?;
+        let now = self.now();
+        let mut st = self.state();
+        let mut dead: BTreeMap<String, u64> = BTreeMap::new();
+        let mut cancelled: BTreeMap<String, u64> = BTreeMap::new();
+        for r in st
+            .work
+            .values_mut()
+            .filter(|r| r.must_end(now))
+            .take(params.limit as usize)
+        {
+            let to = match r.end_orphan(now) {
+                WorkState::Cancelled => &mut cancelled,
+                _ => &mut dead,
+            };
+            *to.entry(r.queue.clone()).or_default() += 1;
+        }
+        Ok(DeadLetterExpiredOutcome {
+            dead: counts(dead),
+            cancelled: counts(cancelled),
+        })
+    }
+
+    async fn prune_finished(&self, params: PruneFinishedParams) -> Result<PruneFinishedOutcome> {
+        self.enter(Method::PruneFinished, params.limit as usize)
+            .await?;
+        params.validate()?;
+        let now = self.now();
+        let completed_cutoff =
+            now - chrono::Duration::from_std(params.completed_retention).unwrap_or_default();
+        let dead_cutoff =
+            now - chrono::Duration::from_std(params.dead_retention).unwrap_or_default();
+        let mut st = self.state();
+        let past = |r: &Row, states: &[WorkState], cutoff: DateTime<Utc>| {
+            states.contains(&r.state) && r.finished_at.is_some_and(|f| f < cutoff)
+        };
+        let mut completed: Vec<(DateTime<Utc>, i64)> = st
+            .work
+            .values()
+            .filter(|r| past(r, &[WorkState::Completed], completed_cutoff))
+            .map(|r| (r.finished_at.unwrap_or(now), r.id))
+            .collect();
+        completed.sort();
+        completed.truncate(params.limit as usize);
+        let left = params.limit as usize - completed.len();
+        let others: Vec<i64> = st
+            .work
+            .values()
+            .filter(|r| past(r, &[WorkState::Dead, WorkState::Cancelled], dead_cutoff))
+            .map(|r| r.id)
+            .take(left)
+            .collect();
+        let mut outcome = PruneFinishedOutcome::default();
+        for id in completed.into_iter().map(|(_, id)| id).chain(others) {
+            match st.work.remove(&id).map(|r| r.state) {
+                Some(WorkState::Completed) => outcome.completed += 1,
+                Some(WorkState::Dead) => outcome.dead += 1,
+                Some(WorkState::Cancelled) => outcome.cancelled += 1,
+                _ => {}
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn prune_evicted_instances(
+        &self,
+        params: PruneEvictedInstancesParams,
+    ) -> Result<PruneEvictedInstancesOutcome> {
+        self.enter(Method::PruneEvictedInstances, params.limit as usize)
+            .await?;
+        params.validate()?;
+        let cutoff = self.now() - chrono::Duration::from_std(params.retention).unwrap_or_default();
+        let mut st = self.state();
+        let old: Vec<InstanceId> = st
+            .evicted
+            .iter()
+            .filter(|(_, at)| **at < cutoff)
+            .map(|(id, _)| *id)
+            .take(params.limit as usize)
+            .collect();
+        for id in &old {
+            st.evicted.remove(id);
+        }
+        Ok(PruneEvictedInstancesOutcome {
+            pruned: old.len() as u64,
+        })
+    }
+
+    async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
+        self.enter(Method::QueueDepth, 0).await?;
+        const STATES: [WorkState; 3] = [
+            WorkState::Available,
+            WorkState::Scheduled,
+            WorkState::Running,
+        ];
+        let st = self.state();
+        let mut counts: BTreeMap<(String, u8), u64> = BTreeMap::new();
+        for q in st.queues.keys() {
+            for i in 0..STATES.len() {
+                counts.insert((q.clone(), i as u8), 0);
+            }
+        }
+        for r in st.work.values() {
+            if let Some(i) = STATES.iter().position(|s| *s == r.state) {
+                *counts.entry((r.queue.clone(), i as u8)).or_default() += 1;
+            }
+        }
+        Ok(QueueDepthOutcome {
+            depths: counts
+                .into_iter()
+                .map(|((queue, i), items)| QueueDepth {
+                    queue,
+                    state: STATES[i as usize],
+                    items,
+                })
+                .collect(),
+        })
+    }
+
+    async fn cancel_work(&self, params: CancelWorkParams) -> Result<CancelWorkOutcome> {
+        self.enter(Method::CancelWork, 1).await?;
+        let now = self.now();
+        let mut st = self.state();
+        let r = st
+            .work
+            .get_mut(&params.id)
+            .ok_or(Error::NotFound { id: params.id })?;
+        let cancellation = match r.state {
+            WorkState::Available | WorkState::Scheduled => {
+                let error = format!("cancelled by an operator while {}", r.state);
+                r.push_error(now, None, "cancelled", &error);
+                r.finish(WorkState::Cancelled, now);
+                Cancellation::Cancelled
+            }
+            WorkState::Running => {
+                r.cancel_requested = true;
+                Cancellation::Requested
+            }
+            state => return Err(refused(params.id, state, refusal::CANCEL_FINISHED)),
+        };
+        Ok(CancelWorkOutcome { cancellation })
+    }
+
+    async fn retry_dead_work(&self, params: RetryDeadWorkParams) -> Result<RetryDeadWorkOutcome> {
+        self.enter(Method::RetryDeadWork, 1).await?;
+        let now = self.now();
+        let mut st = self.state();
+        let r = st
+            .work
+            .get(&params.id)
+            .ok_or(Error::NotFound { id: params.id })?;
+        if r.state != WorkState::Dead {
+            return Err(refused(params.id, r.state, refusal::RETRY_NOT_DEAD));
+        }
+        let (queue, key) = (r.queue.clone(), r.unique_key.clone());
+        if let Some(key) = key {
+            let taken = st.work.values().any(|o| {
+                o.queue == queue && o.unique_key.as_ref() == Some(&key) && !o.state.is_finished()
+            });
+            if taken {
+                return Err(refused(
+                    params.id,
+                    WorkState::Dead,
+                    refusal::RETRY_UNIQUE_KEY_TAKEN,
+                ));
+            }
+        }
+        let r = st.work.get_mut(&params.id).expect("the dead row exists");
+        let note = format!(
+            "retried by an operator after {} of {} attempts",
+            r.attempt, r.max_attempts
+        );
+        r.push_error(now, None, "retried", &note);
+        r.state = WorkState::Available;
+        r.attempt = 0;
+        r.run_at = now;
+        r.finished_at = None;
+        r.cancel_requested = false;
+        r.renewals = 0;
+        let wake = !st.queues.get(&queue).is_some_and(|q| q.paused);
+        drop(st);
+        if wake {
+            let _ = self.inner.wake.send(queue.clone());
+        }
+        Ok(RetryDeadWorkOutcome { queue })
+    }
+
+    async fn discard_work(&self, params: DiscardWorkParams) -> Result<DiscardWorkOutcome> {
+        self.enter(Method::DiscardWork, 1).await?;
+        let mut st = self.state();
+        let state = st
+            .work
+            .get(&params.id)
+            .ok_or(Error::NotFound { id: params.id })?
+            .state;
+        if !state.is_finished() {
+            return Err(refused(params.id, state, refusal::DISCARD_UNFINISHED));
+        }
+        st.work.remove(&params.id);
+        Ok(DiscardWorkOutcome { state })
     }
 
     async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {

@@ -524,6 +524,272 @@ pub struct DeregisterInstanceOutcome {
 }
 
 // ---------------------------------------------------------------------------------------------
+// maintenance: promote_scheduled / dead_letter_expired / prune_finished /
+// prune_evicted_instances / queue_depth
+
+/// The most rows one maintenance statement (`promote_scheduled`, `dead_letter_expired`,
+/// `prune_finished`, `prune_evicted_instances`) touches.
+pub const MAX_SWEEP_BATCH: u32 = 10_000;
+
+/// The longest retention accepted (the same 100 years as scheduling ahead).
+pub const MAX_RETENTION: Duration = crate::MAX_SCHEDULE_AHEAD;
+
+/// A number of items in one queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueCount {
+    /// The queue.
+    pub queue: String,
+    /// How many items.
+    pub items: u64,
+}
+
+/// Promotes due scheduled items (delays that came due, retries whose backoff ran out) to
+/// available, in every queue, and wakes their claimers.
+#[derive(Clone, Copy, Debug)]
+pub struct PromoteScheduledParams {
+    /// At most this many items, 1 to [`MAX_SWEEP_BATCH`].
+    pub limit: u32,
+}
+
+/// The result of `promote_scheduled`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PromoteScheduledOutcome {
+    /// Items promoted per queue (only queues with some), by queue name.
+    pub queues: Vec<QueueCount>,
+}
+
+impl PromoteScheduledOutcome {
+    /// Items promoted in all. Equal to the limit: more may be due.
+    pub fn promoted(&self) -> u64 {
+        self.queues.iter().map(|q| q.items).sum()
+    }
+}
+
+/// Ends orphans that must not run again, in every queue: no attempts left → dead, cancel
+/// requested → cancelled.
+#[derive(Clone, Copy, Debug)]
+pub struct DeadLetterExpiredParams {
+    /// At most this many items, 1 to [`MAX_SWEEP_BATCH`].
+    pub limit: u32,
+}
+
+/// The result of `dead_letter_expired`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeadLetterExpiredOutcome {
+    /// Orphans that became dead letters, per queue (only queues with some), by queue name.
+    pub dead: Vec<QueueCount>,
+    /// Cancel-requested orphans that ended cancelled, per queue, by queue name.
+    pub cancelled: Vec<QueueCount>,
+}
+
+impl DeadLetterExpiredOutcome {
+    /// Dead letters made.
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead.iter().map(|q| q.items).sum()
+    }
+
+    /// Items ended cancelled.
+    pub fn cancelled(&self) -> u64 {
+        self.cancelled.iter().map(|q| q.items).sum()
+    }
+
+    /// Items ended in all. Equal to the limit: more may be left.
+    pub fn ended(&self) -> u64 {
+        self.dead_lettered() + self.cancelled()
+    }
+}
+
+/// Deletes finished items past their retention.
+#[derive(Clone, Copy, Debug)]
+pub struct PruneFinishedParams {
+    /// Completed items older than this (since they finished) go. **Default: 24 h.**
+    pub completed_retention: Duration,
+    /// Dead letters and cancelled items older than this go. **Default: 7 days.**
+    pub dead_retention: Duration,
+    /// At most this many items, 1 to [`MAX_SWEEP_BATCH`]; completed items first.
+    pub limit: u32,
+}
+
+/// The result of `prune_finished`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PruneFinishedOutcome {
+    /// Completed items deleted.
+    pub completed: u64,
+    /// Dead letters deleted.
+    pub dead: u64,
+    /// Cancelled items deleted.
+    pub cancelled: u64,
+}
+
+impl PruneFinishedOutcome {
+    /// Items deleted in all. Equal to the limit: more may be left.
+    pub fn pruned(&self) -> u64 {
+        self.completed + self.dead + self.cancelled
+    }
+}
+
+/// Deletes eviction tombstones (see `record_heartbeat`) past their retention.
+#[derive(Clone, Copy, Debug)]
+pub struct PruneEvictedInstancesParams {
+    /// Tombstones older than this go. **Default: 7 days.**
+    pub retention: Duration,
+    /// At most this many, 1 to [`MAX_SWEEP_BATCH`].
+    pub limit: u32,
+}
+
+/// The result of `prune_evicted_instances`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PruneEvictedInstancesOutcome {
+    /// Tombstones deleted. Equal to the limit: more may be left.
+    pub pruned: u64,
+}
+
+/// Counts the items that wait or run, per queue and state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueueDepthParams {}
+
+/// How many items of one queue are in one state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueDepth {
+    /// The queue.
+    pub queue: String,
+    /// Available, scheduled or running.
+    pub state: WorkState,
+    /// How many.
+    pub items: u64,
+}
+
+/// The result of `queue_depth`: every registered queue with each of the states available,
+/// scheduled and running (zero included), plus any other queue holding such items; by queue,
+/// then state in the order available, scheduled, running.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueDepthOutcome {
+    /// By queue, then state.
+    pub depths: Vec<QueueDepth>,
+}
+
+impl QueueDepthOutcome {
+    /// The count for one queue and state (0 when absent).
+    pub fn get(&self, queue: &str, state: WorkState) -> u64 {
+        self.depths
+            .iter()
+            .find(|d| d.queue == queue && d.state == state)
+            .map_or(0, |d| d.items)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// operator: cancel_work / retry_dead_work / discard_work
+
+/// An operator cancels a work item.
+#[derive(Clone, Copy, Debug)]
+pub struct CancelWorkParams {
+    /// The item.
+    pub id: WorkId,
+}
+
+/// What a cancel did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cancellation {
+    /// The item was available or scheduled; it is cancelled now.
+    Cancelled,
+    /// The item is running: the cancel is requested. Its owner learns it in the next renewal
+    /// reply and the item ends cancelled when the handler stops (or at its reclaim, or in the
+    /// next maintenance sweep, when its owner is gone).
+    Requested,
+}
+
+/// The result of `cancel_work`. A finished item is refused with
+/// [`crate::Error::InvalidState`]; an unknown id with [`crate::Error::NotFound`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CancelWorkOutcome {
+    /// What happened.
+    pub cancellation: Cancellation,
+}
+
+/// An operator retries a dead letter: back to available, due now, attempts reset to 0, error
+/// history kept (with a `retried` entry), checkpoint kept.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryDeadWorkParams {
+    /// The dead letter.
+    pub id: WorkId,
+}
+
+/// The result of `retry_dead_work`. Any state but dead is refused with
+/// [`crate::Error::InvalidState`] (as is a retry whose unique key another unfinished item of
+/// the queue holds); an unknown id with [`crate::Error::NotFound`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryDeadWorkOutcome {
+    /// The item's queue (its claimers were woken).
+    pub queue: String,
+}
+
+/// An operator deletes a finished item (completed, dead or cancelled) for good.
+#[derive(Clone, Copy, Debug)]
+pub struct DiscardWorkParams {
+    /// The item.
+    pub id: WorkId,
+}
+
+/// The result of `discard_work`. An unfinished item is refused with
+/// [`crate::Error::InvalidState`] (cancel it first); an unknown id with
+/// [`crate::Error::NotFound`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiscardWorkOutcome {
+    /// The state the item had when it was deleted.
+    pub state: WorkState,
+}
+
+pub(crate) fn validate_sweep_limit(what: &str, limit: u32) -> crate::Result<()> {
+    if limit == 0 || limit > MAX_SWEEP_BATCH {
+        return Err(crate::Error::InvalidArgument(format!(
+            "{what}: limit must be between 1 and {MAX_SWEEP_BATCH}, got {limit}"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_retention(what: &str, name: &str, retention: Duration) -> crate::Result<()> {
+    if retention.as_micros() == 0 || retention > MAX_RETENTION {
+        return Err(crate::Error::InvalidArgument(format!(
+            "{what}: {name} must be between 1 µs and 100 years, got {retention:?}"
+        )));
+    }
+    Ok(())
+}
+
+impl PromoteScheduledParams {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        validate_sweep_limit("promote_scheduled", self.limit)
+    }
+}
+
+impl DeadLetterExpiredParams {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        validate_sweep_limit("dead_letter_expired", self.limit)
+    }
+}
+
+impl PruneFinishedParams {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        validate_retention(
+            "prune_finished",
+            "completed_retention",
+            self.completed_retention,
+        )?;
+        validate_retention("prune_finished", "dead_retention", self.dead_retention)?;
+        validate_sweep_limit("prune_finished", self.limit)
+    }
+}
+
+impl PruneEvictedInstancesParams {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        validate_retention("prune_evicted_instances", "retention", self.retention)?;
+        validate_sweep_limit("prune_evicted_instances", self.limit)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // alive-lock
 
 /// Takes an instance's alive-lock on a dedicated session.

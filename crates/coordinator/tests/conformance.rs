@@ -204,6 +204,41 @@ impl Harness for PgHarness {
         assert_eq!(killed, vec![true], "exactly one session held the lock");
     }
 
+    async fn set_run_at(&self, id: WorkId, offset: chrono::Duration) {
+        sqlx::query(
+            "UPDATE workpump.work SET run_at = now() + $2 WHERE id = $1 AND state = 'scheduled'",
+        )
+        .bind(id)
+        .bind(interval(offset))
+        .execute(&self.pool)
+        .await
+        .expect("move run_at");
+    }
+
+    async fn age_finished(&self, id: WorkId, by: Duration) {
+        sqlx::query(
+            "UPDATE workpump.work SET finished_at = finished_at - $2
+             WHERE id = $1 AND finished_at IS NOT NULL",
+        )
+        .bind(id)
+        .bind(interval(chrono::Duration::from_std(by).expect("age")))
+        .execute(&self.pool)
+        .await
+        .expect("age finished_at");
+    }
+
+    async fn age_eviction(&self, instance: InstanceId, by: Duration) {
+        sqlx::query(
+            "UPDATE workpump.evicted_instances SET evicted_at = evicted_at - $2
+             WHERE instance_id = $1",
+        )
+        .bind(instance.0)
+        .bind(interval(chrono::Duration::from_std(by).expect("age")))
+        .execute(&self.pool)
+        .await
+        .expect("age the tombstone");
+    }
+
     async fn alive_lock_key(&self, instance: InstanceId) -> Option<i64> {
         Some(
             sqlx::query_scalar("SELECT workpump.alive_lock_key($1)")
@@ -256,6 +291,15 @@ impl Harness for FakeHarness {
     }
     async fn alive_lock_key(&self, _instance: InstanceId) -> Option<i64> {
         None
+    }
+    async fn set_run_at(&self, id: WorkId, offset: chrono::Duration) {
+        self.0.set_run_at(id, offset)
+    }
+    async fn age_finished(&self, id: WorkId, by: Duration) {
+        self.0.age_finished(id, by)
+    }
+    async fn age_eviction(&self, instance: InstanceId, by: Duration) {
+        self.0.age_eviction(instance, by)
     }
 }
 

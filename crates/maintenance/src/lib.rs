@@ -1,1 +1,84 @@
-//! maintenance (to be written)
+//! workpump's backstop: [`MaintenanceWorker`] keeps the store tidy and moving when nobody
+//! else does. Its one job is a periodic sweep (every 5 s) of SQL functions that each do one
+//! bounded thing across every queue: `cleanup_stale_instances` (reap dead peers, release their
+//! leases), `dead_letter_expired` (orphans with no attempts left become dead letters;
+//! cancel-requested orphans end cancelled), `promote_scheduled` (due delays and retries become
+//! available, and their claimers are woken), `prune_finished` and `prune_evicted_instances`
+//! (retention), and, at most every 15 s, `queue_depth` for the `workpump_queue_depth` gauge.
+//!
+//! It deliberately does not claim, renew, complete or cancel anything, and it is not the
+//! primary path for any of this: `claim_work` promotes and ends orphans in the queues it
+//! claims from, and `record_heartbeat` reaps stale peers when it sees one. The sweep covers
+//! what they miss (a queue nobody polls right now, an instance that died holding an item's
+//! last attempt, a fleet whose heartbeats are all slow) and is the only thing that deletes
+//! old rows. The operator calls (`cancel_work`, `retry_dead_work`, `discard_work`) live on the
+//! coordinator, not here. Arrows: coordinator ← maintenance ← host; it depends on
+//! `workpump-coordinator` only.
+//!
+//! # Safe on every instance at once
+//!
+//! There is no leader. Every statement takes its rows `FOR UPDATE SKIP LOCKED`, so sweeps
+//! running at the same time on several instances (and claimers) split the rows between them:
+//! each row is promoted, ended or deleted exactly once, and nobody waits on anybody. Every
+//! statement has a `LIMIT` (`batch_limit`, 1 000), so none holds many row locks or runs long;
+//! a kind of statement is repeated while it comes back full, at most `max_batches_per_sweep`
+//! (10) times per sweep, and what is left waits for the next sweep. All cutoffs are computed
+//! by the database from its own `now()`; the worker only passes durations.
+//!
+//! # A sweep
+//!
+//! The first sweep runs when `run` starts, then one every `interval_ms`, start to start
+//! (tokio `interval`, [`MissedTickBehavior::Delay`](tokio::time::MissedTickBehavior): an
+//! overrun delays the next sweep instead of bunching them). Steps run in this order, and a
+//! failed step (an error, or no answer within `call_timeout_ms`) is logged and counted while
+//! the remaining steps still run; [`MaintenanceWorker::run_once`] returns a [`SweepReport`],
+//! or a [`SweepError`] that carries the report and the failed steps:
+//!
+//! 1. `cleanup_stale_instances(stale_after_ms, dead_after_ms)`: the backstop for the
+//!    heartbeat's opportunistic sweep (alive-lock guard and definitive-dead bypass included);
+//! 2. `dead_letter_expired`: after 1, so leases it released are seen at once;
+//! 3. `promote_scheduled`, which NOTIFYs each queue it made work available in;
+//! 4. `prune_finished(completed_retention_ms, dead_retention_ms)`;
+//! 5. `prune_evicted_instances(evicted_retention_ms)`;
+//! 6. `queue_depth`, when the last sample is at least `depth_sample_interval_ms` old. Its cost
+//!    grows with the number of available, scheduled and running items (about 4 ms per 10 000
+//!    on PostgreSQL 15; see `sql/migrations/0019_queue_depth.sql`), paid by every instance
+//!    once per interval; 0 turns it off. A (queue, state) that disappears from the result is
+//!    set back to 0.
+//!
+//! # Settings (`[maintenance]`, [`MaintenanceConfig`])
+//!
+//! | setting | default | meaning |
+//! | --- | --- | --- |
+//! | `enabled` | `true` | the killswitch |
+//! | `interval_ms` | 5 000 | sweep start to sweep start |
+//! | `stale_after_ms` | 30 000 | stale cutoff for `cleanup_stale_instances` (use the heartbeat's) |
+//! | `dead_after_ms` | 300 000 | definitive-dead cutoff (use the heartbeat's) |
+//! | `completed_retention_ms` | 86 400 000 (24 h) | completed items are deleted after this |
+//! | `dead_retention_ms` | 604 800 000 (7 days) | dead letters and cancelled items are deleted after this |
+//! | `evicted_retention_ms` | 604 800 000 (7 days) | eviction tombstones are deleted after this |
+//! | `batch_limit` | 1 000 | rows per statement |
+//! | `max_batches_per_sweep` | 10 | statements of one kind per sweep |
+//! | `depth_sample_interval_ms` | 15 000 | shortest time between queue-depth samples; 0 = off |
+//! | `call_timeout_ms` | 30 000 | a store call is abandoned after this |
+//!
+//! # Metrics
+//!
+//! See [`metrics`]: sweeps by result, failed steps, sweep duration, instances reaped and
+//! leases released, items promoted / dead-lettered / cancelled per queue, items pruned per
+//! state, tombstones pruned, and the `workpump_queue_depth{queue,state}` gauge.
+
+mod worker;
+
+pub mod metrics;
+
+#[cfg(test)]
+mod tests;
+
+pub use worker::{
+    MaintenanceConfig, MaintenanceWorker, Step, StepFailure, SweepError, SweepReport,
+    DEFAULT_BATCH_LIMIT, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_COMPLETED_RETENTION_MS,
+    DEFAULT_DEAD_AFTER_MS, DEFAULT_DEAD_RETENTION_MS, DEFAULT_DEPTH_SAMPLE_INTERVAL_MS,
+    DEFAULT_EVICTED_RETENTION_MS, DEFAULT_INTERVAL_MS, DEFAULT_MAX_BATCHES_PER_SWEEP,
+    DEFAULT_STALE_AFTER_MS, MAX_BATCHES_PER_SWEEP, MAX_INTERVAL_MS, MAX_RETENTION_MS, NAME,
+};

@@ -77,6 +77,14 @@ struct Statements {
     take_alive_lock: String,
     is_instance_alive: String,
     lock_lease: String,
+    promote_scheduled: String,
+    dead_letter_expired: String,
+    prune_finished: String,
+    prune_evicted_instances: String,
+    queue_depth: String,
+    cancel_work: String,
+    retry_dead_work: String,
+    discard_work: String,
     migrate_lock: String,
     migrate_unlock: String,
     migrate_create_schema: String,
@@ -108,6 +116,14 @@ impl Statements {
             take_alive_lock: s(query_file!("take_alive_lock")),
             is_instance_alive: s(query_file!("is_instance_alive")),
             lock_lease: s(query_file!("lock_lease")),
+            promote_scheduled: s(query_file!("promote_scheduled")),
+            dead_letter_expired: s(query_file!("dead_letter_expired")),
+            prune_finished: s(query_file!("prune_finished")),
+            prune_evicted_instances: s(query_file!("prune_evicted_instances")),
+            queue_depth: s(query_file!("queue_depth")),
+            cancel_work: s(query_file!("cancel_work")),
+            retry_dead_work: s(query_file!("retry_dead_work")),
+            discard_work: s(query_file!("discard_work")),
             migrate_lock: s(query_file!("migrate_lock")),
             migrate_unlock: s(query_file!("migrate_unlock")),
             migrate_create_schema: s(query_file!("migrate_create_schema")),
@@ -611,6 +627,172 @@ impl WorkCoordinator for PgCoordinator {
         })
     }
 
+    async fn promote_scheduled(
+        &self,
+        params: PromoteScheduledParams,
+    ) -> Result<PromoteScheduledOutcome> {
+        params.validate()?;
+        let rows: Vec<(String, i32)> = sqlx::query_as(&self.stmts.promote_scheduled)
+            .bind(params.limit as i32)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| {
+                db_error(
+                    format!("promoting up to {} scheduled items", params.limit),
+                    e,
+                )
+            })?;
+        Ok(PromoteScheduledOutcome {
+            queues: rows
+                .into_iter()
+                .map(|(queue, n)| QueueCount {
+                    queue,
+                    items: n as u64,
+                })
+                .collect(),
+        })
+    }
+
+    async fn dead_letter_expired(
+        &self,
+        params: DeadLetterExpiredParams,
+    ) -> Result<DeadLetterExpiredOutcome> {
+        params.validate()?;
+        let ctx = || format!("ending up to {} expired orphans", params.limit);
+        let rows: Vec<(String, String, i32)> = sqlx::query_as(&self.stmts.dead_letter_expired)
+            .bind(params.limit as i32)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        let mut outcome = DeadLetterExpiredOutcome::default();
+        for (queue, state, n) in rows {
+            let count = QueueCount {
+                queue,
+                items: n as u64,
+            };
+            match parse_state(&state, &ctx())? {
+                WorkState::Dead => outcome.dead.push(count),
+                WorkState::Cancelled => outcome.cancelled.push(count),
+                other => {
+                    return Err(Error::database(
+                        ctx(),
+                        format!("dead_letter_expired reported state {other}"),
+                    ))
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn prune_finished(&self, params: PruneFinishedParams) -> Result<PruneFinishedOutcome> {
+        params.validate()?;
+        let ctx = || format!("pruning up to {} finished items", params.limit);
+        let rows: Vec<(String, i32)> = sqlx::query_as(&self.stmts.prune_finished)
+            .bind(interval(params.completed_retention))
+            .bind(interval(params.dead_retention))
+            .bind(params.limit as i32)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        let mut outcome = PruneFinishedOutcome::default();
+        for (state, n) in rows {
+            let n = n as u64;
+            match parse_state(&state, &ctx())? {
+                WorkState::Completed => outcome.completed += n,
+                WorkState::Dead => outcome.dead += n,
+                WorkState::Cancelled => outcome.cancelled += n,
+                other => {
+                    return Err(Error::database(
+                        ctx(),
+                        format!("prune_finished reported state {other}"),
+                    ))
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn prune_evicted_instances(
+        &self,
+        params: PruneEvictedInstancesParams,
+    ) -> Result<PruneEvictedInstancesOutcome> {
+        params.validate()?;
+        let pruned: i32 = sqlx::query_scalar(&self.stmts.prune_evicted_instances)
+            .bind(interval(params.retention))
+            .bind(params.limit as i32)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| {
+                db_error(
+                    format!("pruning up to {} eviction tombstones", params.limit),
+                    e,
+                )
+            })?;
+        Ok(PruneEvictedInstancesOutcome {
+            pruned: pruned as u64,
+        })
+    }
+
+    async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
+        let ctx = "counting items per queue and state";
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(&self.stmts.queue_depth)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_error(ctx, e))?;
+        let depths = rows
+            .into_iter()
+            .map(|(queue, state, items)| {
+                Ok(QueueDepth {
+                    queue,
+                    state: parse_state(&state, ctx)?,
+                    items: items.max(0) as u64,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(QueueDepthOutcome { depths })
+    }
+
+    async fn cancel_work(&self, params: CancelWorkParams) -> Result<CancelWorkOutcome> {
+        let ctx = || format!("cancelling work item {}", params.id);
+        let answer: String = sqlx::query_scalar(&self.stmts.cancel_work)
+            .bind(params.id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        let cancellation = match answer.as_str() {
+            "cancelled" => Cancellation::Cancelled,
+            "requested" => Cancellation::Requested,
+            other => {
+                return Err(Error::database(
+                    ctx(),
+                    format!("cancel_work answered {other:?}"),
+                ))
+            }
+        };
+        Ok(CancelWorkOutcome { cancellation })
+    }
+
+    async fn retry_dead_work(&self, params: RetryDeadWorkParams) -> Result<RetryDeadWorkOutcome> {
+        let queue: String = sqlx::query_scalar(&self.stmts.retry_dead_work)
+            .bind(params.id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_error(format!("retrying dead letter {}", params.id), e))?;
+        Ok(RetryDeadWorkOutcome { queue })
+    }
+
+    async fn discard_work(&self, params: DiscardWorkParams) -> Result<DiscardWorkOutcome> {
+        let ctx = || format!("discarding work item {}", params.id);
+        let state: String = sqlx::query_scalar(&self.stmts.discard_work)
+            .bind(params.id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        Ok(DiscardWorkOutcome {
+            state: parse_state(&state, &ctx())?,
+        })
+    }
+
     async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
         let options: PgConnectOptions = (*self.pool.connect_options()).clone();
         alive_lock::PgAliveLock::open(options, self.stmts.take_alive_lock.clone(), params.instance)
@@ -683,11 +865,35 @@ fn sqlstate(e: &sqlx::Error) -> Option<String> {
 }
 
 /// Maps a driver error to the variant a caller acts on: the SQL functions raise `WP001`
-/// (unknown queue; the name in DETAIL) and `WP002` (invalid argument) with messages that name
-/// the problem.
+/// (unknown queue; the name in DETAIL), `WP002` (invalid argument) with messages that name
+/// the problem, `WP004` (work item not found) and `WP005` (invalid state), those two with
+/// DETAIL as JSON `{"id": .., "state": .., "reason": ..}`. A WP004/WP005 whose DETAIL does not
+/// read stays a database error with its message.
 pub(crate) fn db_error(context: impl Into<String>, e: sqlx::Error) -> Error {
     if let sqlx::Error::Database(d) = &e {
+        let detail = || {
+            d.try_downcast_ref::<PgDatabaseError>()
+                .and_then(|pg| pg.detail())
+                .and_then(|text| serde_json::from_str::<Value>(text).ok())
+        };
         match d.code().as_deref() {
+            Some("WP004") => {
+                if let Some(id) = detail().and_then(|v| v["id"].as_i64()) {
+                    return Error::NotFound { id };
+                }
+            }
+            Some("WP005") => {
+                if let Some(v) = detail() {
+                    let state = v["state"].as_str().and_then(WorkState::parse);
+                    if let (Some(id), Some(state)) = (v["id"].as_i64(), state) {
+                        return Error::InvalidState {
+                            id,
+                            state,
+                            reason: v["reason"].as_str().unwrap_or_default().to_owned(),
+                        };
+                    }
+                }
+            }
             Some("WP001") => {
                 let queue = d
                     .try_downcast_ref::<PgDatabaseError>()

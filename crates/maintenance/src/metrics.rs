@@ -1,0 +1,116 @@
+//! The maintenance metrics, named in their final Prometheus form. Label values come from small
+//! closed sets (queue names, item states, step names), never an item or instance id. The host
+//! calls [`describe`] right after installing its exporter.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+/// Sweeps by result; label [`RESULT`]: [`OK`] or [`FAILED`] (at least one step failed; the
+/// other steps of that sweep still ran).
+pub const SWEEPS_TOTAL: &str = "workpump_maintenance_sweeps_total";
+
+/// Failed steps; label [`STEP`]: the SQL function that failed or did not answer in time
+/// (`cleanup_stale_instances`, `dead_letter_expired`, `promote_scheduled`, `prune_finished`,
+/// `prune_evicted_instances`, `queue_depth`).
+pub const STEP_FAILURES_TOTAL: &str = "workpump_maintenance_step_failures_total";
+
+/// How long one sweep took, in seconds, all its steps and batches included.
+pub const SWEEP_DURATION_SECONDS: &str = "workpump_maintenance_sweep_duration_seconds";
+
+/// Stale instances this worker's sweeps reaped (deleted and tombstoned).
+pub const REAPED_INSTANCES_TOTAL: &str = "workpump_maintenance_reaped_instances_total";
+
+/// Leases those reaped instances held, released at once for peers to reclaim.
+pub const RELEASED_LEASES_TOTAL: &str = "workpump_maintenance_released_leases_total";
+
+/// Due scheduled items (delays and retries) made available; label [`QUEUE`].
+pub const PROMOTED_ITEMS_TOTAL: &str = "workpump_maintenance_promoted_items_total";
+
+/// Orphans with no attempts left made dead letters; label [`QUEUE`].
+pub const DEAD_LETTERED_ITEMS_TOTAL: &str = "workpump_maintenance_dead_lettered_items_total";
+
+/// Orphans whose cancel was requested, ended cancelled; label [`QUEUE`].
+pub const CANCELLED_ITEMS_TOTAL: &str = "workpump_maintenance_cancelled_items_total";
+
+/// Finished items deleted past their retention; label [`STATE`]: `completed`, `dead` or
+/// `cancelled`.
+pub const PRUNED_ITEMS_TOTAL: &str = "workpump_maintenance_pruned_items_total";
+
+/// Eviction tombstones deleted past their retention.
+pub const PRUNED_TOMBSTONES_TOTAL: &str = "workpump_maintenance_pruned_tombstones_total";
+
+/// Items per queue and state as last sampled; labels [`QUEUE`] and [`STATE`] (`available`,
+/// `scheduled`, `running`). Every instance samples the same store, so aggregate with `max`
+/// (not `sum`) across instances.
+pub const QUEUE_DEPTH: &str = "workpump_queue_depth";
+
+/// The label of [`SWEEPS_TOTAL`].
+pub const RESULT: &str = "result";
+/// [`RESULT`]: every step succeeded.
+pub const OK: &str = "ok";
+/// [`RESULT`]: at least one step failed.
+pub const FAILED: &str = "failed";
+/// The label of [`STEP_FAILURES_TOTAL`]: the step's SQL function.
+pub const STEP: &str = "step";
+/// The queue label.
+pub const QUEUE: &str = "queue";
+/// The item-state label.
+pub const STATE: &str = "state";
+
+/// Describes every metric of this crate to the installed recorder.
+pub fn describe() {
+    describe_counter!(
+        SWEEPS_TOTAL,
+        Unit::Count,
+        "Maintenance sweeps by result (ok, failed)"
+    );
+    describe_counter!(
+        STEP_FAILURES_TOTAL,
+        Unit::Count,
+        "Maintenance steps that failed or timed out, by step"
+    );
+    describe_histogram!(
+        SWEEP_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of one maintenance sweep"
+    );
+    describe_counter!(
+        REAPED_INSTANCES_TOTAL,
+        Unit::Count,
+        "Stale instances reaped by the maintenance backstop"
+    );
+    describe_counter!(
+        RELEASED_LEASES_TOTAL,
+        Unit::Count,
+        "Leases of reaped instances released by the maintenance backstop"
+    );
+    describe_counter!(
+        PROMOTED_ITEMS_TOTAL,
+        Unit::Count,
+        "Due scheduled items made available, by queue"
+    );
+    describe_counter!(
+        DEAD_LETTERED_ITEMS_TOTAL,
+        Unit::Count,
+        "Expired leases with no attempts left made dead letters, by queue"
+    );
+    describe_counter!(
+        CANCELLED_ITEMS_TOTAL,
+        Unit::Count,
+        "Expired leases of cancel-requested items ended cancelled, by queue"
+    );
+    describe_counter!(
+        PRUNED_ITEMS_TOTAL,
+        Unit::Count,
+        "Finished items deleted past their retention, by state"
+    );
+    describe_counter!(
+        PRUNED_TOMBSTONES_TOTAL,
+        Unit::Count,
+        "Eviction tombstones deleted past their retention"
+    );
+    describe_gauge!(
+        QUEUE_DEPTH,
+        Unit::Count,
+        "Work items per queue and state (available, scheduled, running), as last sampled"
+    );
+}

@@ -1,0 +1,795 @@
+//! Worker logic against the in-memory fake, under paused tokio time: cadences, bounds and
+//! failure handling asserted exactly.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::metrics::{
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use workpump_coordinator::{
+    ClaimWorkParams, CleanupStaleInstancesParams, CompleteWorkParams, EnqueueWorkParams,
+    FakeCoordinator, InstanceId, Method, NewWork, RecordHeartbeatParams, RegisterQueueParams,
+    WorkCoordinator, WorkState, Worker, WorkerError,
+};
+
+use crate::metrics as m;
+use crate::{
+    MaintenanceConfig, MaintenanceWorker, Step, SweepReport, MAX_INTERVAL_MS, MAX_RETENTION_MS,
+};
+
+// -- helpers ----------------------------------------------------------------------------------
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn worker(fake: &FakeCoordinator, config: MaintenanceConfig) -> Arc<MaintenanceWorker> {
+    assert!(config.validate("maintenance").is_empty());
+    Arc::new(MaintenanceWorker::new(Arc::new(fake.clone()), config))
+}
+
+fn spawn_run(
+    w: &Arc<MaintenanceWorker>,
+) -> (CancellationToken, JoinHandle<Result<(), WorkerError>>) {
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let w = w.clone();
+        let shutdown = shutdown.clone();
+        async move { w.run(shutdown).await }
+    });
+    (shutdown, task)
+}
+
+async fn stop(shutdown: CancellationToken, task: JoinHandle<Result<(), WorkerError>>) {
+    shutdown.cancel();
+    task.await
+        .expect("the worker task did not panic")
+        .expect("run ends with Ok on shutdown");
+}
+
+/// When each call of `method` happened, measured from `start`.
+fn call_times(fake: &FakeCoordinator, method: Method, start: Instant) -> Vec<Duration> {
+    fake.calls_of(method).iter().map(|c| c.at - start).collect()
+}
+
+async fn queue(fake: &FakeCoordinator, name: &str, max_attempts: i32) {
+    fake.register_queue(RegisterQueueParams {
+        name: name.into(),
+        max_attempts,
+    })
+    .await
+    .expect("register");
+}
+
+async fn instance(fake: &FakeCoordinator) -> InstanceId {
+    let me = InstanceId::new();
+    fake.record_heartbeat(RecordHeartbeatParams {
+        instance: me,
+        host: "test".into(),
+        metadata: json!({}),
+        stale_after: secs(30),
+        dead_after: Some(secs(300)),
+    })
+    .await
+    .expect("heartbeat");
+    me
+}
+
+async fn enqueue(fake: &FakeCoordinator, items: Vec<NewWork>) -> Vec<i64> {
+    fake.enqueue_work(EnqueueWorkParams { items })
+        .await
+        .expect("enqueue")
+        .items
+        .iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+/// `n` items in `q` that become due after one second.
+async fn enqueue_soon(fake: &FakeCoordinator, q: &str, n: usize) -> Vec<i64> {
+    let items = (0..n)
+        .map(|i| NewWork::new(q, json!({ "n": i })).run_after(secs(1)))
+        .collect();
+    enqueue(fake, items).await
+}
+
+/// Claims up to `n` items of `q` for a fresh instance.
+async fn claim(
+    fake: &FakeCoordinator,
+    q: &str,
+    n: u32,
+) -> (InstanceId, Vec<workpump_coordinator::Fence>) {
+    let me = instance(fake).await;
+    let out = fake
+        .claim_work(ClaimWorkParams {
+            instance: me,
+            queues: vec![q.into()],
+            max_items: n,
+            lease: secs(60),
+        })
+        .await
+        .expect("claim");
+    (me, out.items.iter().map(|c| c.fence).collect())
+}
+
+/// A recorder that keeps the last value of every metric, keyed `name{label=value,...}`.
+#[derive(Clone, Default)]
+struct TestRecorder {
+    values: Arc<Mutex<BTreeMap<String, f64>>>,
+}
+
+struct Cell {
+    key: String,
+    values: Arc<Mutex<BTreeMap<String, f64>>>,
+}
+
+impl Cell {
+    fn update(&self, f: impl FnOnce(f64) -> f64) {
+        let mut values = self.values.lock().unwrap();
+        let v = values.entry(self.key.clone()).or_insert(0.0);
+        *v = f(*v);
+    }
+}
+
+impl CounterFn for Cell {
+    fn increment(&self, value: u64) {
+        self.update(|v| v + value as f64);
+    }
+    fn absolute(&self, value: u64) {
+        self.update(|v| v.max(value as f64));
+    }
+}
+
+impl GaugeFn for Cell {
+    fn increment(&self, value: f64) {
+        self.update(|v| v + value);
+    }
+    fn decrement(&self, value: f64) {
+        self.update(|v| v - value);
+    }
+    fn set(&self, value: f64) {
+        self.update(|_| value);
+    }
+}
+
+impl HistogramFn for Cell {
+    fn record(&self, _value: f64) {
+        // Counts observations.
+        self.update(|v| v + 1.0);
+    }
+}
+
+impl TestRecorder {
+    fn cell(&self, key: &Key) -> Arc<Cell> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        Arc::new(Cell {
+            key: format!("{}{{{}}}", key.name(), labels.join(",")),
+            values: self.values.clone(),
+        })
+    }
+
+    /// The value of `name{labels}` (labels as `k=v`, sorted), or `None` if never touched.
+    fn get(&self, name: &str, labels: &[&str]) -> Option<f64> {
+        let key = format!("{name}{{{}}}", labels.join(","));
+        self.values.lock().unwrap().get(&key).copied()
+    }
+}
+
+impl Recorder for TestRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.cell(key))
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(self.cell(key))
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(self.cell(key))
+    }
+}
+
+// -- cadence ----------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn the_first_sweep_runs_at_start_then_one_every_five_seconds() {
+    let fake = FakeCoordinator::new();
+    let w = worker(&fake, MaintenanceConfig::default());
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(Duration::from_millis(20_500)).await;
+    stop(shutdown, task).await;
+    let every_five = [0, 5, 10, 15, 20].map(secs).to_vec();
+    for method in [
+        Method::CleanupStaleInstances,
+        Method::DeadLetterExpired,
+        Method::PromoteScheduled,
+        Method::PruneFinished,
+        Method::PruneEvictedInstances,
+    ] {
+        assert_eq!(call_times(&fake, method, start), every_five, "{method:?}");
+    }
+    assert_eq!(w.name(), "maintenance");
+}
+
+#[tokio::test(start_paused = true)]
+async fn queue_depth_is_sampled_at_most_every_fifteen_seconds() {
+    let fake = FakeCoordinator::new();
+    let w = worker(&fake, MaintenanceConfig::default());
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(Duration::from_millis(31_000)).await;
+    stop(shutdown, task).await;
+    assert_eq!(
+        call_times(&fake, Method::QueueDepth, start),
+        [0, 15, 30].map(secs).to_vec()
+    );
+    // Back-to-back sweeps do not sample twice.
+    let sampled = w.run_once().await.expect("sweep").depth;
+    assert_eq!(sampled, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_depth_sample_interval_of_zero_never_samples() {
+    let fake = FakeCoordinator::new();
+    let config = MaintenanceConfig {
+        depth_sample_interval_ms: 0,
+        ..MaintenanceConfig::default()
+    };
+    let w = worker(&fake, config);
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(Duration::from_millis(60_500)).await;
+    stop(shutdown, task).await;
+    assert!(fake.calls_of(Method::QueueDepth).is_empty());
+    assert_eq!(fake.calls_of(Method::PromoteScheduled).len(), 13);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_killswitch_off_run_makes_no_calls_and_returns_on_shutdown() {
+    let fake = FakeCoordinator::new();
+    let config = MaintenanceConfig {
+        enabled: false,
+        ..MaintenanceConfig::default()
+    };
+    let w = worker(&fake, config);
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(secs(60)).await;
+    assert!(!task.is_finished(), "run waits for shutdown");
+    stop(shutdown, task).await;
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sweep_that_overruns_delays_the_next_instead_of_bunching() {
+    let fake = FakeCoordinator::new();
+    let config = MaintenanceConfig {
+        call_timeout_ms: 7_000,
+        ..MaintenanceConfig::default()
+    };
+    let w = worker(&fake, config);
+    fake.hang_next(Method::CleanupStaleInstances, 1);
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(Duration::from_millis(17_500)).await;
+    stop(shutdown, task).await;
+    // The first sweep waits 7 s for the hung call; the next starts at once, then every 5 s.
+    assert_eq!(
+        call_times(&fake, Method::CleanupStaleInstances, start),
+        [0, 7, 12, 17].map(secs).to_vec()
+    );
+    assert_eq!(
+        call_times(&fake, Method::PromoteScheduled, start),
+        [7, 7, 12, 17].map(secs).to_vec()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_during_a_hung_sweep_returns_at_once() {
+    let fake = FakeCoordinator::new();
+    let w = worker(&fake, MaintenanceConfig::default());
+    fake.hang_next(Method::CleanupStaleInstances, 1);
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(secs(1)).await;
+    stop(shutdown, task).await;
+    assert_eq!(start.elapsed(), secs(1));
+    assert!(fake.calls_of(Method::PromoteScheduled).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_starts_again_after_a_shutdown() {
+    let fake = FakeCoordinator::new();
+    let w = worker(&fake, MaintenanceConfig::default());
+    for round in 1..=5 {
+        let (shutdown, task) = spawn_run(&w);
+        tokio::time::sleep(secs(1)).await;
+        stop(shutdown, task).await;
+        assert_eq!(fake.calls_of(Method::CleanupStaleInstances).len(), round);
+    }
+}
+
+// -- failures ---------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_sweep_is_counted_and_the_next_one_still_runs() {
+    let recorder = TestRecorder::default();
+    let _guard = ::metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    let w = worker(&fake, MaintenanceConfig::default());
+    fake.fail_next(Method::PromoteScheduled, 1);
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    stop(shutdown, task).await;
+    assert_eq!(
+        call_times(&fake, Method::PromoteScheduled, start),
+        [0, 5].map(secs).to_vec()
+    );
+    // The failed sweep went on with its later steps.
+    assert_eq!(
+        call_times(&fake, Method::PruneFinished, start),
+        [0, 5].map(secs).to_vec()
+    );
+    assert_eq!(recorder.get(m::SWEEPS_TOTAL, &["result=failed"]), Some(1.0));
+    assert_eq!(recorder.get(m::SWEEPS_TOTAL, &["result=ok"]), Some(1.0));
+    assert_eq!(
+        recorder.get(m::STEP_FAILURES_TOTAL, &["step=promote_scheduled"]),
+        Some(1.0)
+    );
+    assert_eq!(recorder.get(m::SWEEP_DURATION_SECONDS, &[]), Some(2.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_once_reports_every_failed_step_with_what_the_others_did() {
+    let fake = FakeCoordinator::new();
+    queue(&fake, "q", 10).await;
+    enqueue_soon(&fake, "q", 3).await;
+    tokio::time::advance(secs(2)).await;
+    let w = worker(&fake, MaintenanceConfig::default());
+    fake.fail_next(Method::CleanupStaleInstances, 1);
+    fake.fail_next(Method::QueueDepth, 1);
+    let err = w.run_once().await.unwrap_err();
+    let steps: Vec<Step> = err.failures.iter().map(|f| f.step).collect();
+    assert_eq!(steps, vec![Step::CleanupStaleInstances, Step::QueueDepth]);
+    assert_eq!(err.report.promoted, 3);
+    assert_eq!(err.report.depth, None);
+    let text = err.to_string();
+    assert!(
+        text.contains("2 step(s) failed")
+            && text.contains("cleanup_stale_instances")
+            && text.contains("queue_depth"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_call_is_abandoned_after_the_call_timeout_and_the_sweep_goes_on() {
+    let fake = FakeCoordinator::new();
+    let config = MaintenanceConfig {
+        call_timeout_ms: 2_000,
+        ..MaintenanceConfig::default()
+    };
+    let w = worker(&fake, config);
+    fake.hang_next(Method::PromoteScheduled, 1);
+    let start = Instant::now();
+    let err = w.run_once().await.unwrap_err();
+    assert_eq!(start.elapsed(), secs(2));
+    assert_eq!(err.failures.len(), 1);
+    let failure = &err.failures[0];
+    assert_eq!(failure.step, Step::PromoteScheduled);
+    assert!(failure.error.is_transient());
+    assert!(
+        failure.error.to_string().contains("no answer within 2s"),
+        "{}",
+        failure.error
+    );
+    assert_eq!(
+        call_times(&fake, Method::PruneFinished, start),
+        vec![secs(2)]
+    );
+    fake.release_hangs();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_depth_sample_waits_for_the_next_interval() {
+    let fake = FakeCoordinator::new();
+    let w = worker(&fake, MaintenanceConfig::default());
+    fake.fail_next(Method::QueueDepth, 1);
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(Duration::from_millis(15_500)).await;
+    stop(shutdown, task).await;
+    assert_eq!(
+        call_times(&fake, Method::QueueDepth, start),
+        [0, 15].map(secs).to_vec()
+    );
+}
+
+// -- what a sweep does ------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
+    let recorder = TestRecorder::default();
+    let _guard = ::metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    queue(&fake, "q", 1).await;
+    queue(&fake, "other", 1).await;
+    // Due soon: promoted.
+    let due = enqueue_soon(&fake, "q", 2).await;
+    // Expired with no attempts left: dead; with a cancel requested: cancelled.
+    enqueue(
+        &fake,
+        vec![
+            NewWork::new("other", json!(1)),
+            NewWork::new("other", json!(2)),
+        ],
+    )
+    .await;
+    let (_, orphans) = claim(&fake, "other", 2).await;
+    fake.request_cancel(orphans[1].id);
+    for f in &orphans {
+        fake.set_lease_expiry(f.id, chrono::Duration::seconds(-1));
+    }
+    // Completed 25 h ago: pruned; completed an hour ago: kept.
+    enqueue(
+        &fake,
+        vec![NewWork::new("q", json!(3)), NewWork::new("q", json!(4))],
+    )
+    .await;
+    let (owner, done) = claim(&fake, "q", 2).await;
+    fake.complete_work(CompleteWorkParams {
+        instance: owner,
+        items: done.clone(),
+    })
+    .await
+    .expect("complete");
+    fake.age_finished(done[0].id, secs(25 * 3600));
+    fake.age_finished(done[1].id, secs(3600));
+    // A peer silent for 31 s: reaped (the owner above stays fresh: it beat at claim time).
+    let gone = instance(&fake).await;
+    fake.age_heartbeat(gone, secs(31));
+    tokio::time::advance(secs(2)).await;
+
+    let w = worker(&fake, MaintenanceConfig::default());
+    let report = w.run_once().await.expect("sweep");
+    assert_eq!(
+        report,
+        SweepReport {
+            reaped_instances: 1,
+            released_leases: 0,
+            dead_lettered: 1,
+            cancelled: 1,
+            promoted: 2,
+            pruned_completed: 1,
+            pruned_dead: 0,
+            pruned_cancelled: 0,
+            pruned_tombstones: 0,
+            depth: report.depth.clone(),
+        }
+    );
+    assert!(!fake.instance_registered(gone));
+    for id in due {
+        assert_eq!(
+            fake.work_row(id).map(|r| r.state),
+            Some(WorkState::Available)
+        );
+    }
+    assert_eq!(
+        fake.work_row(orphans[0].id).map(|r| r.state),
+        Some(WorkState::Dead)
+    );
+    assert_eq!(
+        fake.work_row(orphans[1].id).map(|r| r.state),
+        Some(WorkState::Cancelled)
+    );
+    assert!(fake.work_row(done[0].id).is_none());
+    assert!(fake.work_row(done[1].id).is_some());
+
+    assert_eq!(
+        recorder.get(m::PROMOTED_ITEMS_TOTAL, &["queue=q"]),
+        Some(2.0)
+    );
+    assert_eq!(
+        recorder.get(m::DEAD_LETTERED_ITEMS_TOTAL, &["queue=other"]),
+        Some(1.0)
+    );
+    assert_eq!(
+        recorder.get(m::CANCELLED_ITEMS_TOTAL, &["queue=other"]),
+        Some(1.0)
+    );
+    assert_eq!(
+        recorder.get(m::PRUNED_ITEMS_TOTAL, &["state=completed"]),
+        Some(1.0)
+    );
+    assert_eq!(recorder.get(m::REAPED_INSTANCES_TOTAL, &[]), Some(1.0));
+    assert_eq!(recorder.get(m::SWEEPS_TOTAL, &["result=ok"]), Some(1.0));
+    // The depth was sampled after the other steps, and published.
+    let gauge = |q: &str, s: &str| {
+        recorder.get(
+            m::QUEUE_DEPTH,
+            &[&format!("queue={q}"), &format!("state={s}")],
+        )
+    };
+    assert_eq!(gauge("q", "available"), Some(2.0));
+    assert_eq!(gauge("q", "scheduled"), Some(0.0));
+    assert_eq!(gauge("q", "running"), Some(0.0));
+    assert_eq!(gauge("other", "available"), Some(0.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_depth_gauges_follow_the_store_between_samples() {
+    let recorder = TestRecorder::default();
+    let _guard = ::metrics::set_default_local_recorder(&recorder);
+    let fake = FakeCoordinator::new();
+    queue(&fake, "q", 10).await;
+    enqueue(
+        &fake,
+        vec![NewWork::new("q", json!(1)), NewWork::new("q", json!(2))],
+    )
+    .await;
+    enqueue(
+        &fake,
+        vec![NewWork::new("q", json!(3)).run_after(secs(3600))],
+    )
+    .await;
+    let w = worker(&fake, MaintenanceConfig::default());
+    let gauge = |s: &str| recorder.get(m::QUEUE_DEPTH, &["queue=q", &format!("state={s}")]);
+    w.run_once().await.expect("sweep");
+    assert_eq!(
+        (gauge("available"), gauge("scheduled"), gauge("running")),
+        (Some(2.0), Some(1.0), Some(0.0))
+    );
+    claim(&fake, "q", 1).await;
+    tokio::time::advance(secs(5)).await;
+    w.run_once().await.expect("sweep");
+    assert_eq!(
+        gauge("available"),
+        Some(2.0),
+        "not sampled again before 15 s"
+    );
+    tokio::time::advance(secs(10)).await;
+    let report = w.run_once().await.expect("sweep");
+    assert_eq!(
+        (gauge("available"), gauge("scheduled"), gauge("running")),
+        (Some(1.0), Some(1.0), Some(1.0))
+    );
+    let depth = report.depth.expect("sampled");
+    assert_eq!(depth.len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweep_reaps_with_the_configured_stale_cutoff() {
+    let fake = FakeCoordinator::new();
+    let quiet = instance(&fake).await;
+    fake.age_heartbeat(quiet, secs(45));
+    let patient = worker(
+        &fake,
+        MaintenanceConfig {
+            stale_after_ms: 60_000,
+            ..MaintenanceConfig::default()
+        },
+    );
+    assert_eq!(patient.run_once().await.expect("sweep").reaped_instances, 0);
+    assert!(fake.instance_registered(quiet));
+    let default = worker(&fake, MaintenanceConfig::default());
+    assert_eq!(default.run_once().await.expect("sweep").reaped_instances, 1);
+    assert!(!fake.instance_registered(quiet));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_sweep_runs_at_most_max_batches_statements_of_each_kind() {
+    const LIMIT: u32 = 10;
+    const BATCHES: u32 = 3;
+    const ITEMS: usize = 35;
+    let fake = FakeCoordinator::new();
+    queue(&fake, "later", 10).await;
+    queue(&fake, "last", 1).await;
+    queue(&fake, "done", 10).await;
+    // Promotion: 35 due.
+    enqueue_soon(&fake, "later", ITEMS).await;
+    // Dead-lettering: 35 expired leases on their last attempt.
+    let items = (0..ITEMS).map(|i| NewWork::new("last", json!(i))).collect();
+    enqueue(&fake, items).await;
+    let (_, orphans) = claim(&fake, "last", ITEMS as u32).await;
+    for f in &orphans {
+        fake.set_lease_expiry(f.id, chrono::Duration::seconds(-1));
+    }
+    // Pruning: 35 completed long ago.
+    let items = (0..ITEMS).map(|i| NewWork::new("done", json!(i))).collect();
+    enqueue(&fake, items).await;
+    let (owner, done) = claim(&fake, "done", ITEMS as u32).await;
+    fake.complete_work(CompleteWorkParams {
+        instance: owner,
+        items: done.clone(),
+    })
+    .await
+    .expect("complete");
+    for f in &done {
+        fake.age_finished(f.id, secs(48 * 3600));
+    }
+    // Tombstones: 35 reaped instances, evicted long ago.
+    let mut reaped = Vec::new();
+    for _ in 0..ITEMS {
+        reaped.push(instance(&fake).await);
+    }
+    for gone in &reaped {
+        fake.age_heartbeat(*gone, secs(60));
+    }
+    let out = fake
+        .cleanup_stale_instances(CleanupStaleInstancesParams {
+            stale_after: secs(30),
+            dead_after: Some(secs(300)),
+        })
+        .await
+        .expect("cleanup");
+    assert_eq!(out.reaped.len(), ITEMS);
+    for gone in reaped {
+        fake.age_eviction(gone, secs(8 * 24 * 3600));
+    }
+    tokio::time::advance(secs(2)).await;
+    fake.clear_calls();
+
+    let w = worker(
+        &fake,
+        MaintenanceConfig {
+            batch_limit: LIMIT,
+            max_batches_per_sweep: BATCHES,
+            ..MaintenanceConfig::default()
+        },
+    );
+    let kinds = [
+        Method::PromoteScheduled,
+        Method::DeadLetterExpired,
+        Method::PruneFinished,
+        Method::PruneEvictedInstances,
+    ];
+    let first = w.run_once().await.expect("sweep");
+    for method in kinds {
+        let calls = fake.calls_of(method);
+        assert_eq!(calls.len(), BATCHES as usize, "{method:?}");
+        assert!(
+            calls.iter().all(|c| c.items == LIMIT as usize),
+            "{method:?}"
+        );
+    }
+    assert_eq!(
+        (
+            first.promoted,
+            first.dead_lettered,
+            first.pruned_completed,
+            first.pruned_tombstones
+        ),
+        (30, 30, 30, 30)
+    );
+    // The rest waits for the next sweep, which stops after the first short batch.
+    fake.clear_calls();
+    let second = w.run_once().await.expect("sweep");
+    for method in kinds {
+        assert_eq!(fake.calls_of(method).len(), 1, "{method:?}");
+    }
+    assert_eq!(
+        (
+            second.promoted,
+            second.dead_lettered,
+            second.pruned_completed,
+            second.pruned_tombstones
+        ),
+        (5, 5, 5, 5)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exactly_full_batch_is_followed_by_one_that_comes_back_empty() {
+    let fake = FakeCoordinator::new();
+    queue(&fake, "q", 10).await;
+    enqueue_soon(&fake, "q", 20).await;
+    tokio::time::advance(secs(2)).await;
+    let w = worker(
+        &fake,
+        MaintenanceConfig {
+            batch_limit: 10,
+            ..MaintenanceConfig::default()
+        },
+    );
+    assert_eq!(w.run_once().await.expect("sweep").promoted, 20);
+    assert_eq!(fake.calls_of(Method::PromoteScheduled).len(), 3);
+}
+
+// -- config -----------------------------------------------------------------------------------
+
+#[test]
+fn the_defaults_are_the_documented_ones() {
+    let c = MaintenanceConfig::default();
+    assert!(c.enabled);
+    assert_eq!(c.interval_ms, 5_000);
+    assert_eq!(c.stale_after_ms, 30_000);
+    assert_eq!(c.dead_after_ms, 300_000);
+    assert_eq!(c.completed_retention_ms, 24 * 3600 * 1000);
+    assert_eq!(c.dead_retention_ms, 7 * 24 * 3600 * 1000);
+    assert_eq!(c.evicted_retention_ms, 7 * 24 * 3600 * 1000);
+    assert_eq!(c.batch_limit, 1_000);
+    assert_eq!(c.max_batches_per_sweep, 10);
+    assert_eq!(c.depth_sample_interval_ms, 15_000);
+    assert_eq!(c.call_timeout_ms, 30_000);
+    assert!(c.validate("maintenance").is_empty());
+}
+
+#[test]
+fn validation_names_every_refused_setting() {
+    let c = MaintenanceConfig {
+        enabled: true,
+        interval_ms: 0,
+        stale_after_ms: 60_000,
+        dead_after_ms: 60_000,
+        completed_retention_ms: 0,
+        dead_retention_ms: MAX_RETENTION_MS + 1,
+        evicted_retention_ms: 1_000,
+        batch_limit: 10_001,
+        max_batches_per_sweep: 0,
+        depth_sample_interval_ms: MAX_INTERVAL_MS + 1,
+        call_timeout_ms: 0,
+    };
+    let problems = c.validate("maintenance");
+    let settings: Vec<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
+    assert_eq!(
+        settings,
+        vec![
+            "maintenance.interval_ms",
+            "maintenance.completed_retention_ms",
+            "maintenance.dead_retention_ms",
+            "maintenance.call_timeout_ms",
+            "maintenance.depth_sample_interval_ms",
+            "maintenance.batch_limit",
+            "maintenance.max_batches_per_sweep",
+            "maintenance.dead_after_ms",
+            "maintenance.evicted_retention_ms",
+        ]
+    );
+    let dead = &problems[7];
+    assert!(
+        dead.reason.contains("maintenance.stale_after_ms"),
+        "{}",
+        dead.reason
+    );
+    assert!(problems[5].reason.contains("10000"), "{}", problems[5]);
+    // Without a prefix the bare field is named.
+    let bare = MaintenanceConfig {
+        batch_limit: 0,
+        ..MaintenanceConfig::default()
+    };
+    assert_eq!(bare.validate("")[0].setting, "batch_limit");
+}
+
+#[test]
+fn the_section_reads_from_toml_with_defaults_for_what_is_missing() {
+    use figment::providers::{Format, Toml};
+    let figment = figment::Figment::new().merge(Toml::string(
+        "[maintenance]\ninterval_ms = 1000\ndepth_sample_interval_ms = 0\n",
+    ));
+    let c: MaintenanceConfig = figment.extract_inner("maintenance").expect("valid section");
+    assert_eq!(
+        c,
+        MaintenanceConfig {
+            interval_ms: 1_000,
+            depth_sample_interval_ms: 0,
+            ..MaintenanceConfig::default()
+        }
+    );
+    let typo = figment::Figment::new()
+        .merge(Toml::string("[maintenance]\nbatch_limt = 5\n"))
+        .extract_inner::<MaintenanceConfig>("maintenance")
+        .unwrap_err();
+    assert!(typo.to_string().contains("batch_limt"), "{typo}");
+}

@@ -1,0 +1,705 @@
+//! [`MaintenanceWorker`]: the backstop sweep, its config and what one sweep reports.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use workpump_coordinator::{
+    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error,
+    PromoteScheduledParams, PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth,
+    QueueDepthParams, WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
+};
+
+use crate::metrics as m;
+
+// ---------------------------------------------------------------------------------------------
+// defaults
+
+/// The worker's name in logs, metrics and the host's supervision.
+pub const NAME: &str = "maintenance";
+/// Default [`MaintenanceConfig::interval_ms`]: 5 s.
+pub const DEFAULT_INTERVAL_MS: u64 = 5_000;
+/// Default [`MaintenanceConfig::stale_after_ms`]: 30 s.
+pub const DEFAULT_STALE_AFTER_MS: u64 = 30_000;
+/// Default [`MaintenanceConfig::dead_after_ms`]: 5 min.
+pub const DEFAULT_DEAD_AFTER_MS: u64 = 300_000;
+/// Default [`MaintenanceConfig::completed_retention_ms`]: 24 h.
+pub const DEFAULT_COMPLETED_RETENTION_MS: u64 = 24 * HOUR_MS;
+/// Default [`MaintenanceConfig::dead_retention_ms`]: 7 days.
+pub const DEFAULT_DEAD_RETENTION_MS: u64 = 7 * 24 * HOUR_MS;
+/// Default [`MaintenanceConfig::evicted_retention_ms`]: 7 days.
+pub const DEFAULT_EVICTED_RETENTION_MS: u64 = 7 * 24 * HOUR_MS;
+/// Default [`MaintenanceConfig::batch_limit`]: 1 000 rows per statement.
+pub const DEFAULT_BATCH_LIMIT: u32 = 1_000;
+/// Default [`MaintenanceConfig::max_batches_per_sweep`]: 10 statements of a kind per sweep.
+pub const DEFAULT_MAX_BATCHES_PER_SWEEP: u32 = 10;
+/// Default [`MaintenanceConfig::depth_sample_interval_ms`]: 15 s.
+pub const DEFAULT_DEPTH_SAMPLE_INTERVAL_MS: u64 = 15_000;
+/// Default [`MaintenanceConfig::call_timeout_ms`]: 30 s.
+pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
+/// The longest interval, cutoff or timeout [`MaintenanceConfig::validate`] accepts: 24 h.
+pub const MAX_INTERVAL_MS: u64 = 24 * HOUR_MS;
+/// The longest retention [`MaintenanceConfig::validate`] accepts: 100 years.
+pub const MAX_RETENTION_MS: u64 = 100 * 366 * 24 * HOUR_MS;
+/// The most statements of one kind a sweep may run.
+pub const MAX_BATCHES_PER_SWEEP: u32 = 1_000;
+
+const HOUR_MS: u64 = 60 * 60 * 1000;
+
+// ---------------------------------------------------------------------------------------------
+// config
+
+/// The `[maintenance]` section. See the crate docs for what a sweep does with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MaintenanceConfig {
+    /// The killswitch. `false`: no sweeps; `run` only waits for shutdown. The other instances'
+    /// sweeps (and `claim_work` and `record_heartbeat`, which do part of this work for the
+    /// queues and peers they touch) carry on. **Default: true.**
+    pub enabled: bool,
+    /// The time from the start of one sweep to the start of the next; the first sweep runs
+    /// when `run` starts. A sweep that overruns delays the next one instead of bunching them
+    /// (no catch-up). **Default: 5 000 ms (5 s).**
+    pub interval_ms: u64,
+    /// Passed to `cleanup_stale_instances`: an instance whose heartbeat is older than this is
+    /// stale and reaped unless its alive-lock is held. Use the heartbeat worker's value.
+    /// **Default: 30 000 ms (30 s).**
+    pub stale_after_ms: u64,
+    /// Passed to `cleanup_stale_instances`: an instance whose heartbeat is older than this is
+    /// reaped even with its alive-lock held (the definitive-dead bypass). Must exceed
+    /// `stale_after_ms`. Use the heartbeat worker's value. **Default: 300 000 ms (5 min).**
+    pub dead_after_ms: u64,
+    /// Completed items are deleted once they finished longer ago than this.
+    /// **Default: 86 400 000 ms (24 h).**
+    pub completed_retention_ms: u64,
+    /// Dead letters and cancelled items are deleted once they finished longer ago than this;
+    /// until then an operator can inspect, retry (`retry_dead_work`) or discard them.
+    /// **Default: 604 800 000 ms (7 days).**
+    pub dead_retention_ms: u64,
+    /// Eviction tombstones (which make a reaped instance's late heartbeat report eviction
+    /// instead of resurrecting it) are deleted after this. At least `dead_after_ms`.
+    /// **Default: 604 800 000 ms (7 days).**
+    pub evicted_retention_ms: u64,
+    /// The most rows one statement touches (its `LIMIT`), so no statement holds many row locks
+    /// or runs long. 1 to 10 000. **Default: 1 000.**
+    pub batch_limit: u32,
+    /// The most statements of one kind (promotion, dead-lettering, pruning, tombstones) per
+    /// sweep: a kind is repeated while its statements come back full, up to this many times,
+    /// and the rest waits for the next sweep. So one sweep touches at most `batch_limit` ×
+    /// `max_batches_per_sweep` rows of each kind. 1 to 1 000. **Default: 10.**
+    pub max_batches_per_sweep: u32,
+    /// The shortest time between two samples of the queue depth (`queue_depth`, published as
+    /// the gauge `workpump_queue_depth`); a sweep samples when at least this long passed since
+    /// the last sample. Each sample counts every available, scheduled and running item (about
+    /// 4 ms per 10 000 of them; see `sql/migrations/0019_queue_depth.sql`). 0 turns sampling
+    /// off. **Default: 15 000 ms (15 s).**
+    pub depth_sample_interval_ms: u64,
+    /// A store call that has not answered after this is abandoned and its step counts as
+    /// failed; the sweep goes on with the next step. **Default: 30 000 ms (30 s).**
+    pub call_timeout_ms: u64,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        MaintenanceConfig {
+            enabled: true,
+            interval_ms: DEFAULT_INTERVAL_MS,
+            stale_after_ms: DEFAULT_STALE_AFTER_MS,
+            dead_after_ms: DEFAULT_DEAD_AFTER_MS,
+            completed_retention_ms: DEFAULT_COMPLETED_RETENTION_MS,
+            dead_retention_ms: DEFAULT_DEAD_RETENTION_MS,
+            evicted_retention_ms: DEFAULT_EVICTED_RETENTION_MS,
+            batch_limit: DEFAULT_BATCH_LIMIT,
+            max_batches_per_sweep: DEFAULT_MAX_BATCHES_PER_SWEEP,
+            depth_sample_interval_ms: DEFAULT_DEPTH_SAMPLE_INTERVAL_MS,
+            call_timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
+        }
+    }
+}
+
+impl MaintenanceConfig {
+    /// Every setting this config refuses, each named `prefix.field` (e.g.
+    /// `maintenance.batch_limit`); empty when the config is usable. Checked even with the
+    /// killswitch off, so turning it back on cannot surprise.
+    pub fn validate(&self, prefix: &str) -> Vec<ConfigProblem> {
+        let name = |field: &str| {
+            if prefix.is_empty() {
+                field.to_owned()
+            } else {
+                format!("{prefix}.{field}")
+            }
+        };
+        let mut problems = Vec::new();
+        let mut in_range = |field: &str, value: u64, max: u64, what: &str| {
+            if value == 0 {
+                problems.push(ConfigProblem::new(name(field), "must be positive, got 0"));
+                false
+            } else if value > max {
+                problems.push(ConfigProblem::new(
+                    name(field),
+                    format!("must be at most {max} ms ({what}), got {value} ms"),
+                ));
+                false
+            } else {
+                true
+            }
+        };
+        in_range("interval_ms", self.interval_ms, MAX_INTERVAL_MS, "24 h");
+        let stale = in_range(
+            "stale_after_ms",
+            self.stale_after_ms,
+            MAX_INTERVAL_MS,
+            "24 h",
+        );
+        let dead = in_range("dead_after_ms", self.dead_after_ms, MAX_INTERVAL_MS, "24 h");
+        in_range(
+            "completed_retention_ms",
+            self.completed_retention_ms,
+            MAX_RETENTION_MS,
+            "100 years",
+        );
+        in_range(
+            "dead_retention_ms",
+            self.dead_retention_ms,
+            MAX_RETENTION_MS,
+            "100 years",
+        );
+        let evicted = in_range(
+            "evicted_retention_ms",
+            self.evicted_retention_ms,
+            MAX_RETENTION_MS,
+            "100 years",
+        );
+        in_range(
+            "call_timeout_ms",
+            self.call_timeout_ms,
+            MAX_INTERVAL_MS,
+            "24 h",
+        );
+        if self.depth_sample_interval_ms > MAX_INTERVAL_MS {
+            problems.push(ConfigProblem::new(
+                name("depth_sample_interval_ms"),
+                format!(
+                    "must be at most {MAX_INTERVAL_MS} ms (24 h), or 0 to turn sampling off; got {} ms",
+                    self.depth_sample_interval_ms
+                ),
+            ));
+        }
+        if self.batch_limit == 0 || self.batch_limit > MAX_SWEEP_BATCH {
+            problems.push(ConfigProblem::new(
+                name("batch_limit"),
+                format!(
+                    "must be between 1 and {MAX_SWEEP_BATCH}, got {}",
+                    self.batch_limit
+                ),
+            ));
+        }
+        if self.max_batches_per_sweep == 0 || self.max_batches_per_sweep > MAX_BATCHES_PER_SWEEP {
+            problems.push(ConfigProblem::new(
+                name("max_batches_per_sweep"),
+                format!(
+                    "must be between 1 and {MAX_BATCHES_PER_SWEEP}, got {}",
+                    self.max_batches_per_sweep
+                ),
+            ));
+        }
+        if stale && dead && self.dead_after_ms <= self.stale_after_ms {
+            problems.push(ConfigProblem::new(
+                name("dead_after_ms"),
+                format!(
+                    "{} ({} ms) must be greater than {} ({} ms): the definitive-dead cutoff lies \
+                     beyond the stale one",
+                    name("dead_after_ms"),
+                    self.dead_after_ms,
+                    name("stale_after_ms"),
+                    self.stale_after_ms,
+                ),
+            ));
+        }
+        if dead && evicted && self.evicted_retention_ms < self.dead_after_ms {
+            problems.push(ConfigProblem::new(
+                name("evicted_retention_ms"),
+                format!(
+                    "{} ({} ms) must be at least {} ({} ms): a tombstone must outlive the time a \
+                     reaped instance may still be running and come back",
+                    name("evicted_retention_ms"),
+                    self.evicted_retention_ms,
+                    name("dead_after_ms"),
+                    self.dead_after_ms,
+                ),
+            ));
+        }
+        problems
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
+    }
+
+    fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// what a sweep reports
+
+/// One step of a sweep, named after the SQL function it calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Step {
+    /// `cleanup_stale_instances`: reap stale instances, release their leases.
+    CleanupStaleInstances,
+    /// `dead_letter_expired`: end orphans with no attempts left (or a cancel requested).
+    DeadLetterExpired,
+    /// `promote_scheduled`: make due scheduled items available, wake their claimers.
+    PromoteScheduled,
+    /// `prune_finished`: delete finished items past their retention.
+    PruneFinished,
+    /// `prune_evicted_instances`: delete old eviction tombstones.
+    PruneEvictedInstances,
+    /// `queue_depth`: sample the queue-depth gauges.
+    QueueDepth,
+}
+
+impl Step {
+    /// The SQL function's name (also the `step` label of
+    /// [`STEP_FAILURES_TOTAL`](crate::metrics::STEP_FAILURES_TOTAL)).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::CleanupStaleInstances => "cleanup_stale_instances",
+            Step::DeadLetterExpired => "dead_letter_expired",
+            Step::PromoteScheduled => "promote_scheduled",
+            Step::PruneFinished => "prune_finished",
+            Step::PruneEvictedInstances => "prune_evicted_instances",
+            Step::QueueDepth => "queue_depth",
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one sweep did. When a step failed, its counts are what its completed statements did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Stale instances reaped.
+    pub reaped_instances: u64,
+    /// Leases those instances held, released.
+    pub released_leases: u64,
+    /// Orphans with no attempts left made dead letters.
+    pub dead_lettered: u64,
+    /// Orphans whose cancel was requested, ended cancelled.
+    pub cancelled: u64,
+    /// Due scheduled items made available.
+    pub promoted: u64,
+    /// Completed items deleted.
+    pub pruned_completed: u64,
+    /// Dead letters deleted.
+    pub pruned_dead: u64,
+    /// Cancelled items deleted.
+    pub pruned_cancelled: u64,
+    /// Eviction tombstones deleted.
+    pub pruned_tombstones: u64,
+    /// The queue depth, when this sweep sampled it.
+    pub depth: Option<Vec<QueueDepth>>,
+}
+
+/// A step that failed: its store call returned an error or did not answer in time.
+#[derive(Debug)]
+pub struct StepFailure {
+    /// The step.
+    pub step: Step,
+    /// Why. A call abandoned after `call_timeout_ms` is a [`Error::Database`] saying so.
+    pub error: Error,
+}
+
+/// A sweep in which at least one step failed. Every other step still ran; `report` has what
+/// the sweep did.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", describe_failures(.failures))]
+pub struct SweepError {
+    /// What the sweep did, failed steps excepted.
+    pub report: SweepReport,
+    /// The failed steps, in sweep order.
+    pub failures: Vec<StepFailure>,
+}
+
+fn describe_failures(failures: &[StepFailure]) -> String {
+    let steps: Vec<String> = failures
+        .iter()
+        .map(|f| format!("{}: {}", f.step, f.error))
+        .collect();
+    format!(
+        "maintenance sweep: {} step(s) failed: {}",
+        failures.len(),
+        steps.join("; ")
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// the worker
+
+/// The backstop sweep: see the crate docs. Safe to run on every instance at once.
+pub struct MaintenanceWorker {
+    coordinator: Arc<dyn WorkCoordinator>,
+    config: MaintenanceConfig,
+    /// When the queue depth was last sampled (rate limit across sweeps and restarts).
+    last_depth_sample: Mutex<Option<Instant>>,
+    /// The (queue, state) gauges published so far, so one that vanished is set back to 0.
+    published_depths: Mutex<HashSet<(String, WorkState)>>,
+}
+
+impl fmt::Debug for MaintenanceWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MaintenanceWorker")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MaintenanceWorker {
+    /// A worker sweeping through `coordinator`. Validate `config` first
+    /// ([`MaintenanceConfig::validate`]); an invalid one makes the sweep's calls fail with
+    /// [`Error::InvalidArgument`].
+    pub fn new(coordinator: Arc<dyn WorkCoordinator>, config: MaintenanceConfig) -> Self {
+        MaintenanceWorker {
+            coordinator,
+            config,
+            last_depth_sample: Mutex::new(None),
+            published_depths: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The config it runs with.
+    pub fn config(&self) -> &MaintenanceConfig {
+        &self.config
+    }
+}
+
+#[async_trait]
+impl Worker for MaintenanceWorker {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    /// Sweeps at start, then every `interval_ms` (from sweep start to sweep start; an overrun
+    /// delays the next sweep), until `shutdown` fires; a sweep in progress is abandoned then
+    /// (every statement is atomic, so nothing is left half done). With the killswitch off it
+    /// only waits for `shutdown`. Never returns `Err`: a failed sweep is logged and counted
+    /// (in [`run_once`](Self::run_once)) and the next one runs on time.
+    async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        if !self.config.enabled {
+            info!(
+                worker = NAME,
+                "maintenance is disabled (maintenance.enabled = false)"
+            );
+            shutdown.cancelled().await;
+            return Ok(());
+        }
+        let mut ticks = tokio::time::interval(self.config.interval());
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = ticks.tick() => {}
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                // A failed sweep was logged and counted inside; the next one runs on time.
+                _ = self.run_once() => {}
+            }
+        }
+    }
+}
+
+impl MaintenanceWorker {
+    /// One sweep, every step in order: reap stale instances; end expired orphans with no
+    /// attempts left (and cancel-requested ones); promote due scheduled items; prune finished
+    /// items and old tombstones; sample the queue depth when due. A failed step is logged and
+    /// counted and the next step runs; the result is `Err` when any step failed. Counted in
+    /// the metrics either way.
+    pub async fn run_once(&self) -> Result<SweepReport, SweepError> {
+        let started = Instant::now();
+        let mut report = SweepReport::default();
+        let mut failures = Vec::new();
+
+        self.reap(&mut report, &mut failures).await;
+        self.end_orphans(&mut report, &mut failures).await;
+        self.promote(&mut report, &mut failures).await;
+        self.prune(&mut report, &mut failures).await;
+        self.prune_tombstones(&mut report, &mut failures).await;
+        self.sample_depth(&mut report, &mut failures).await;
+
+        metrics::histogram!(m::SWEEP_DURATION_SECONDS).record(started.elapsed().as_secs_f64());
+        for f in &failures {
+            warn!(worker = NAME, step = %f.step, error = %f.error, "maintenance step failed");
+            metrics::counter!(m::STEP_FAILURES_TOTAL, m::STEP => f.step.as_str()).increment(1);
+        }
+        let result = if failures.is_empty() {
+            m::OK
+        } else {
+            m::FAILED
+        };
+        metrics::counter!(m::SWEEPS_TOTAL, m::RESULT => result).increment(1);
+        debug!(
+            worker = NAME,
+            ?report,
+            failed_steps = failures.len(),
+            "maintenance sweep"
+        );
+        if failures.is_empty() {
+            Ok(report)
+        } else {
+            Err(SweepError { report, failures })
+        }
+    }
+
+    async fn reap(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
+        let params = CleanupStaleInstancesParams {
+            stale_after: Duration::from_millis(self.config.stale_after_ms),
+            dead_after: Some(Duration::from_millis(self.config.dead_after_ms)),
+        };
+        let step = Step::CleanupStaleInstances;
+        match self
+            .call(step, self.coordinator.cleanup_stale_instances(params))
+            .await
+        {
+            Ok(out) => {
+                for r in &out.reaped {
+                    info!(
+                        worker = NAME,
+                        instance = %r.instance,
+                        released = r.released,
+                        "reaped a stale instance and released its leases"
+                    );
+                    report.reaped_instances += 1;
+                    report.released_leases += r.released;
+                }
+                metrics::counter!(m::REAPED_INSTANCES_TOTAL).increment(out.reaped.len() as u64);
+                metrics::counter!(m::RELEASED_LEASES_TOTAL)
+                    .increment(out.reaped.iter().map(|r| r.released).sum());
+            }
+            Err(error) => failures.push(StepFailure { step, error }),
+        }
+    }
+
+    async fn end_orphans(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
+        let limit = self.config.batch_limit;
+        let step = Step::DeadLetterExpired;
+        let result = self
+            .in_batches(step, || {
+                let c = self.coordinator.clone();
+                async move {
+                    let out = c
+                        .dead_letter_expired(DeadLetterExpiredParams { limit })
+                        .await?;
+                    for q in &out.dead {
+                        metrics::counter!(m::DEAD_LETTERED_ITEMS_TOTAL, m::QUEUE => q.queue.clone())
+                            .increment(q.items);
+                    }
+                    for q in &out.cancelled {
+                        metrics::counter!(m::CANCELLED_ITEMS_TOTAL, m::QUEUE => q.queue.clone())
+                            .increment(q.items);
+                    }
+                    Ok(((out.dead_lettered(), out.cancelled()), out.ended()))
+                }
+            })
+            .await;
+        for (dead, cancelled) in result.done {
+            report.dead_lettered += dead;
+            report.cancelled += cancelled;
+        }
+        if report.dead_lettered + report.cancelled > 0 {
+            info!(
+                worker = NAME,
+                dead_lettered = report.dead_lettered,
+                cancelled = report.cancelled,
+                "ended expired orphans that must not run again"
+            );
+        }
+        failures.extend(result.failure);
+    }
+
+    async fn promote(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
+        let limit = self.config.batch_limit;
+        let result = self
+            .in_batches(Step::PromoteScheduled, || {
+                let c = self.coordinator.clone();
+                async move {
+                    let out = c
+                        .promote_scheduled(PromoteScheduledParams { limit })
+                        .await?;
+                    for q in &out.queues {
+                        metrics::counter!(m::PROMOTED_ITEMS_TOTAL, m::QUEUE => q.queue.clone())
+                            .increment(q.items);
+                    }
+                    Ok((out.promoted(), out.promoted()))
+                }
+            })
+            .await;
+        report.promoted += result.done.iter().sum::<u64>();
+        failures.extend(result.failure);
+    }
+
+    async fn prune(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
+        let params = PruneFinishedParams {
+            completed_retention: Duration::from_millis(self.config.completed_retention_ms),
+            dead_retention: Duration::from_millis(self.config.dead_retention_ms),
+            limit: self.config.batch_limit,
+        };
+        let result = self
+            .in_batches(Step::PruneFinished, || {
+                let c = self.coordinator.clone();
+                async move {
+                    let out = c.prune_finished(params).await?;
+                    for (state, n) in [
+                        (WorkState::Completed, out.completed),
+                        (WorkState::Dead, out.dead),
+                        (WorkState::Cancelled, out.cancelled),
+                    ] {
+                        if n > 0 {
+                            metrics::counter!(m::PRUNED_ITEMS_TOTAL, m::STATE => state.as_str())
+                                .increment(n);
+                        }
+                    }
+                    Ok((out, out.pruned()))
+                }
+            })
+            .await;
+        for out in result.done {
+            report.pruned_completed += out.completed;
+            report.pruned_dead += out.dead;
+            report.pruned_cancelled += out.cancelled;
+        }
+        failures.extend(result.failure);
+    }
+
+    async fn prune_tombstones(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
+        let params = PruneEvictedInstancesParams {
+            retention: Duration::from_millis(self.config.evicted_retention_ms),
+            limit: self.config.batch_limit,
+        };
+        let result = self
+            .in_batches(Step::PruneEvictedInstances, || {
+                let c = self.coordinator.clone();
+                async move {
+                    let out = c.prune_evicted_instances(params).await?;
+                    metrics::counter!(m::PRUNED_TOMBSTONES_TOTAL).increment(out.pruned);
+                    Ok((out.pruned, out.pruned))
+                }
+            })
+            .await;
+        report.pruned_tombstones += result.done.iter().sum::<u64>();
+        failures.extend(result.failure);
+    }
+
+    /// Samples the queue depth when sampling is on and the last sample is at least
+    /// `depth_sample_interval_ms` old, and publishes it as gauges.
+    async fn sample_depth(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
+        if self.config.depth_sample_interval_ms == 0 {
+            return;
+        }
+        let every = Duration::from_millis(self.config.depth_sample_interval_ms);
+        let now = Instant::now();
+        {
+            let mut last = self
+                .last_depth_sample
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| now.saturating_duration_since(at) < every) {
+                return;
+            }
+            // Counted from the attempt, so a failing sample is not retried every sweep.
+            *last = Some(now);
+        }
+        let step = Step::QueueDepth;
+        match self
+            .call(step, self.coordinator.queue_depth(QueueDepthParams {}))
+            .await
+        {
+            Ok(out) => {
+                let mut published = self
+                    .published_depths
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let mut seen = HashSet::with_capacity(out.depths.len());
+                for d in &out.depths {
+                    metrics::gauge!(m::QUEUE_DEPTH, m::QUEUE => d.queue.clone(), m::STATE => d.state.as_str())
+                        .set(d.items as f64);
+                    seen.insert((d.queue.clone(), d.state));
+                }
+                for (queue, state) in published.difference(&seen) {
+                    metrics::gauge!(m::QUEUE_DEPTH, m::QUEUE => queue.clone(), m::STATE => state.as_str())
+                        .set(0.0);
+                }
+                *published = seen;
+                report.depth = Some(out.depths);
+            }
+            Err(error) => failures.push(StepFailure { step, error }),
+        }
+    }
+
+    /// Runs a statement of one kind while it comes back full (`rows == batch_limit`), at most
+    /// `max_batches_per_sweep` times. Each call returns what to keep and how many rows it
+    /// touched.
+    async fn in_batches<T, F, Fut>(&self, step: Step, mut call: F) -> Batches<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = workpump_coordinator::Result<(T, u64)>>,
+    {
+        let mut done = Vec::new();
+        for _ in 0..self.config.max_batches_per_sweep {
+            match self.call(step, call()).await {
+                Ok((kept, rows)) => {
+                    done.push(kept);
+                    if rows < u64::from(self.config.batch_limit) {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    return Batches {
+                        done,
+                        failure: Some(StepFailure { step, error }),
+                    }
+                }
+            }
+        }
+        Batches {
+            done,
+            failure: None,
+        }
+    }
+
+    /// One store call, abandoned after `call_timeout_ms`.
+    async fn call<T>(
+        &self,
+        step: Step,
+        call: impl Future<Output = workpump_coordinator::Result<T>>,
+    ) -> workpump_coordinator::Result<T> {
+        let timeout = self.config.call_timeout();
+        match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::database(
+                format!("maintenance: {step}"),
+                format!("no answer within {timeout:?}; abandoned"),
+            )),
+        }
+    }
+}
+
+struct Batches<T> {
+    done: Vec<T>,
+    failure: Option<StepFailure>,
+}

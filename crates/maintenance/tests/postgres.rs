@@ -1,0 +1,398 @@
+//! The MaintenanceWorker against a real server: a fresh database per test, rows moved in time
+//! with an UPDATE, waits on conditions with a deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+use workpump_coordinator::{
+    migrate, ClaimWorkParams, EnqueueWorkParams, InstanceId, NewWork, PgCoordinator,
+    RecordHeartbeatParams, RegisterQueueParams, WorkCoordinator, Worker, DEFAULT_SCHEMA,
+};
+use workpump_maintenance::{MaintenanceConfig, MaintenanceWorker, SweepReport};
+use workpump_testdb::TestDatabase;
+
+struct Store {
+    pool: PgPool,
+    coordinator: Arc<PgCoordinator>,
+    _db: TestDatabase,
+}
+
+async fn store() -> Store {
+    let db = workpump_testdb::server()
+        .await
+        .expect("a PostgreSQL server")
+        .create_database()
+        .await
+        .expect("a fresh database");
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(db.url())
+        .await
+        .expect("connect");
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    Store {
+        coordinator: Arc::new(PgCoordinator::new(pool.clone())),
+        pool,
+        _db: db,
+    }
+}
+
+impl Store {
+    async fn queue(&self, name: &str, max_attempts: i32) {
+        self.coordinator
+            .register_queue(RegisterQueueParams {
+                name: name.into(),
+                max_attempts,
+            })
+            .await
+            .expect("register");
+    }
+
+    async fn enqueue(&self, q: &str, n: usize) -> Vec<i64> {
+        let items = (0..n).map(|i| NewWork::new(q, json!({ "n": i }))).collect();
+        self.coordinator
+            .enqueue_work(EnqueueWorkParams { items })
+            .await
+            .expect("enqueue")
+            .items
+            .iter()
+            .map(|e| e.id)
+            .collect()
+    }
+
+    async fn instance(&self) -> InstanceId {
+        let me = InstanceId::new();
+        self.coordinator
+            .record_heartbeat(RecordHeartbeatParams {
+                instance: me,
+                host: "test".into(),
+                metadata: json!({}),
+                stale_after: Duration::from_secs(30),
+                dead_after: Some(Duration::from_secs(300)),
+            })
+            .await
+            .expect("heartbeat");
+        me
+    }
+
+    async fn claim_all(&self, q: &str) -> Vec<i64> {
+        let me = self.instance().await;
+        let mut ids = Vec::new();
+        loop {
+            let out = self
+                .coordinator
+                .claim_work(ClaimWorkParams {
+                    instance: me,
+                    queues: vec![q.into()],
+                    max_items: 10_000,
+                    lease: Duration::from_secs(60),
+                })
+                .await
+                .expect("claim");
+            if out.items.is_empty() {
+                return ids;
+            }
+            ids.extend(out.items.iter().map(|c| c.fence.id));
+        }
+    }
+
+    async fn exec(&self, sql: &str, ids: &[i64]) {
+        sqlx::query(sql)
+            .bind(ids)
+            .execute(&self.pool)
+            .await
+            .expect(sql);
+    }
+
+    /// Makes the items of `q` scheduled and due a second ago.
+    async fn make_due_scheduled(&self, ids: &[i64]) {
+        self.exec(
+            "UPDATE workpump.work SET state = 'scheduled', run_at = now() - interval '1 second'
+             WHERE id = ANY ($1)",
+            ids,
+        )
+        .await;
+    }
+
+    /// Expires the leases of these running items.
+    async fn expire_leases(&self, ids: &[i64]) {
+        self.exec(
+            "UPDATE workpump.work SET lease_expiry = now() - interval '1 second'
+             WHERE id = ANY ($1) AND instance_id IS NOT NULL",
+            ids,
+        )
+        .await;
+    }
+
+    /// Marks these waiting items completed two days ago.
+    async fn complete_long_ago(&self, ids: &[i64]) {
+        self.exec(
+            "UPDATE workpump.work SET state = 'completed', finished_at = now() - interval '2 days'
+             WHERE id = ANY ($1)",
+            ids,
+        )
+        .await;
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+
+    /// How many items are in each state, by state name.
+    async fn states(&self) -> Vec<(String, i64)> {
+        sqlx::query_as(
+            "SELECT state::text, count(*) FROM workpump.work GROUP BY state ORDER BY state",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("states")
+    }
+}
+
+fn config() -> MaintenanceConfig {
+    MaintenanceConfig {
+        // A sweep of the real server per call: no cadence here.
+        depth_sample_interval_ms: 1,
+        ..MaintenanceConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
+    let s = store().await;
+    s.queue("jobs", 1).await;
+    let due = s.enqueue("jobs", 3).await;
+    s.make_due_scheduled(&due).await;
+    let later = s.enqueue("jobs", 1).await;
+    s.exec(
+        "UPDATE workpump.work SET state = 'scheduled', run_at = now() + interval '1 hour'
+         WHERE id = ANY ($1)",
+        &later,
+    )
+    .await;
+    s.queue("held", 1).await;
+    s.enqueue("held", 2).await;
+    let running = s.claim_all("held").await;
+    s.expire_leases(&running[..1]).await;
+    s.queue("old", 10).await;
+    let old = s.enqueue("old", 4).await;
+    s.complete_long_ago(&old[..3]).await;
+    let fresh_instance = s.instance().await;
+
+    let w = MaintenanceWorker::new(s.coordinator.clone(), config());
+    let report = w.run_once().await.expect("sweep");
+    let depth = report.depth.clone().expect("sampled");
+    assert_eq!(
+        report,
+        SweepReport {
+            reaped_instances: 0,
+            released_leases: 0,
+            dead_lettered: 1,
+            cancelled: 0,
+            promoted: 3,
+            pruned_completed: 3,
+            pruned_dead: 0,
+            pruned_cancelled: 0,
+            pruned_tombstones: 0,
+            depth: Some(depth.clone()),
+        }
+    );
+    let states = s.states().await;
+    assert_eq!(
+        states,
+        vec![
+            ("available".to_string(), 4),
+            ("dead".to_string(), 1),
+            ("running".to_string(), 1),
+            ("scheduled".to_string(), 1),
+        ]
+    );
+    let n = |q: &str, st: &str| {
+        depth
+            .iter()
+            .find(|d| d.queue == q && d.state.as_str() == st)
+            .map(|d| d.items)
+    };
+    assert_eq!(n("jobs", "available"), Some(3));
+    assert_eq!(n("jobs", "scheduled"), Some(1));
+    assert_eq!(n("held", "running"), Some(1));
+    assert_eq!(n("old", "available"), Some(1));
+    assert_eq!(depth.len(), 9, "three queues × three states");
+
+    // Nothing is left for a second sweep.
+    let again = w.run_once().await.expect("sweep");
+    assert_eq!(
+        (again.promoted, again.dead_lettered, again.pruned_completed),
+        (0, 0, 0)
+    );
+    // The instance that claimed "held" goes silent: the next sweep reaps it and releases its
+    // lease; the fresh instance stays.
+    sqlx::query(
+        "UPDATE workpump.instances SET last_heartbeat_at = now() - interval '1 minute'
+         WHERE instance_id <> $1",
+    )
+    .bind(fresh_instance.0)
+    .execute(&s.pool)
+    .await
+    .expect("age the other instances");
+    let reaped = w.run_once().await.expect("sweep");
+    assert_eq!((reaped.reaped_instances, reaped.released_leases), (1, 1));
+    assert_eq!(
+        s.count("SELECT count(*) FROM workpump.instances").await,
+        1,
+        "only the fresh instance is left"
+    );
+    // The released lease was on its last attempt: the same sweep made it a dead letter.
+    assert_eq!(reaped.dead_lettered, 1);
+    assert_eq!(
+        s.count("SELECT count(*) FROM workpump.work WHERE state = 'dead'")
+            .await,
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_sweeping_one_database_at_once_never_error_and_touch_each_row_once() {
+    const DUE: usize = 3_000;
+    const ORPHANS: usize = 600;
+    const OLD: usize = 3_000;
+    let s = store().await;
+    s.queue("due", 10).await;
+    s.queue("last", 1).await;
+    s.queue("old", 10).await;
+    let due = s.enqueue("due", DUE).await;
+    s.make_due_scheduled(&due).await;
+    s.enqueue("last", ORPHANS).await;
+    let orphans = s.claim_all("last").await;
+    assert_eq!(orphans.len(), ORPHANS);
+    s.expire_leases(&orphans).await;
+    let old = s.enqueue("old", OLD).await;
+    s.complete_long_ago(&old).await;
+
+    // Small batches and few of them, so both workers keep meeting on the same rows.
+    let config = MaintenanceConfig {
+        batch_limit: 100,
+        max_batches_per_sweep: 3,
+        depth_sample_interval_ms: 0,
+        ..MaintenanceConfig::default()
+    };
+    let sweeper = |w: Arc<MaintenanceWorker>| {
+        tokio::spawn(async move {
+            let mut total = SweepReport::default();
+            let mut sweeps = 0;
+            loop {
+                let r = w.run_once().await.expect("a sweep never errors");
+                sweeps += 1;
+                total.promoted += r.promoted;
+                total.dead_lettered += r.dead_lettered;
+                total.pruned_completed += r.pruned_completed;
+                if r.promoted + r.dead_lettered + r.pruned_completed == 0 {
+                    return (total, sweeps);
+                }
+            }
+        })
+    };
+    let a = sweeper(Arc::new(MaintenanceWorker::new(
+        s.coordinator.clone(),
+        config.clone(),
+    )));
+    let b = sweeper(Arc::new(MaintenanceWorker::new(
+        s.coordinator.clone(),
+        config,
+    )));
+    let (a, a_sweeps) = a.await.expect("worker a");
+    let (b, b_sweeps) = b.await.expect("worker b");
+    assert_eq!(a.promoted + b.promoted, DUE as u64);
+    assert_eq!(a.dead_lettered + b.dead_lettered, ORPHANS as u64);
+    assert_eq!(a.pruned_completed + b.pruned_completed, OLD as u64);
+    assert!(a_sweeps > 1 && b_sweeps > 1);
+    assert_eq!(
+        s.states().await,
+        vec![
+            ("available".to_string(), DUE as i64),
+            ("dead".to_string(), ORPHANS as i64),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promotion_wakes_a_listener_on_a_real_server() {
+    let s = store().await;
+    s.queue("jobs", 10).await;
+    let due = s.enqueue("jobs", 1).await;
+    s.make_due_scheduled(&due).await;
+    let mut listener = s
+        .coordinator
+        .listen(Default::default())
+        .await
+        .expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("connected"),
+        workpump_coordinator::ListenEvent::Connected
+    );
+    let w = MaintenanceWorker::new(s.coordinator.clone(), config());
+    assert_eq!(w.run_once().await.expect("sweep").promoted, 1);
+    let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+        .await
+        .expect("a wake within 10 s")
+        .expect("event");
+    assert_eq!(
+        event,
+        workpump_coordinator::ListenEvent::Wake {
+            queue: "jobs".into()
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_starts_sweeps_stops_and_starts_again_many_times() {
+    let s = store().await;
+    s.queue("jobs", 10).await;
+    let w = Arc::new(MaintenanceWorker::new(
+        s.coordinator.clone(),
+        MaintenanceConfig {
+            interval_ms: 20,
+            ..MaintenanceConfig::default()
+        },
+    ));
+    for round in 0..20 {
+        // Each round, one due item that only a sweep makes available.
+        let due = s.enqueue("jobs", 1).await;
+        s.make_due_scheduled(&due).await;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let w = w.clone();
+            let shutdown = shutdown.clone();
+            async move { w.run(shutdown).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while s
+            .count("SELECT count(*) FROM workpump.work WHERE state = 'scheduled'")
+            .await
+            > 0
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: no sweep promoted the item"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("run returns promptly after shutdown")
+            .expect("no panic")
+            .expect("Ok on shutdown");
+    }
+    assert_eq!(
+        s.count("SELECT count(*) FROM workpump.work WHERE state = 'available'")
+            .await,
+        20
+    );
+}

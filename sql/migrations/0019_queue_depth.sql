@@ -1,0 +1,53 @@
+-- queue_depth() -> setof (queue, state, items)
+--
+-- How many items wait or run per queue: one row per registered queue and each of the states
+-- available, scheduled and running (zero included, so a gauge that emptied reads 0 instead
+-- of its last value), plus any other queue that holds such items. For metrics; the
+-- MaintenanceWorker samples it (at most every 15 s by default).
+--
+-- Cost: exact counts, each state read through its partial index, so the cost grows with the
+-- items in that state, not with the finished rows that are usually most of the table (when a
+-- state holds a large share of the table the planner may prefer a parallel sequential scan):
+--   available: work_claim (queue leads it);
+--   scheduled: work_scheduled, plus a heap visit per row for its queue;
+--   running:   work_running_instance or work_running_lease, plus a heap visit per row
+--              (running items are bounded by the fleet's handler slots: few).
+-- Measured on PostgreSQL 15, warm cache, 1 050 000 rows of which 180 000 available, 10 000
+-- scheduled and 10 000 running: 80 to 95 ms, so about 4 ms per 10 000 waiting items. Each
+-- instance samples on its own; with N instances that is N samples per interval. A backlog of
+-- millions makes every sample a scan of that many index entries: lengthen the sample interval
+-- (MaintenanceConfig::depth_sample_interval_ms), or set it to 0 to turn sampling off.
+--
+-- Result: by queue, then state. Arguments: none.
+-- Fencing: none; it only reads. Clock rule: none (a scheduled item counts as scheduled until
+-- it is promoted, even when its run_at has passed).
+CREATE FUNCTION queue_depth()
+RETURNS TABLE (queue text, state work_state, items bigint)
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH counts AS (
+        SELECT a.queue, 'available'::work_state AS state, count(*) AS items
+        FROM work a WHERE a.state = 'available' GROUP BY a.queue
+        UNION ALL
+        SELECT s.queue, 'scheduled'::work_state, count(*)
+        FROM work s WHERE s.state = 'scheduled' GROUP BY s.queue
+        UNION ALL
+        SELECT r.queue, 'running'::work_state, count(*)
+        FROM work r WHERE r.state = 'running' GROUP BY r.queue
+    ), keys AS (
+        SELECT q.name AS queue, st.state
+        FROM queues q
+        CROSS JOIN unnest(ARRAY['available', 'scheduled', 'running']::work_state[]) AS st(state)
+        UNION
+        SELECT c.queue, c.state FROM counts c
+    )
+    SELECT k.queue, k.state, coalesce(c.items, 0)
+    FROM keys k
+    LEFT JOIN counts c ON c.queue = k.queue AND c.state = k.state
+    ORDER BY k.queue COLLATE "C", k.state;
+END;
+$$;

@@ -1,0 +1,63 @@
+-- cancel_work(id) -> text ('cancelled' | 'requested')
+--
+-- An operator cancels a work item:
+--   available or scheduled -> cancelled at once: finished_at = now(), and a 'cancelled' entry
+--                             in its error history (so the history says why it never ran);
+--                             result 'cancelled'. Its unique key is free again.
+--   running                -> cancel_requested = true; result 'requested'. The owner learns it
+--                             in its next renew_leases reply and stops the handler, which
+--                             records the item cancelled (fail_work, cancelled). An orphan
+--                             (owner dead, lease gone) ends cancelled at its reclaim
+--                             (claim_work) or in the next maintenance sweep
+--                             (dead_letter_expired), whichever comes first. Asking again
+--                             changes nothing and answers 'requested' again.
+--   completed, dead or cancelled -> refused with WP005 (invalid state): a finished item
+--                             cannot be cancelled (discard_work deletes it).
+--   no such item           -> WP004 (not found).
+-- WP004 and WP005 carry DETAIL as JSON: {"id": .., "state": .., "reason": ..}.
+--
+-- Arguments: id not NULL (WP002).
+-- Fencing: none; the operator is not a claim. The row is locked first (FOR UPDATE), so a
+-- concurrent claim, outcome or sweep either happened before (and the decision sees it) or
+-- waits for this one. A running item's claim is not disturbed: only its flag is set.
+-- Clock rule: finished_at and the history's `at` are the database's now().
+CREATE FUNCTION cancel_work(p_id bigint)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_state work_state;
+    v_reason text := 'a finished item cannot be cancelled';
+BEGIN
+    IF p_id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'cancel_work: id must not be null';
+    END IF;
+
+    SELECT w.state INTO v_state FROM work w WHERE w.id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP004',
+            MESSAGE = format('cancel_work: work item %s not found', p_id),
+            DETAIL = json_build_object('id', p_id)::text;
+    END IF;
+
+    IF v_state IN ('available', 'scheduled') THEN
+        UPDATE work w
+        SET state = 'cancelled',
+            finished_at = now(),
+            errors = w.errors || jsonb_build_array(jsonb_build_object(
+                'attempt', w.attempt, 'at', now(), 'instance', NULL,
+                'kind', 'cancelled', 'error', format('cancelled by an operator while %s', w.state)))
+        WHERE w.id = p_id;
+        RETURN 'cancelled';
+    ELSIF v_state = 'running' THEN
+        UPDATE work w SET cancel_requested = true WHERE w.id = p_id;
+        RETURN 'requested';
+    END IF;
+
+    RAISE EXCEPTION USING ERRCODE = 'WP005',
+        MESSAGE = format('cancel_work: work item %s is %s: %s', p_id, v_state, v_reason),
+        DETAIL = json_build_object('id', p_id, 'state', v_state, 'reason', v_reason)::text;
+END;
+$$;
