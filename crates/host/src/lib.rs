@@ -1,1 +1,150 @@
-//! host (to be written)
+//! The crate you embed: [`Host`] builds workpump's workers from a [`HostConfig`], wires them
+//! to one store, supervises them, exposes metrics and health, and drains them on shutdown.
+//!
+//! ```no_run
+//! use serde::Deserialize;
+//! use workpump_host::{handler_fn, Host, HostConfig, Job, JobError, NewWork};
+//!
+//! #[derive(Deserialize)]
+//! struct Email { to: String }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let host = Host::builder()
+//!         .config(HostConfig::load(None)?) // defaults, WORKPUMP_* environment
+//!         .database_url("postgres://app@localhost/app")
+//!         .handler("emails", handler_fn(|job: Job<Email>| async move {
+//!             if job.payload().to.is_empty() {
+//!                 return Err(JobError::dead_letter("no recipient"));
+//!             }
+//!             Ok(())
+//!         }))
+//!         .start()
+//!         .await?;
+//!     host.enqueue(vec![NewWork::new("emails", serde_json::json!({"to": "a@b.c"}))])
+//!         .await?;
+//!     host.run_until_signal().await?; // SIGINT/SIGTERM: drain, then return
+//!     Ok(())
+//! }
+//! ```
+//!
+//! What it runs, each under supervision (a worker that fails or panics is restarted with
+//! backoff; one that keeps failing stops the host with an error naming it):
+//!
+//! - the claim worker (`workpump-claim-worker`): claims work for the handlers, runs them,
+//!   records outcomes;
+//! - the lease-renewal worker (`workpump-lease-renewal`): keeps the running items' leases and
+//!   stops handlers whose lease can't be trusted;
+//! - the heartbeat worker (`workpump-heartbeat-worker`): proves the instance alive and reaps
+//!   dead peers;
+//! - the maintenance worker (`workpump-maintenance`): the backstop sweep, promotion of
+//!   scheduled work, retention, queue-depth metrics.
+//!
+//! Any of them can be replaced by your own implementation of
+//! [`Worker`](workpump_coordinator::Worker). Arrows: coordinator ← workers ← host; nothing
+//! depends on the host.
+
+mod config;
+mod host;
+pub mod metrics;
+mod supervise;
+
+use std::fmt;
+
+pub use config::{HostConfig, MetricsConfig, QueueConfig};
+pub use host::{Host, HostBuilder, HostHandle};
+pub use supervise::{GaveUp, SupervisionConfig};
+
+pub use workpump_claim_worker::{
+    handler_fn, Backoff, ClaimConfig, Handler, Job, JobError, JobResult, JobTransaction,
+    QueueSettings,
+};
+pub use workpump_coordinator::{
+    self as coordinator, CancelReason, Fence, InstanceId, NewWork, PgCoordinator, Schedule,
+    WorkCoordinator, WorkId, Worker,
+};
+pub use workpump_heartbeat_worker::{HeartbeatConfig, LivenessMode};
+pub use workpump_lease_renewal::LeaseConfig;
+pub use workpump_maintenance::MaintenanceConfig;
+
+/// Why a host did not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The configuration breaks these rules (all of them, each naming its setting).
+    #[error("invalid configuration:\n{}", list(.0))]
+    Config(Vec<workpump_coordinator::ConfigProblem>),
+    /// The configuration could not be read (file, environment).
+    #[error("reading the configuration: {0}")]
+    ConfigLoad(String),
+    /// No database was given.
+    #[error("no store: give the builder a database URL (or `database_url` in the config), a pool or a coordinator")]
+    NoStore,
+    /// The store refused something at start.
+    #[error("store: {0}")]
+    Store(#[source] workpump_coordinator::Error),
+    /// The metrics endpoint could not be served.
+    #[error("metrics: {0}")]
+    Metrics(String),
+    /// A worker kept failing.
+    #[error("worker {} failed {} times in a row; last: {}", .0.worker, .0.failures, .0.last_error)]
+    WorkerGaveUp(GaveUp),
+    /// The host stopped with this error (as reported to every waiter).
+    #[error("{0}")]
+    Stopped(String),
+}
+
+fn list(problems: &[workpump_coordinator::ConfigProblem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A readiness and liveness summary (see [`HostHandle::health`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Health {
+    /// The instance id the host runs as now.
+    pub instance: InstanceId,
+    /// Ready for work: schema migrated, instance registered, heartbeat fresh, every worker
+    /// running, not draining.
+    pub ready: bool,
+    /// Alive: every worker running (or draining).
+    pub live: bool,
+    /// The schema is migrated and the queues registered.
+    pub schema_ready: bool,
+    /// The last heartbeat is recent enough for its cadence.
+    pub heartbeat_fresh: bool,
+    /// The alive-lock is held.
+    pub alive_lock_held: bool,
+    /// LISTEN/NOTIFY delivers wake signals.
+    pub listener_healthy: bool,
+    /// A drain has begun.
+    pub stopping: bool,
+    /// Each worker and whether a run of it is in progress.
+    pub workers: Vec<WorkerHealth>,
+}
+
+/// One worker's state.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerHealth {
+    /// Its name.
+    pub name: String,
+    /// Whether a run is in progress (false while restarting).
+    pub running: bool,
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "instance {}: {} (schema {}, heartbeat {}, lock {}, listener {})",
+            self.instance,
+            if self.ready { "ready" } else { "not ready" },
+            self.schema_ready,
+            self.heartbeat_fresh,
+            self.alive_lock_held,
+            self.listener_healthy
+        )
+    }
+}

@@ -1,0 +1,300 @@
+//! The host's configuration: defaults in code, then a TOML file, then `WORKPUMP_`
+//! environment variables (`__` for nesting), then values set in code; refused at start with
+//! every violated rule named.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use workpump_claim_worker::{Backoff, ClaimConfig, QueueSettings};
+use workpump_coordinator::{validate_queue_name, ConfigProblem, LeaseSettings, DEFAULT_SCHEMA};
+use workpump_heartbeat_worker::HeartbeatConfig;
+use workpump_lease_renewal::LeaseConfig;
+use workpump_maintenance::MaintenanceConfig;
+
+use crate::supervise::SupervisionConfig;
+use crate::HostError;
+
+/// Everything a host can be told. Every field has a default; see each section's type for
+/// its settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostConfig {
+    /// The PostgreSQL URL, when the builder is not given a pool or a coordinator.
+    /// **Default: none.**
+    pub database_url: Option<String>,
+    /// The schema that holds workpump's tables and functions. **Default: `workpump`.**
+    pub schema: String,
+    /// Apply the migrations at start (retried until the database answers). **Default: true.**
+    pub migrate: bool,
+    /// The pool size when the host connects by URL. **Default: 10.**
+    pub max_connections: u32,
+    /// The host name recorded with the instance. **Default: `$HOSTNAME`, else
+    /// `/etc/hostname`, else `unknown`.**
+    pub host_name: Option<String>,
+    /// How long a drain waits for in-flight handlers before releasing their leases.
+    /// **Default: 30 000 ms.**
+    pub shutdown_timeout_ms: u64,
+    /// The claim worker (`[claim]`).
+    pub claim: ClaimConfig,
+    /// Lease length, renewal cadence and limits for every queue, and the renewal batching
+    /// (`[lease]`). Each queue may override the lease settings.
+    pub lease: LeaseConfig,
+    /// The heartbeat worker (`[heartbeat]`).
+    pub heartbeat: HeartbeatConfig,
+    /// The maintenance worker (`[maintenance]`).
+    pub maintenance: MaintenanceConfig,
+    /// Restarting failed workers (`[supervision]`).
+    pub supervision: SupervisionConfig,
+    /// The Prometheus endpoint (`[metrics]`).
+    pub metrics: MetricsConfig,
+    /// Per-queue settings (`[queues.<name>]`); a queue without an entry uses the defaults.
+    pub queues: BTreeMap<String, QueueConfig>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            database_url: None,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            migrate: true,
+            max_connections: 10,
+            host_name: None,
+            shutdown_timeout_ms: 30_000,
+            claim: ClaimConfig::default(),
+            lease: LeaseConfig::default(),
+            heartbeat: HeartbeatConfig::default(),
+            maintenance: MaintenanceConfig::default(),
+            supervision: SupervisionConfig::default(),
+            metrics: MetricsConfig::default(),
+            queues: BTreeMap::new(),
+        }
+    }
+}
+
+/// The Prometheus endpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve `/metrics` (the process-wide `metrics` recorder is installed by the host).
+    /// **Default: false.**
+    pub enabled: bool,
+    /// Where to listen. **Default: `127.0.0.1:9187`.**
+    pub listen: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: false,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9187)),
+        }
+    }
+}
+
+/// One queue's settings; unset fields take the defaults (`[lease]` for the lease settings).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    /// Handlers of this queue that run at once. **Default: 10.**
+    pub concurrency: Option<usize>,
+    /// Attempts before an item becomes a dead letter. **Default: 10.**
+    pub max_attempts: Option<i32>,
+    /// The retry delay unit: attempt n waits about `base × 2^n`. **Default: 1 000 ms.**
+    pub backoff_base_ms: Option<u64>,
+    /// The longest retry delay. **Default: 300 000 ms.**
+    pub backoff_cap_ms: Option<u64>,
+    /// The lease length. **Default: `lease.lease_ms`.**
+    pub lease_ms: Option<u64>,
+    /// The renewal interval. **Default: `lease.renewal_interval_ms`, or lease / 3.**
+    pub renewal_interval_ms: Option<u64>,
+    /// The lease-fence grace. **Default: `lease.grace_ms`, or lease / 6.**
+    pub grace_ms: Option<u64>,
+    /// Renewals per claim. **Default: `lease.max_renewals`.**
+    pub max_renewals: Option<u32>,
+    /// Longest attempt. **Default: `lease.max_duration_ms`.**
+    pub max_duration_ms: Option<u64>,
+}
+
+impl HostConfig {
+    /// The figment that [`load`](Self::load) extracts: defaults, then `file` (TOML) when
+    /// given, then `WORKPUMP_`-prefixed environment variables with `__` for nesting
+    /// (`WORKPUMP_CLAIM__POLL_BASE_MS=100`, `WORKPUMP_QUEUES__EMAILS__CONCURRENCY=4`).
+    pub fn figment(file: Option<&Path>) -> Figment {
+        let mut figment = Figment::from(Serialized::defaults(HostConfig::default()));
+        if let Some(file) = file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        figment.merge(Env::prefixed("WORKPUMP_").split("__"))
+    }
+
+    /// Loads the layered configuration (see [`figment`](Self::figment)). Values set in code
+    /// come last: change the returned value before handing it to the builder.
+    pub fn load(file: Option<&Path>) -> Result<HostConfig, HostError> {
+        Self::figment(file)
+            .extract()
+            .map_err(|e| HostError::ConfigLoad(e.to_string()))
+    }
+
+    /// Every rule the configuration violates, each naming its setting. `queues` are the
+    /// queues that have handlers: settings for any other queue are refused.
+    pub fn validate<'q>(&self, queues: impl IntoIterator<Item = &'q str>) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        if let Err(e) = workpump_coordinator::validate_schema_name(&self.schema) {
+            problems.push(ConfigProblem::new("schema", e.to_string()));
+        }
+        if self.max_connections == 0 {
+            problems.push(ConfigProblem::new("max_connections", "must be at least 1"));
+        }
+        if self.shutdown_timeout_ms == 0 {
+            problems.push(ConfigProblem::new(
+                "shutdown_timeout_ms",
+                "must be positive",
+            ));
+        }
+        problems.extend(self.claim.validate("claim"));
+        problems.extend(self.lease.validate("lease"));
+        problems.extend(self.heartbeat.validate("heartbeat"));
+        problems.extend(self.maintenance.validate("maintenance"));
+        // One pair of liveness cutoffs for the heartbeat's sweep and the maintenance backstop.
+        let defaults = MaintenanceConfig::default();
+        let derived = self.maintenance_config();
+        for (field, set, wanted, source) in [
+            (
+                "stale_after_ms",
+                self.maintenance.stale_after_ms,
+                derived.stale_after_ms,
+                "heartbeat.stale_after_ms",
+            ),
+            (
+                "dead_after_ms",
+                self.maintenance.dead_after_ms,
+                derived.dead_after_ms,
+                "heartbeat.dead_after_ms",
+            ),
+        ] {
+            let default = if field == "stale_after_ms" {
+                defaults.stale_after_ms
+            } else {
+                defaults.dead_after_ms
+            };
+            if set != default && set != wanted {
+                problems.push(ConfigProblem::new(
+                    format!("maintenance.{field}"),
+                    format!("the host takes it from {source}; set that instead"),
+                ));
+            }
+        }
+        self.supervision.validate(&mut problems);
+        let queues: Vec<&str> = queues.into_iter().collect();
+        for (name, q) in &self.queues {
+            let prefix = format!("queues.{name}");
+            if !queues.contains(&name.as_str()) {
+                problems.push(ConfigProblem::new(
+                    prefix.clone(),
+                    format!(
+                        "settings for a queue with no handler (handlers: {})",
+                        if queues.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            queues.join(", ")
+                        }
+                    ),
+                ));
+            }
+            if let Err(e) = validate_queue_name(name) {
+                problems.push(ConfigProblem::new(prefix.clone(), e.to_string()));
+            }
+            if let Some(m) = q.max_attempts {
+                if !(1..=1000).contains(&m) {
+                    problems.push(ConfigProblem::new(
+                        format!("{prefix}.max_attempts"),
+                        "must be between 1 and 1000",
+                    ));
+                }
+            }
+        }
+        for queue in &queues {
+            let prefix = format!("queues.{queue}");
+            problems.extend(self.queue_settings(queue).validate(&prefix));
+        }
+        problems
+    }
+
+    /// The resolved settings of `queue`.
+    pub fn queue_settings(&self, queue: &str) -> QueueSettings {
+        let q = self.queues.get(queue).cloned().unwrap_or_default();
+        let defaults = self.lease.settings();
+        let lease = match q.lease_ms {
+            Some(ms) => {
+                // A queue's own lease re-derives the interval and grace unless it sets them.
+                let mut s = LeaseSettings::from_lease(Duration::from_millis(ms));
+                s.max_renewals = defaults.max_renewals;
+                s.max_duration = defaults.max_duration;
+                s
+            }
+            None => defaults,
+        };
+        let lease = LeaseSettings {
+            renewal_interval: q
+                .renewal_interval_ms
+                .map_or(lease.renewal_interval, Duration::from_millis),
+            grace: q.grace_ms.map_or(lease.grace, Duration::from_millis),
+            max_renewals: q.max_renewals.or(lease.max_renewals),
+            max_duration: q
+                .max_duration_ms
+                .map(Duration::from_millis)
+                .or(lease.max_duration),
+            ..lease
+        };
+        let backoff = Backoff::default();
+        QueueSettings {
+            concurrency: q
+                .concurrency
+                .unwrap_or(QueueSettings::default().concurrency),
+            lease,
+            backoff: Backoff {
+                base: q
+                    .backoff_base_ms
+                    .map_or(backoff.base, Duration::from_millis),
+                cap: q.backoff_cap_ms.map_or(backoff.cap, Duration::from_millis),
+            },
+        }
+    }
+
+    /// A queue's attempt limit.
+    pub fn max_attempts(&self, queue: &str) -> i32 {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.max_attempts)
+            .unwrap_or(workpump_coordinator::DEFAULT_MAX_ATTEMPTS)
+    }
+
+    /// The maintenance settings with the liveness cutoffs of `[heartbeat]` (one pair of
+    /// cutoffs for the heartbeat's opportunistic sweep and the maintenance backstop; without
+    /// a definitive-dead bypass the backstop uses 24 h).
+    pub fn maintenance_config(&self) -> MaintenanceConfig {
+        MaintenanceConfig {
+            stale_after_ms: self.heartbeat.stale_after_ms,
+            dead_after_ms: self.heartbeat.dead_after_ms.unwrap_or(86_400_000),
+            ..self.maintenance.clone()
+        }
+    }
+
+    pub(crate) fn host_name(&self) -> String {
+        self.host_name
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+                    .filter(|h| !h.is_empty())
+            })
+            .unwrap_or_else(|| "unknown".to_owned())
+    }
+}

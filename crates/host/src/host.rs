@@ -1,0 +1,653 @@
+//! [`Host`]: builds the workers from a config, wires them, supervises them, drains them.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use workpump_claim_worker::{
+    ClaimStatus, ClaimWorker, Gate, Handler, Handlers, Registration, Waker,
+};
+use workpump_coordinator::{
+    DeregisterInstanceParams, EnqueueWorkOutcome, EnqueueWorkParams, Identity, InstanceId,
+    LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams, WorkCoordinator, Worker,
+};
+use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
+use workpump_lease_renewal::LeaseRenewalWorker;
+use workpump_maintenance::MaintenanceWorker;
+
+use crate::config::HostConfig;
+use crate::supervise::{supervise, GaveUp};
+use crate::{metrics, HostError};
+
+/// The entry point: `Host::builder()`.
+///
+/// ```no_run
+/// use workpump_host::{handler_fn, Host, HostConfig, Job};
+///
+/// # async fn example() -> Result<(), workpump_host::HostError> {
+/// let host = Host::builder()
+///     .config(HostConfig::load(None)?)
+///     .database_url("postgres://app@localhost/app")
+///     .handler("emails", handler_fn(|job: Job<serde_json::Value>| async move {
+///         println!("sending {}", job.payload());
+///         Ok(())
+///     }))
+///     .start()
+///     .await?;
+/// host.run_until_signal().await
+/// # }
+/// ```
+pub struct Host;
+
+impl Host {
+    /// A builder with the default configuration.
+    pub fn builder() -> HostBuilder {
+        HostBuilder::default()
+    }
+}
+
+enum Store {
+    Url(String),
+    Pool(PgPool),
+    Coordinator(Arc<dyn WorkCoordinator>),
+}
+
+/// Configures and starts a host.
+#[derive(Default)]
+pub struct HostBuilder {
+    config: HostConfig,
+    store: Option<Store>,
+    handlers: Handlers,
+    queue_names: Vec<String>,
+    handler_errors: Vec<String>,
+    claim: Option<Arc<dyn Worker>>,
+    heartbeat: Option<Arc<dyn Worker>>,
+    lease: Option<(Arc<dyn Worker>, Arc<dyn LeaseTracker>)>,
+    maintenance: Option<Arc<dyn Worker>>,
+}
+
+impl HostBuilder {
+    /// The configuration (see [`HostConfig::load`] for the layered one).
+    pub fn config(mut self, config: HostConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Loads the layered configuration with `file` as its TOML layer.
+    pub fn config_file(mut self, file: &Path) -> Result<Self, HostError> {
+        self.config = HostConfig::load(Some(file))?;
+        Ok(self)
+    }
+
+    /// Changes the configuration in code (the last layer).
+    pub fn configure(mut self, f: impl FnOnce(&mut HostConfig)) -> Self {
+        f(&mut self.config);
+        self
+    }
+
+    /// Connect to PostgreSQL at `url` (a pool of `max_connections`).
+    pub fn database_url(mut self, url: impl Into<String>) -> Self {
+        self.store = Some(Store::Url(url.into()));
+        self
+    }
+
+    /// Use this pool.
+    pub fn pool(mut self, pool: PgPool) -> Self {
+        self.store = Some(Store::Pool(pool));
+        self
+    }
+
+    /// Use any coordinator (no migrations, no transactional completion unless it is the
+    /// PostgreSQL one).
+    pub fn coordinator(mut self, coordinator: Arc<dyn WorkCoordinator>) -> Self {
+        self.store = Some(Store::Coordinator(coordinator));
+        self
+    }
+
+    /// Registers `handler` for `queue`, with the queue's settings from the config.
+    pub fn handler<H: Handler>(mut self, queue: impl Into<String>, handler: H) -> Self {
+        let queue = queue.into();
+        let settings = self.config.queue_settings(&queue);
+        match self.handlers.add(queue.clone(), handler, settings) {
+            Ok(_) => self.queue_names.push(queue),
+            Err(e) => self.handler_errors.push(e.to_string()),
+        }
+        self
+    }
+
+    /// Replaces the claim worker with your own implementation of the worker contract.
+    pub fn claim_worker(mut self, worker: Arc<dyn Worker>) -> Self {
+        self.claim = Some(worker);
+        self
+    }
+
+    /// Replaces the heartbeat worker.
+    pub fn heartbeat_worker(mut self, worker: Arc<dyn Worker>) -> Self {
+        self.heartbeat = Some(worker);
+        self
+    }
+
+    /// Replaces the lease-renewal worker; `tracker` is what dispatch uses to track leases.
+    pub fn lease_worker(mut self, worker: Arc<dyn Worker>, tracker: Arc<dyn LeaseTracker>) -> Self {
+        self.lease = Some((worker, tracker));
+        self
+    }
+
+    /// Replaces the maintenance worker.
+    pub fn maintenance_worker(mut self, worker: Arc<dyn Worker>) -> Self {
+        self.maintenance = Some(worker);
+        self
+    }
+
+    /// Validates the configuration (every problem at once), then starts every worker under
+    /// supervision. Migrating and registering the queues happen in the background, retried
+    /// until the database answers; claiming waits for them.
+    pub async fn start(self) -> Result<HostHandle, HostError> {
+        let HostBuilder {
+            mut config,
+            store,
+            handlers,
+            queue_names,
+            handler_errors,
+            claim,
+            heartbeat,
+            lease,
+            maintenance,
+        } = self;
+        if let Some(url) = config.database_url.clone() {
+            if store.is_none() {
+                return start(
+                    config,
+                    Some(Store::Url(url)),
+                    handlers,
+                    queue_names,
+                    handler_errors,
+                    claim,
+                    heartbeat,
+                    lease,
+                    maintenance,
+                )
+                .await;
+            }
+        }
+        config.database_url = None;
+        start(
+            config,
+            store,
+            handlers,
+            queue_names,
+            handler_errors,
+            claim,
+            heartbeat,
+            lease,
+            maintenance,
+        )
+        .await
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn start(
+    config: HostConfig,
+    store: Option<Store>,
+    handlers: Handlers,
+    queue_names: Vec<String>,
+    handler_errors: Vec<String>,
+    claim: Option<Arc<dyn Worker>>,
+    heartbeat: Option<Arc<dyn Worker>>,
+    lease: Option<(Arc<dyn Worker>, Arc<dyn LeaseTracker>)>,
+    maintenance: Option<Arc<dyn Worker>>,
+) -> Result<HostHandle, HostError> {
+    let mut problems = config.validate(queue_names.iter().map(String::as_str));
+    for e in handler_errors {
+        problems.push(workpump_coordinator::ConfigProblem::new("handler", e));
+    }
+    if !problems.is_empty() {
+        return Err(HostError::Config(problems));
+    }
+    let (coordinator, pg): (Arc<dyn WorkCoordinator>, Option<PgCoordinator>) = match store {
+        None => return Err(HostError::NoStore),
+        Some(Store::Url(url)) => {
+            let pg = PgCoordinator::connect_lazy(&url, &config.schema, config.max_connections)
+                .map_err(HostError::Store)?;
+            (Arc::new(pg.clone()), Some(pg))
+        }
+        Some(Store::Pool(pool)) => {
+            let pg = PgCoordinator::with_schema(pool, &config.schema).map_err(HostError::Store)?;
+            (Arc::new(pg.clone()), Some(pg))
+        }
+        Some(Store::Coordinator(c)) => (c, None),
+    };
+    if config.metrics.enabled {
+        metrics::install(config.metrics.listen)?;
+    }
+
+    let identity = Identity::new();
+    let host_name = config.host_name();
+    let shutdown_timeout = Duration::from_millis(config.shutdown_timeout_ms);
+
+    let (lease_worker, tracker): (Arc<dyn Worker>, Arc<dyn LeaseTracker>) = match lease {
+        Some(pair) => pair,
+        None => {
+            let w = LeaseRenewalWorker::new(coordinator.clone(), config.lease.clone());
+            let tracker: Arc<dyn LeaseTracker> = Arc::new(w.leases());
+            (Arc::new(w), tracker)
+        }
+    };
+    let (heartbeat_worker, heartbeat_status): (
+        Arc<dyn Worker>,
+        Option<watch::Receiver<HeartbeatStatus>>,
+    ) = match heartbeat {
+        Some(w) => (w, None),
+        None => {
+            let w = HeartbeatWorker::new(
+                coordinator.clone(),
+                identity.clone(),
+                config.heartbeat.clone(),
+                host_name.clone(),
+                json!({}),
+            );
+            let status = w.subscribe_status();
+            (Arc::new(w), Some(status))
+        }
+    };
+    let (claim_worker, claim_status, waker): (
+        Arc<dyn Worker>,
+        Option<watch::Receiver<ClaimStatus>>,
+        Option<Waker>,
+    ) = match claim {
+        Some(w) => (w, None, None),
+        None => {
+            let mut claim_config = config.claim.clone();
+            claim_config.drain_timeout_ms = config.shutdown_timeout_ms;
+            let w = ClaimWorker::new(
+                coordinator.clone(),
+                pg.clone(),
+                tracker,
+                identity.clone(),
+                handlers,
+                claim_config,
+                Registration {
+                    host: host_name.clone(),
+                    metadata: json!({ "pid": std::process::id() }),
+                    stale_after: config.heartbeat.stale_after(),
+                    dead_after: config.heartbeat.dead_after(),
+                },
+            );
+            let status = w.status();
+            let waker = w.waker();
+            (Arc::new(w), Some(status), Some(waker))
+        }
+    };
+    let maintenance_worker: Arc<dyn Worker> = match maintenance {
+        Some(w) => w,
+        None => Arc::new(MaintenanceWorker::new(
+            coordinator.clone(),
+            config.maintenance_config(),
+        )),
+    };
+
+    let shutdown = CancellationToken::new();
+    let (schema_ready_tx, schema_ready) = watch::channel(false);
+    let (done_tx, done) = watch::channel(None);
+    let inner = Arc::new(Inner {
+        coordinator: coordinator.clone(),
+        pg: pg.clone(),
+        identity: identity.clone(),
+        waker,
+        shutdown: shutdown.clone(),
+        done,
+        schema_ready,
+        heartbeat_status,
+        claim_status,
+        heartbeat_config: config.heartbeat.clone(),
+        workers: Default::default(),
+    });
+
+    // Claiming stops first (it drains); the others keep renewing, beating and sweeping until
+    // it has, then stop.
+    let claim_token = shutdown.child_token();
+    let rest_token = CancellationToken::new();
+    let mut supervisors = tokio::task::JoinSet::new();
+    for (i, (worker, token)) in [
+        (claim_worker, claim_token.clone()),
+        (lease_worker, rest_token.clone()),
+        (heartbeat_worker, rest_token.clone()),
+        (maintenance_worker, rest_token.clone()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (running_tx, running_rx) = watch::channel(false);
+        inner
+            .workers
+            .lock()
+            .expect("workers lock")
+            .push((worker.name().to_owned(), running_rx));
+        let is_claim = i == 0;
+        let supervision = config.supervision.clone();
+        supervisors.spawn(async move {
+            let result = supervise(worker, token, supervision, running_tx).await;
+            (is_claim, result)
+        });
+    }
+
+    // Migrate and register the queues, retrying until the database answers.
+    let bootstrap = {
+        let coordinator = coordinator.clone();
+        let pg = pg.clone();
+        let queues: Vec<(String, i32)> = queue_names
+            .iter()
+            .map(|q| (q.clone(), config.max_attempts(q)))
+            .collect();
+        let migrate = config.migrate;
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            bootstrap(coordinator, pg, migrate, queues, shutdown).await;
+            schema_ready_tx.send_replace(true);
+        })
+    };
+
+    let host = inner.clone();
+    tokio::spawn(async move {
+        let result = run_host(
+            host.clone(),
+            supervisors,
+            claim_token,
+            rest_token,
+            bootstrap,
+            shutdown_timeout,
+        )
+        .await;
+        if let Err(e) = &result {
+            tracing::error!("the host stopped: {e}");
+        }
+        let _ = done_tx.send(Some(result.map_err(|e| e.to_string())));
+    });
+    tracing::info!("workpump host started as instance {}", identity.current());
+    Ok(HostHandle { inner })
+}
+
+async fn bootstrap(
+    coordinator: Arc<dyn WorkCoordinator>,
+    pg: Option<PgCoordinator>,
+    migrate: bool,
+    queues: Vec<(String, i32)>,
+    shutdown: CancellationToken,
+) {
+    let mut delay = Duration::from_millis(250);
+    let mut logged = false;
+    loop {
+        let attempt = async {
+            if migrate {
+                if let Some(pg) = &pg {
+                    pg.migrate().await?;
+                }
+            }
+            for (name, max_attempts) in &queues {
+                coordinator
+                    .register_queue(RegisterQueueParams {
+                        name: name.clone(),
+                        max_attempts: *max_attempts,
+                    })
+                    .await?;
+            }
+            Ok::<_, workpump_coordinator::Error>(())
+        };
+        match attempt.await {
+            Ok(()) => {
+                if logged {
+                    tracing::info!("the store is ready");
+                }
+                return;
+            }
+            Err(e) => {
+                if !logged {
+                    tracing::warn!("waiting for the store (migrating and registering queues): {e}");
+                    logged = true;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+async fn run_host(
+    inner: Arc<Inner>,
+    mut supervisors: tokio::task::JoinSet<(bool, Result<(), GaveUp>)>,
+    claim_token: CancellationToken,
+    rest_token: CancellationToken,
+    bootstrap: tokio::task::JoinHandle<()>,
+    shutdown_timeout: Duration,
+) -> Result<(), HostError> {
+    let mut failure: Option<GaveUp> = None;
+    // Until shutdown or a worker gives up.
+    let mut claim_done = false;
+    while !claim_done || !rest_token.is_cancelled() {
+        tokio::select! {
+            _ = inner.shutdown.cancelled(), if !claim_done => {
+                // Drain: the claim worker stops claiming and drains (bounded by the shutdown
+                // timeout); then everything else stops.
+                claim_token.cancel();
+            }
+            joined = supervisors.join_next() => {
+                let Some(joined) = joined else { break };
+                let (is_claim, result) = joined.unwrap_or((false, Ok(())));
+                if let Err(gave_up) = result {
+                    failure.get_or_insert(gave_up);
+                    inner.shutdown.cancel();
+                    claim_token.cancel();
+                }
+                if is_claim {
+                    claim_done = true;
+                    rest_token.cancel();
+                }
+            }
+        }
+    }
+    while let Some(joined) = supervisors.join_next().await {
+        if let Ok((_, Err(gave_up))) = joined {
+            failure.get_or_insert(gave_up);
+        }
+    }
+    bootstrap.abort();
+    let _ = bootstrap.await;
+    // Leave: delete the instance row (the drain already released what it held).
+    let instance = inner.identity.current();
+    let leave = inner
+        .coordinator
+        .deregister_instance(DeregisterInstanceParams { instance });
+    match tokio::time::timeout(shutdown_timeout, leave).await {
+        Ok(Ok(out)) if out.released > 0 => tracing::info!(
+            "instance {instance} left; {} leases it still held were released",
+            out.released
+        ),
+        Ok(Ok(_)) => tracing::info!("instance {instance} left"),
+        Ok(Err(e)) => {
+            tracing::warn!("could not delete instance {instance}: {e}; peers will reap it")
+        }
+        Err(_) => tracing::warn!("deleting instance {instance} timed out; peers will reap it"),
+    }
+    match failure {
+        Some(g) => Err(HostError::WorkerGaveUp(g)),
+        None => Ok(()),
+    }
+}
+
+struct Inner {
+    coordinator: Arc<dyn WorkCoordinator>,
+    pg: Option<PgCoordinator>,
+    identity: Identity,
+    waker: Option<Waker>,
+    shutdown: CancellationToken,
+    done: watch::Receiver<Option<Result<(), String>>>,
+    schema_ready: watch::Receiver<bool>,
+    heartbeat_status: Option<watch::Receiver<HeartbeatStatus>>,
+    claim_status: Option<watch::Receiver<ClaimStatus>>,
+    heartbeat_config: workpump_heartbeat_worker::HeartbeatConfig,
+    workers: std::sync::Mutex<Vec<(String, watch::Receiver<bool>)>>,
+}
+
+/// A running host. Cheap to clone.
+#[derive(Clone)]
+pub struct HostHandle {
+    inner: Arc<Inner>,
+}
+
+impl HostHandle {
+    /// Begins a drain: stop claiming, cancel in-flight handlers, wait up to the shutdown
+    /// timeout, record what finished, release the leases of the rest (peers claim them at
+    /// once; no attempt is counted), delete the instance row. Returns at once; await
+    /// [`stopped`](Self::stopped) for the end.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+
+    /// Waits until the host has stopped: `Ok` after a drain, `Err` when a worker kept failing.
+    pub async fn stopped(&self) -> Result<(), HostError> {
+        let mut done = self.inner.done.clone();
+        let result = done
+            .wait_for(Option::is_some)
+            .await
+            .map(|r| r.clone().flatten_result())
+            .unwrap_or(Ok(()));
+        result.map_err(HostError::Stopped)
+    }
+
+    /// Runs until SIGINT or SIGTERM, then drains and waits for the host to stop.
+    pub async fn run_until_signal(&self) -> Result<(), HostError> {
+        tokio::select! {
+            _ = signal() => {
+                tracing::info!("signal received; draining");
+                self.shutdown();
+            }
+            _ = self.inner.shutdown.cancelled() => {}
+        }
+        self.stopped().await
+    }
+
+    /// Enqueues work and wakes this host's claim loops for it at once (other hosts are woken
+    /// by NOTIFY). For an enqueue inside your own transaction use
+    /// [`pg`](Self::pg)`.enqueue_with(&mut tx, ..)`.
+    pub async fn enqueue(
+        &self,
+        items: Vec<NewWork>,
+    ) -> Result<EnqueueWorkOutcome, workpump_coordinator::Error> {
+        let queues: BTreeSet<String> = items.iter().map(|i| i.queue.clone()).collect();
+        let out = self
+            .inner
+            .coordinator
+            .enqueue_work(EnqueueWorkParams { items })
+            .await?;
+        if let Some(w) = &self.inner.waker {
+            for q in &queues {
+                w.wake(q);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The coordinator the host runs on.
+    pub fn coordinator(&self) -> Arc<dyn WorkCoordinator> {
+        self.inner.coordinator.clone()
+    }
+
+    /// The PostgreSQL coordinator, when the host runs on PostgreSQL.
+    pub fn pg(&self) -> Option<&PgCoordinator> {
+        self.inner.pg.as_ref()
+    }
+
+    /// The instance id this host currently runs as.
+    pub fn instance(&self) -> InstanceId {
+        self.inner.identity.current()
+    }
+
+    /// A readiness and liveness summary for the embedding service's health endpoint.
+    pub fn health(&self) -> crate::Health {
+        let i = &self.inner;
+        let schema_ready = *i.schema_ready.borrow();
+        let heartbeat = i.heartbeat_status.as_ref().map(|s| *s.borrow());
+        let claim = i.claim_status.as_ref().map(|s| *s.borrow());
+        let workers: Vec<crate::WorkerHealth> = i
+            .workers
+            .lock()
+            .map(|w| {
+                w.iter()
+                    .map(|(name, running)| crate::WorkerHealth {
+                        name: name.clone(),
+                        running: *running.borrow(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let heartbeat_fresh = match &heartbeat {
+            None => true,
+            Some(s) => {
+                let allowed = s
+                    .cadence
+                    .unwrap_or_else(|| i.heartbeat_config.fast_interval())
+                    * 2
+                    + i.heartbeat_config.fast_interval();
+                s.last_success.is_some_and(|t| t.elapsed() <= allowed)
+                    || !i.heartbeat_config.enabled
+            }
+        };
+        let alive_lock_held = heartbeat.as_ref().is_some_and(|s| s.lock_held);
+        let listener_healthy = claim.is_some_and(|c| c.gate == Gate::Healthy);
+        let registered = claim.is_none_or(|c| c.registered.is_some());
+        let stopping = i.shutdown.is_cancelled();
+        let all_running = workers.iter().all(|w| w.running);
+        crate::Health {
+            instance: i.identity.current(),
+            live: all_running || stopping,
+            ready: schema_ready && registered && heartbeat_fresh && all_running && !stopping,
+            schema_ready,
+            heartbeat_fresh,
+            alive_lock_held,
+            listener_healthy,
+            stopping,
+            workers,
+        }
+    }
+}
+
+trait FlattenResult {
+    fn flatten_result(self) -> Result<(), String>;
+}
+
+impl FlattenResult for Option<Result<(), String>> {
+    fn flatten_result(self) -> Result<(), String> {
+        self.unwrap_or(Ok(()))
+    }
+}
+
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
