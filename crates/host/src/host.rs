@@ -313,57 +313,59 @@ async fn start(
     // it has, then stop.
     let claim_token = shutdown.child_token();
     let rest_token = CancellationToken::new();
-    let mut supervisors = tokio::task::JoinSet::new();
-    for (i, (worker, token)) in [
+    let mut workers = Vec::new();
+    for (worker, token) in [
         (claim_worker, claim_token.clone()),
         (lease_worker, rest_token.clone()),
         (heartbeat_worker, rest_token.clone()),
         (maintenance_worker, rest_token.clone()),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    ] {
         let (running_tx, running_rx) = watch::channel(false);
         inner
             .workers
             .lock()
             .expect("workers lock")
             .push((worker.name().to_owned(), running_rx));
-        let is_claim = i == 0;
-        let supervision = config.supervision.clone();
-        supervisors.spawn(async move {
-            let result = supervise(worker, token, supervision, running_tx).await;
-            (is_claim, result)
-        });
+        workers.push((worker, token, running_tx));
     }
-
-    // Migrate and register the queues, retrying until the database answers.
-    let bootstrap = {
-        let coordinator = coordinator.clone();
-        let pg = pg.clone();
-        let queues: Vec<(String, i32)> = queue_names
-            .iter()
-            .map(|q| (q.clone(), config.max_attempts(q)))
-            .collect();
-        let migrate = config.migrate;
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            bootstrap(coordinator, pg, migrate, queues, shutdown).await;
-            schema_ready_tx.send_replace(true);
-        })
-    };
+    let queues: Vec<(String, i32)> = queue_names
+        .iter()
+        .map(|q| (q.clone(), config.max_attempts(q)))
+        .collect();
+    let (migrate, supervision) = (config.migrate, config.supervision.clone());
 
     let host = inner.clone();
     tokio::spawn(async move {
-        let result = run_host(
-            host.clone(),
-            supervisors,
-            claim_token,
-            rest_token,
-            bootstrap,
-            shutdown_timeout,
+        // The schema gate: migrate and register the queues (retried until the database
+        // answers), then start the workers.
+        let ready = bootstrap(
+            host.coordinator.clone(),
+            host.pg.clone(),
+            migrate,
+            queues,
+            host.shutdown.clone(),
         )
         .await;
+        let result = if ready {
+            schema_ready_tx.send_replace(true);
+            let mut supervisors = tokio::task::JoinSet::new();
+            for (i, (worker, token, running)) in workers.into_iter().enumerate() {
+                let supervision = supervision.clone();
+                supervisors.spawn(async move {
+                    (i == 0, supervise(worker, token, supervision, running).await)
+                });
+            }
+            run_host(
+                host.clone(),
+                supervisors,
+                claim_token,
+                rest_token,
+                shutdown_timeout,
+            )
+            .await
+        } else {
+            Ok(())
+        };
         if let Err(e) = &result {
             tracing::error!("the host stopped: {e}");
         }
@@ -379,7 +381,7 @@ async fn bootstrap(
     migrate: bool,
     queues: Vec<(String, i32)>,
     shutdown: CancellationToken,
-) {
+) -> bool {
     let mut delay = Duration::from_millis(250);
     let mut logged = false;
     loop {
@@ -404,7 +406,7 @@ async fn bootstrap(
                 if logged {
                     tracing::info!("the store is ready");
                 }
-                return;
+                return true;
             }
             Err(e) => {
                 if !logged {
@@ -412,7 +414,7 @@ async fn bootstrap(
                     logged = true;
                 }
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => return false,
                     _ = tokio::time::sleep(delay) => {}
                 }
                 delay = (delay * 2).min(Duration::from_secs(10));
@@ -426,7 +428,6 @@ async fn run_host(
     mut supervisors: tokio::task::JoinSet<(bool, Result<(), GaveUp>)>,
     claim_token: CancellationToken,
     rest_token: CancellationToken,
-    bootstrap: tokio::task::JoinHandle<()>,
     shutdown_timeout: Duration,
 ) -> Result<(), HostError> {
     let mut failure: Option<GaveUp> = None;
@@ -459,8 +460,6 @@ async fn run_host(
             failure.get_or_insert(gave_up);
         }
     }
-    bootstrap.abort();
-    let _ = bootstrap.await;
     // Leave: delete the instance row (the drain already released what it held).
     let instance = inner.identity.current();
     let leave = inner

@@ -1,0 +1,275 @@
+//! `workpump-worker`: a service that embeds the workpump host and runs whatever its payloads
+//! say. `cargo xtask demo`, `cargo xtask bench` and `cargo xtask chaos` start several of
+//! these as separate OS processes.
+//!
+//! ```text
+//! workpump-worker [--database-url URL] [--queue NAME]... [--concurrency N] [--lease-ms N]
+//!                 [--config FILE] [--metrics ADDR] [--ledger] [--name NAME]
+//! ```
+//!
+//! The database URL also comes from `DATABASE_URL`; every host setting also from `WORKPUMP_*`
+//! variables (see `HostConfig`). It prints `READY <instance id>` on stdout once the host is
+//! ready, and `STOPPED` after a drain (SIGTERM or SIGINT).
+//!
+//! What a payload asks for (`kind`, default `noop`):
+//!
+//! | payload | the handler |
+//! | --- | --- |
+//! | `{"kind":"noop"}` | completes at once |
+//! | `{"kind":"sleep","ms":500}` | sleeps, stopping early when cancelled, then completes |
+//! | `{"kind":"fail","times":2}` | fails attempts 1..=times (retried with backoff), then completes |
+//! | `{"kind":"dead"}` | rejects the item for good (a dead letter) |
+//! | `{"kind":"panic","times":1}` | panics on attempts 1..=times, then completes |
+//! | `{"kind":"tx"}` | inserts `workpump_effects(item)` and completes in one fenced transaction |
+//! | `{"kind":"checkpoint","units":5,"unit_ms":100}` | does units of work, saving a cursor after each; a later attempt resumes |
+//!
+//! With `--ledger`, every execution first appends `(item, attempt, claim token, instance)` to
+//! `workpump_ledger` (created by whoever starts the workers), so a checker can prove what ran.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sqlx::postgres::PgPoolOptions;
+use workpump_host::{handler_fn, Host, HostConfig, Job, JobError, JobResult, QueueConfig};
+
+#[derive(Deserialize, Default)]
+struct Payload {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    ms: Option<u64>,
+    #[serde(default)]
+    times: Option<i32>,
+    #[serde(default)]
+    units: Option<u32>,
+    #[serde(default)]
+    unit_ms: Option<u64>,
+}
+
+struct Args {
+    database_url: Option<String>,
+    queues: Vec<String>,
+    concurrency: Option<usize>,
+    lease_ms: Option<u64>,
+    config: Option<std::path::PathBuf>,
+    metrics: Option<std::net::SocketAddr>,
+    ledger: bool,
+    name: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        database_url: std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()),
+        queues: Vec::new(),
+        concurrency: None,
+        lease_ms: None,
+        config: None,
+        metrics: None,
+        ledger: false,
+        name: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match flag.as_str() {
+            "--database-url" => args.database_url = Some(value("--database-url")?),
+            "--queue" => args.queues.push(value("--queue")?),
+            "--concurrency" => {
+                args.concurrency = Some(
+                    value("--concurrency")?
+                        .parse()
+                        .map_err(|e| format!("--concurrency: {e}"))?,
+                )
+            }
+            "--lease-ms" => {
+                args.lease_ms = Some(
+                    value("--lease-ms")?
+                        .parse()
+                        .map_err(|e| format!("--lease-ms: {e}"))?,
+                )
+            }
+            "--config" => args.config = Some(value("--config")?.into()),
+            "--metrics" => {
+                args.metrics = Some(
+                    value("--metrics")?
+                        .parse()
+                        .map_err(|e| format!("--metrics: {e}"))?,
+                )
+            }
+            "--ledger" => args.ledger = true,
+            "--name" => args.name = Some(value("--name")?),
+            "-h" | "--help" => {
+                return Err("usage: workpump-worker [--database-url URL] [--queue NAME]... \
+                     [--concurrency N] [--lease-ms N] [--config FILE] [--metrics ADDR] [--ledger] [--name NAME]"
+                    .into())
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    if args.queues.is_empty() {
+        args.queues.push("demo".into());
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("workpump-worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse_args()?;
+    let mut config = HostConfig::load(args.config.as_deref())?;
+    let url = args
+        .database_url
+        .clone()
+        .or(config.database_url.clone())
+        .ok_or("no database: pass --database-url or set DATABASE_URL")?;
+    if let Some(addr) = args.metrics {
+        config.metrics.enabled = true;
+        config.metrics.listen = addr;
+    }
+    if let Some(name) = &args.name {
+        config.host_name = Some(name.clone());
+    }
+    for q in &args.queues {
+        let entry = config
+            .queues
+            .entry(q.clone())
+            .or_insert_with(QueueConfig::default);
+        if args.concurrency.is_some() {
+            entry.concurrency = args.concurrency;
+        }
+        if args.lease_ms.is_some() {
+            entry.lease_ms = args.lease_ms;
+        }
+    }
+    let pool = PgPoolOptions::new()
+        .max_connections(config.max_connections)
+        .connect_lazy(&url)?;
+    let ledger = args.ledger.then(|| pool.clone());
+    let mut builder = Host::builder().config(config).pool(pool);
+    for q in &args.queues {
+        let ledger = ledger.clone();
+        builder = builder.handler(
+            q.clone(),
+            handler_fn(move |job: Job<Payload>| {
+                let ledger = ledger.clone();
+                async move { handle(job, ledger).await }
+            }),
+        );
+    }
+    let host = builder.start().await?;
+    let mut ready = false;
+    let stopped = host.stopped();
+    tokio::pin!(stopped);
+    let signal = host.run_until_signal();
+    tokio::pin!(signal);
+    loop {
+        tokio::select! {
+            r = &mut signal => {
+                r?;
+                break;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(20)), if !ready => {
+                if host.health().ready {
+                    ready = true;
+                    println!("READY {}", host.instance());
+                }
+            }
+            r = &mut stopped => {
+                r?;
+                break;
+            }
+        }
+    }
+    println!("STOPPED");
+    Ok(())
+}
+
+async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>) -> JobResult {
+    if let Some(pool) = &ledger {
+        let fence = job.fence();
+        sqlx::query(
+            "INSERT INTO workpump_ledger (item, attempt, token, instance) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(fence.id)
+        .bind(job.attempt())
+        .bind(fence.token)
+        .bind(job.instance().0)
+        .execute(pool)
+        .await?;
+    }
+    let p = job.payload();
+    match p.kind.as_deref().unwrap_or("noop") {
+        "noop" => Ok(()),
+        "sleep" => {
+            let ms = p.ms.unwrap_or(100);
+            let token = job.cancellation_token();
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(ms)) => Ok(()),
+                _ = token.cancelled() => Err(JobError::cancelled(format!(
+                    "stopped while sleeping: {}",
+                    job.cancel_reason().map(|r| r.to_string()).unwrap_or_default()
+                ))),
+            }
+        }
+        "fail" => {
+            if job.attempt() <= p.times.unwrap_or(1) {
+                Err(JobError::retry(format!(
+                    "planned failure on attempt {}",
+                    job.attempt()
+                )))
+            } else {
+                Ok(())
+            }
+        }
+        "dead" => Err(JobError::dead_letter(
+            "this item is designed to be rejected",
+        )),
+        "panic" => {
+            if job.attempt() <= p.times.unwrap_or(1) {
+                panic!("planned panic on attempt {}", job.attempt());
+            }
+            Ok(())
+        }
+        "tx" => {
+            let mut tx = job.begin_transaction().await?;
+            sqlx::query("INSERT INTO workpump_effects (item) VALUES ($1)")
+                .bind(job.id())
+                .execute(tx.connection())
+                .await?;
+            tx.complete().await
+        }
+        "checkpoint" => {
+            let units = p.units.unwrap_or(5);
+            let unit = Duration::from_millis(p.unit_ms.unwrap_or(100));
+            let mut done: u32 = job.checkpoint()?.unwrap_or(0);
+            let token = job.cancellation_token();
+            while done < units {
+                tokio::select! {
+                    _ = tokio::time::sleep(unit) => {}
+                    _ = token.cancelled() => return Err(JobError::cancelled("stopped between units")),
+                }
+                done += 1;
+                job.save_checkpoint(&done).await?;
+            }
+            Ok(())
+        }
+        other => Err(JobError::dead_letter(format!("unknown kind {other:?}"))),
+    }
+}
