@@ -40,6 +40,11 @@ CREATE TABLE instances (
     metadata          jsonb       NOT NULL DEFAULT '{}',
     -- The session advisory lock that proves this instance is alive (see alive_lock_key).
     alive_lock_key    bigint      NOT NULL,
+    -- The instance has held its alive-lock (take_alive_lock sets it): from then on a missing
+    -- lock means a dead process, after a short grace (cleanup_stale_instances).
+    alive_lock        boolean     NOT NULL DEFAULT false,
+    -- When a sweep first saw the lock missing; cleared when it is held again.
+    lock_lost_at      timestamptz,
     started_at        timestamptz NOT NULL DEFAULT now(),
     last_heartbeat_at timestamptz NOT NULL DEFAULT now()
 );

@@ -36,7 +36,9 @@ $$;
 -- take_alive_lock(instance) -> boolean: takes the instance's alive-lock for the calling
 -- session; true when this session holds it afterwards. Idempotent per session: a second call
 -- from the holder returns true without stacking another lock level. False when another
--- session holds it (an earlier incarnation's half-open connection, for instance).
+-- session holds it (an earlier incarnation's half-open connection, for instance). Holding it
+-- marks the instance row as lock-proven (`alive_lock`) and clears a lost-lock observation;
+-- the row is written only when that changes.
 CREATE FUNCTION take_alive_lock(p_instance uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -49,10 +51,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'take_alive_lock: instance must not be null';
     END IF;
     v_key := alive_lock_key(p_instance);
-    IF EXISTS (SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = v_key AND h.pid = pg_backend_pid()) THEN
-        RETURN true;
+    IF NOT EXISTS (SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = v_key AND h.pid = pg_backend_pid())
+       AND NOT pg_try_advisory_lock(v_key) THEN
+        RETURN false;
     END IF;
-    RETURN pg_try_advisory_lock(v_key);
+    UPDATE instances i SET alive_lock = true, lock_lost_at = NULL
+    WHERE i.instance_id = p_instance AND (NOT i.alive_lock OR i.lock_lost_at IS NOT NULL);
+    RETURN true;
 END;
 $$;
 

@@ -208,7 +208,10 @@ mod tests {
         for attempt in 1..=12 {
             let d = b.delay(attempt);
             let n = b.nominal(attempt);
-            assert!(d >= n.mul_f64(0.9) && d <= n.mul_f64(1.1).min(b.cap), "{d:?} vs {n:?}");
+            assert!(
+                d >= n.mul_f64(0.9) && d <= n.mul_f64(1.1).min(b.cap),
+                "{d:?} vs {n:?}"
+            );
         }
     }
 
@@ -238,6 +241,9 @@ mod tests {
             concurrency: 0,
             ..QueueSettings::default()
         };
-        assert_eq!(queue.validate("queues.emails")[0].setting, "queues.emails.concurrency");
+        assert_eq!(
+            queue.validate("queues.emails")[0].setting,
+            "queues.emails.concurrency"
+        );
     }
 }

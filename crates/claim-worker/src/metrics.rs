@@ -38,12 +38,24 @@ pub fn describe() {
     describe_histogram!(BATCH_SIZE, Unit::Count, "items per non-empty claim");
     describe_histogram!(POLL_WAIT, Unit::Seconds, "wait chosen after a poll");
     describe_counter!(WAKES, Unit::Count, "wake signals by source");
-    describe_gauge!(GATE_HEALTHY, Unit::Count, "1 while LISTEN/NOTIFY is healthy");
+    describe_gauge!(
+        GATE_HEALTHY,
+        Unit::Count,
+        "1 while LISTEN/NOTIFY is healthy"
+    );
     describe_counter!(GATE_TRANSITIONS, Unit::Count, "NOTIFY gate transitions");
     describe_counter!(ITEMS, Unit::Count, "finished attempts by queue and outcome");
     describe_histogram!(HANDLER_DURATION, Unit::Seconds, "handler run time");
     describe_gauge!(IN_FLIGHT, Unit::Count, "handlers running now by queue");
-    describe_counter!(HANDLER_CANCELLED, Unit::Count, "handler tokens fired by reason");
-    describe_counter!(OUTCOME_WRITES, Unit::Count, "outcome statements by kind and result");
+    describe_counter!(
+        HANDLER_CANCELLED,
+        Unit::Count,
+        "handler tokens fired by reason"
+    );
+    describe_counter!(
+        OUTCOME_WRITES,
+        Unit::Count,
+        "outcome statements by kind and result"
+    );
     describe_histogram!(OUTCOME_BATCH, Unit::Count, "outcomes per statement");
 }

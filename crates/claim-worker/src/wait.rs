@@ -95,7 +95,10 @@ mod tests {
             .into_iter()
             .map(|e| ms(wait_after(e, Gate::Healthy, &config)))
             .collect();
-        assert_eq!(waits, vec![Some(5000), Some(5000), Some(10_000), Some(10_000)]);
+        assert_eq!(
+            waits,
+            vec![Some(5000), Some(5000), Some(10_000), Some(10_000)]
+        );
         // A relaxed base below the tight base changes nothing.
         let lower = ClaimConfig {
             notify_healthy_base_ms: Some(100),

@@ -37,6 +37,8 @@ pub struct Registration {
     pub stale_after: Duration,
     /// See `RecordHeartbeatParams::dead_after`. **Default: 5 min.**
     pub dead_after: Option<Duration>,
+    /// See `RecordHeartbeatParams::lock_grace`. **Default: 3 s.**
+    pub lock_grace: Option<Duration>,
 }
 
 impl Default for Registration {
@@ -46,6 +48,7 @@ impl Default for Registration {
             metadata: Value::Object(Default::default()),
             stale_after: Duration::from_secs(30),
             dead_after: Some(Duration::from_secs(300)),
+            lock_grace: Some(Duration::from_secs(3)),
         }
     }
 }
@@ -397,6 +400,7 @@ async fn register_loop(run: Arc<Run>, stop: CancellationToken) {
                 metadata: shared.registration.metadata.clone(),
                 stale_after: shared.registration.stale_after,
                 dead_after: shared.registration.dead_after,
+                lock_grace: shared.registration.lock_grace,
             })
             .await;
         match result {
@@ -762,7 +766,11 @@ async fn execute(
         }
         Some(Err(panic)) => {
             let message = panic_message(&panic);
-            tracing::warn!("handler of {:?} panicked on item {}: {message}", q.name, ctx.fence.id);
+            tracing::warn!(
+                "handler of {:?} panicked on item {}: {message}",
+                q.name,
+                ctx.fence.id
+            );
             (
                 "panic",
                 Some(Outcome::Fail {
@@ -801,12 +809,13 @@ async fn execute(
                         disposition: FailDisposition::Cancelled,
                     }
                 }
-                (_, Some(r @ (CancelReason::MaxDuration { .. } | CancelReason::MaxRenewals { .. }))) => {
-                    Outcome::Fail {
-                        error: format!("the handler was stopped: {r}: {}", e.message),
-                        disposition: FailDisposition::RetryAfter(backoff()),
-                    }
-                }
+                (
+                    _,
+                    Some(r @ (CancelReason::MaxDuration { .. } | CancelReason::MaxRenewals { .. })),
+                ) => Outcome::Fail {
+                    error: format!("the handler was stopped: {r}: {}", e.message),
+                    disposition: FailDisposition::RetryAfter(backoff()),
+                },
                 (JobErrorKind::Retry { after }, _) => Outcome::Fail {
                     error: e.message,
                     disposition: FailDisposition::RetryAfter(after.unwrap_or_else(backoff)),

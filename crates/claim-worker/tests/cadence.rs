@@ -178,7 +178,11 @@ async fn the_killswitch_means_no_coordinator_calls_at_all() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    assert!(s.fake.calls().iter().all(|c| c.method == Method::RegisterQueue));
+    assert!(s
+        .fake
+        .calls()
+        .iter()
+        .all(|c| c.method == Method::RegisterQueue));
     s.stop().await;
 }
 
@@ -283,7 +287,11 @@ async fn without_the_safety_net_a_healthy_loop_sleeps_until_a_signal() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = s.fake.calls_of(Method::ClaimWork).len();
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    assert_eq!(s.fake.calls_of(Method::ClaimWork).len(), before, "no timer polls");
+    assert_eq!(
+        s.fake.calls_of(Method::ClaimWork).len(),
+        before,
+        "no timer polls"
+    );
     s.fake.notify("q");
     settle().await;
     assert_eq!(s.fake.calls_of(Method::ClaimWork).len(), before + 1);

@@ -168,7 +168,9 @@ async fn an_enqueued_item_runs_and_is_completed() {
         handler_fn(move |job: Job<Value>| {
             let s = s.clone();
             async move {
-                s.lock().unwrap().push((job.id(), job.attempt(), job.payload().clone()));
+                s.lock()
+                    .unwrap()
+                    .push((job.id(), job.attempt(), job.payload().clone()));
                 Ok(())
             }
         }),
@@ -184,14 +186,18 @@ async fn an_enqueued_item_runs_and_is_completed() {
     }
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 3);
-    assert!(seen.iter().all(|(_, attempt, p)| *attempt == 1 && p["hello"] == "world"));
+    assert!(seen
+        .iter()
+        .all(|(_, attempt, p)| *attempt == 1 && p["hello"] == "world"));
     env.stop().await;
 }
 
 #[tokio::test]
 async fn a_failing_handler_is_retried_with_growing_delays_then_dead_lettered_with_its_history() {
     let env = setup(
-        handler_fn(|job: Job<Value>| async move { Err(JobError::retry(format!("failure {}", job.attempt()))) }),
+        handler_fn(|job: Job<Value>| async move {
+            Err(JobError::retry(format!("failure {}", job.attempt())))
+        }),
         QueueSettings {
             backoff: Backoff {
                 base: Duration::from_millis(100),
@@ -205,17 +211,29 @@ async fn a_failing_handler_is_retried_with_growing_delays_then_dead_lettered_wit
     let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
     env.wait_for_state(id, "dead").await;
     let errors = env.errors(id).await;
-    let messages: Vec<&str> = errors.iter().map(|e| e["error"].as_str().unwrap()).collect();
+    let messages: Vec<&str> = errors
+        .iter()
+        .map(|e| e["error"].as_str().unwrap())
+        .collect();
     assert_eq!(
         messages,
-        vec!["failure 1", "failure 2", "failure 3", "failure 4", "failure 5"]
+        vec![
+            "failure 1",
+            "failure 2",
+            "failure 3",
+            "failure 4",
+            "failure 5"
+        ]
     );
     // Attempt n failed at `at`; attempt n+1 started about 100 ms × 2^n later.
     let at: Vec<chrono::DateTime<chrono::Utc>> = errors
         .iter()
         .map(|e| e["at"].as_str().unwrap().parse().unwrap())
         .collect();
-    let gaps: Vec<i64> = at.windows(2).map(|w| (w[1] - w[0]).num_milliseconds()).collect();
+    let gaps: Vec<i64> = at
+        .windows(2)
+        .map(|w| (w[1] - w[0]).num_milliseconds())
+        .collect();
     for (n, gap) in gaps.iter().enumerate() {
         let nominal = 100 * (1 << (n + 1));
         assert!(
@@ -250,7 +268,10 @@ async fn a_panicking_handler_is_recorded_as_a_failure_with_the_panic_message() {
     env.wait_for_state(id, "completed").await;
     let errors = env.errors(id).await;
     assert_eq!(errors.len(), 1);
-    assert_eq!(errors[0]["error"], "the handler panicked: the handler fell over");
+    assert_eq!(
+        errors[0]["error"],
+        "the handler panicked: the handler fell over"
+    );
     assert_eq!(errors[0]["kind"], "failed");
     env.stop().await;
 }
@@ -268,11 +289,16 @@ async fn a_payload_that_does_not_match_the_type_is_dead_lettered_with_the_serde_
         fast(),
     )
     .await;
-    let id = env.enqueue(vec![NewWork::new("q", json!({"count": "ten"}))]).await[0];
+    let id = env
+        .enqueue(vec![NewWork::new("q", json!({"count": "ten"}))])
+        .await[0];
     env.wait_for_state(id, "dead").await;
     let errors = env.errors(id).await;
     let message = errors[0]["error"].as_str().unwrap();
-    assert!(message.contains("does not match") && message.contains("Typed"), "{message}");
+    assert!(
+        message.contains("does not match") && message.contains("Typed"),
+        "{message}"
+    );
     assert_eq!(errors[0]["kind"], "rejected");
     env.stop().await;
 }
@@ -354,9 +380,18 @@ async fn a_handler_whose_lease_was_lost_cannot_commit_its_transactional_completi
             },
             ..QueueSettings::default()
         },
-        fast(),
+        // No timer polls: once the item is running, nothing but the peer claims it.
+        ClaimConfig {
+            safety_net_poll: false,
+            ..ClaimConfig::default()
+        },
     )
     .await;
+    let mut status = env.status.clone();
+    status
+        .wait_for(|s| s.gate == Gate::Healthy && s.registered.is_some())
+        .await
+        .expect("healthy");
     sqlx::query("CREATE TABLE effects (item bigint PRIMARY KEY)")
         .execute(&env.pool)
         .await
@@ -377,6 +412,7 @@ async fn a_handler_whose_lease_was_lost_cannot_commit_its_transactional_completi
             metadata: json!({}),
             stale_after: Duration::from_secs(30),
             dead_after: None,
+            lock_grace: None,
         })
         .await
         .expect("peer");
@@ -392,7 +428,10 @@ async fn a_handler_whose_lease_was_lost_cannot_commit_its_transactional_completi
         .expect("peer claims");
     assert_eq!(taken.items.len(), 1);
     go.notify_one();
-    wait_until("the handler tried to commit", || outcome.lock().unwrap().is_some()).await;
+    wait_until("the handler tried to commit", || {
+        outcome.lock().unwrap().is_some()
+    })
+    .await;
     let error = outcome.lock().unwrap().clone().flatten();
     assert!(
         error.as_deref().is_some_and(|e| e.contains("fenced out")),

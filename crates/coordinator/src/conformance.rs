@@ -115,6 +115,8 @@ pub trait Harness: Send + Sync {
     async fn age_finished(&self, id: WorkId, by: Duration);
     /// Moves the eviction tombstone of a reaped instance `by` into the past.
     async fn age_eviction(&self, instance: InstanceId, by: Duration);
+    /// Moves the first observation of an instance's lost alive-lock `by` into the past.
+    async fn age_lock_loss(&self, instance: InstanceId, by: Duration);
 }
 
 /// Generates one `#[tokio::test]` per conformance case. `$make` is an async fn returning
@@ -142,6 +144,10 @@ macro_rules! conformance_suite {
             cleanup_releases_every_lease_of_the_instances_it_deletes,
             cleanup_keeps_a_stale_instance_whose_alive_lock_is_held,
             cleanup_deletes_past_the_definitive_dead_cutoff_even_with_the_lock_held,
+            a_lock_proven_instance_whose_lock_stays_gone_past_the_grace_is_reaped_and_its_queues_woken,
+            a_lock_taken_again_within_the_grace_keeps_the_instance,
+            an_instance_that_never_held_its_lock_is_judged_by_staleness_alone,
+            a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock,
             alive_lock_keys_that_hash_to_negative_values_work,
             killing_the_alive_lock_session_releases_the_lock,
             the_alive_lock_is_taken_once_per_session,
@@ -217,6 +223,7 @@ async fn heartbeat(h: &dyn Harness, id: InstanceId) -> RecordHeartbeatOutcome {
             metadata: json!({"pid": 1}),
             stale_after: STALE,
             dead_after: Some(DEAD),
+            lock_grace: None,
         })
         .await
         .expect("heartbeat")
@@ -316,6 +323,7 @@ async fn cleanup(h: &dyn Harness, dead_after: Option<Duration>) -> CleanupStaleI
         .cleanup_stale_instances(CleanupStaleInstancesParams {
             stale_after: STALE,
             dead_after,
+            lock_grace: None,
         })
         .await
         .expect("cleanup")
@@ -757,6 +765,126 @@ pub async fn cleanup_deletes_past_the_definitive_dead_cutoff_even_with_the_lock_
     let out = cleanup(h, Some(DEAD)).await;
     assert_eq!(out.reaped.len(), 1);
     assert_eq!(out.reaped[0].instance, zombie);
+}
+
+const GRACE: Duration = Duration::from_secs(3);
+
+async fn sweep_with_grace(h: &dyn Harness) -> CleanupStaleInstancesOutcome {
+    h.coordinator()
+        .cleanup_stale_instances(CleanupStaleInstancesParams {
+            stale_after: STALE,
+            dead_after: Some(DEAD),
+            lock_grace: Some(GRACE),
+        })
+        .await
+        .expect("cleanup")
+}
+
+/// Failover in seconds: a dead process loses its lock at once; one sweep sees it gone, the
+/// first sweep after the grace reaps it, releases its leases and wakes the claimers.
+pub async fn a_lock_proven_instance_whose_lock_stays_gone_past_the_grace_is_reaped_and_its_queues_woken(
+    h: &dyn Harness,
+) {
+    queue(h, "q", 10).await;
+    let dead = instance(h).await;
+    let lock = h
+        .coordinator()
+        .take_alive_lock(TakeAliveLockParams { instance: dead })
+        .await
+        .expect("lock");
+    assert!(lock.held);
+    enqueue_n(h, "q", 3).await;
+    let held = claim(h, dead, &["q"], 3).await;
+    let mut listener = h
+        .coordinator()
+        .listen(ListenParams::default())
+        .await
+        .expect("listen");
+    assert_eq!(listener.next_event().await.expect("event"), ListenEvent::Connected);
+    // Its heartbeat is fresh: only the lock tells.
+    h.kill_alive_lock_session(dead).await;
+    wait_until_not_alive(h, dead).await;
+    assert!(sweep_with_grace(h).await.reaped.is_empty(), "first sight: within the grace");
+    assert!(h.instance_registered(dead).await);
+    h.age_lock_loss(dead, GRACE + Duration::from_secs(1)).await;
+    let out = sweep_with_grace(h).await;
+    assert_eq!(
+        out.reaped,
+        vec![ReapedInstance {
+            instance: dead,
+            released: 3
+        }]
+    );
+    let woken = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+        .await
+        .expect("a wake signal in time")
+        .expect("event");
+    assert_eq!(woken, ListenEvent::Wake { queue: "q".into() });
+    let peer = instance(h).await;
+    let taken = claim(h, peer, &["q"], 10).await;
+    assert_eq!(ids(&taken), ids(&held));
+    assert!(heartbeat(h, dead).await.evicted);
+    drop(lock);
+}
+
+/// A lock connection that blips is taken again within the grace: nothing happens.
+pub async fn a_lock_taken_again_within_the_grace_keeps_the_instance(h: &dyn Harness) {
+    let me = instance(h).await;
+    let first = h
+        .coordinator()
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("lock");
+    h.kill_alive_lock_session(me).await;
+    wait_until_not_alive(h, me).await;
+    assert!(sweep_with_grace(h).await.reaped.is_empty());
+    drop(first);
+    let again = h
+        .coordinator()
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("lock again");
+    assert!(again.held);
+    h.age_lock_loss(me, GRACE * 10).await;
+    assert!(sweep_with_grace(h).await.reaped.is_empty());
+    assert!(h.instance_registered(me).await);
+}
+
+/// Without ever holding its lock (heartbeat-table-only liveness, or no connection to spare)
+/// an instance is judged by staleness alone, lock grace or not.
+pub async fn an_instance_that_never_held_its_lock_is_judged_by_staleness_alone(h: &dyn Harness) {
+    let tableonly = instance(h).await;
+    h.age_lock_loss(tableonly, GRACE * 10).await;
+    assert!(sweep_with_grace(h).await.reaped.is_empty());
+    h.age_heartbeat(tableonly, STALE * 2).await;
+    assert_eq!(sweep_with_grace(h).await.reaped.len(), 1);
+}
+
+/// record_heartbeat's opportunistic sweep also looks for lock-proven peers without a lock.
+pub async fn a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock(h: &dyn Harness) {
+    let dead = instance(h).await;
+    let _lock = h
+        .coordinator()
+        .take_alive_lock(TakeAliveLockParams { instance: dead })
+        .await
+        .expect("lock");
+    let me = instance(h).await;
+    h.kill_alive_lock_session(dead).await;
+    wait_until_not_alive(h, dead).await;
+    let params = || RecordHeartbeatParams {
+        instance: me,
+        host: "test-host".into(),
+        metadata: json!({}),
+        stale_after: STALE,
+        dead_after: Some(DEAD),
+        lock_grace: Some(GRACE),
+    };
+    let first = h.coordinator().record_heartbeat(params()).await.expect("beat");
+    assert_eq!(first.reaped, 0, "first sight");
+    h.age_lock_loss(dead, GRACE * 2).await;
+    let second = h.coordinator().record_heartbeat(params()).await.expect("beat");
+    assert_eq!(second.reaped, 1);
+    assert!(!h.instance_registered(dead).await);
 }
 
 /// Keys whose 64 bits read as a negative number are found in pg_locks like any other.

@@ -126,6 +126,10 @@ pub trait AliveLockSession: Send + Sync {
     /// An error means the session is gone (the lock with it): drop it and open a new one.
     async fn retake(&mut self) -> Result<bool>;
 
+    /// Resolves when the session is gone (its connection closed or broke), without polling
+    /// the server: the owner re-takes the lock at once, well within the lock grace. Cancel-safe.
+    async fn lost(&mut self);
+
     /// The server process id of the session, when there is one (for diagnostics and tests).
     fn session_id(&self) -> Option<i32>;
 }

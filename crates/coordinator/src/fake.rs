@@ -75,6 +75,8 @@ struct Inner {
     wake: broadcast::Sender<String>,
     listeners: watch::Sender<ListenerControl>,
     release_hangs: Notify,
+    /// Wakes alive-lock sessions waiting in `lost` when sessions are killed.
+    sessions_changed: Notify,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +111,10 @@ struct QueueRow {
 
 struct InstanceRow {
     last_heartbeat_at: DateTime<Utc>,
+    /// Lock-proven: judged dead soon after its alive-lock goes.
+    alive_lock: bool,
+    /// When a sweep first saw the lock gone.
+    lock_lost_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Clone)]
@@ -232,6 +238,7 @@ impl FakeCoordinator {
                 wake,
                 listeners,
                 release_hangs: Notify::new(),
+                sessions_changed: Notify::new(),
             }),
         }
     }
@@ -290,6 +297,7 @@ impl FakeCoordinator {
     /// disconnect.
     pub fn set_unreachable(&self, unreachable: bool) {
         self.state().unreachable = unreachable;
+        self.inner.sessions_changed.notify_waiters();
         self.inner.listeners.send_modify(|c| {
             c.up = !unreachable;
             c.epoch += 1;
@@ -317,14 +325,18 @@ impl FakeCoordinator {
     /// Ends the session holding `instance`'s alive-lock, as if its connection were killed.
     /// Returns whether one was held.
     pub fn kill_alive_lock_session(&self, instance: InstanceId) -> bool {
-        let mut st = self.state();
-        match st.alive_locks.remove(&instance) {
-            Some(session) => {
-                st.killed_sessions.insert(session);
-                true
+        let killed = {
+            let mut st = self.state();
+            match st.alive_locks.remove(&instance) {
+                Some(session) => {
+                    st.killed_sessions.insert(session);
+                    true
+                }
+                None => false,
             }
-            None => false,
-        }
+        };
+        self.inner.sessions_changed.notify_waiters();
+        killed
     }
 
     /// A snapshot of one work item.
@@ -377,6 +389,15 @@ impl FakeCoordinator {
     pub fn age_eviction(&self, instance: InstanceId, by: Duration) {
         if let Some(at) = self.state().evicted.get_mut(&instance) {
             *at -= chrono::Duration::from_std(by).unwrap_or_default();
+        }
+    }
+
+    /// Moves the first observation of an instance's lost alive-lock `by` into the past.
+    pub fn age_lock_loss(&self, instance: InstanceId, by: Duration) {
+        if let Some(i) = self.state().instances.get_mut(&instance) {
+            if let Some(at) = i.lock_lost_at.as_mut() {
+                *at -= chrono::Duration::from_std(by).unwrap_or_default();
+            }
         }
     }
 
@@ -569,25 +590,48 @@ fn take_lease(
     }
 }
 
+/// The fake's cleanup_stale_instances: the same three rules as the SQL (lock lost for longer
+/// than the grace, stale without the lock, definitively dead). The fake has no server
+/// restarts, so the restart allowance never applies. Returns the reaped instances and the
+/// queues whose leases were released (to wake their claimers).
 fn cleanup(
     st: &mut State,
     now: DateTime<Utc>,
     stale_after: Duration,
     dead_after: Option<Duration>,
-) -> Vec<ReapedInstance> {
-    let stale_cutoff = now - chrono::Duration::from_std(stale_after).unwrap_or_default();
-    let dead_cutoff = dead_after.map(|d| now - chrono::Duration::from_std(d).unwrap_or_default());
+    lock_grace: Option<Duration>,
+) -> (Vec<ReapedInstance>, Vec<String>) {
+    let ago = |d: Duration| now - chrono::Duration::from_std(d).unwrap_or_default();
+    let stale_cutoff = ago(stale_after);
+    let dead_cutoff = dead_after.map(ago);
+    let grace_cutoff = lock_grace.map(ago);
+    if lock_grace.is_some() {
+        let locks = &st.alive_locks;
+        for (id, i) in st.instances.iter_mut() {
+            let held = locks.contains_key(id);
+            if i.alive_lock && !held && i.lock_lost_at.is_none() {
+                i.lock_lost_at = Some(now);
+            } else if held {
+                i.lock_lost_at = None;
+            }
+        }
+    }
     let reaped: Vec<InstanceId> = st
         .instances
         .iter()
         .filter(|(id, i)| {
-            i.last_heartbeat_at < stale_cutoff
-                && (dead_cutoff.is_some_and(|c| i.last_heartbeat_at < c)
-                    || !st.alive_locks.contains_key(id))
+            let held = st.alive_locks.contains_key(id);
+            dead_cutoff.is_some_and(|c| i.last_heartbeat_at < c)
+                || (!held
+                    && (i.last_heartbeat_at < stale_cutoff
+                        || grace_cutoff.is_some_and(|c| {
+                            i.alive_lock && i.lock_lost_at.is_some_and(|t| t < c)
+                        })))
         })
         .map(|(id, _)| *id)
         .collect();
     let mut out = Vec::new();
+    let mut queues = Vec::new();
     for id in reaped {
         st.instances.remove(&id);
         st.evicted.insert(id, now);
@@ -597,6 +641,7 @@ fn cleanup(
                 r.instance = None;
                 r.lease_expiry = None;
                 released += 1;
+                queues.push(r.queue.clone());
             }
         }
         out.push(ReapedInstance {
@@ -604,7 +649,15 @@ fn cleanup(
             released,
         });
     }
-    out
+    queues.sort();
+    queues.dedup();
+    (out, queues)
+}
+
+/// A delay as the store applies it: at PostgreSQL's interval resolution, so a delay under
+/// 1 µs is none at all (the item is due at once).
+fn store_delay(d: Duration) -> chrono::Duration {
+    chrono::Duration::microseconds(validate::micros(d))
 }
 
 fn counts(per_queue: BTreeMap<String, u64>) -> Vec<QueueCount> {
@@ -683,7 +736,7 @@ impl WorkCoordinator for FakeCoordinator {
             }
             let run_at = match item.schedule {
                 Schedule::Now => now,
-                Schedule::After(d) => now + chrono::Duration::from_std(d).unwrap_or_default(),
+                Schedule::After(d) => now + store_delay(d),
                 Schedule::At(t) => t,
             };
             let max_attempts = item
@@ -745,15 +798,20 @@ impl WorkCoordinator for FakeCoordinator {
         let now = self.now();
         let lease = chrono::Duration::from_std(params.lease).unwrap_or_default();
         let mut st = self.state();
+        // A repeated pair gets its first answer and is not renewed twice, as in the store.
+        let mut answered: HashMap<Fence, Renewal> = HashMap::new();
         let items = params
             .leases
             .iter()
             .map(|f| {
+                if let Some(first) = answered.get(f) {
+                    return *first;
+                }
                 let row = st.work.get_mut(&f.id).filter(|r| {
                     r.fenced_to(params.instance, f.token)
                         && r.lease_expiry.is_some_and(|e| e >= now)
                 });
-                match row {
+                let renewal = match row {
                     Some(r) => {
                         r.lease_expiry = Some(now + lease);
                         r.renewals += 1;
@@ -768,7 +826,9 @@ impl WorkCoordinator for FakeCoordinator {
                         status: RenewalStatus::Lost,
                         cancel_requested: false,
                     },
-                }
+                };
+                answered.insert(*f, renewal);
+                renewal
             })
             .collect();
         Ok(RenewLeasesOutcome { items })
@@ -806,6 +866,8 @@ impl WorkCoordinator for FakeCoordinator {
         validate::validate_fail(&params)?;
         let now = self.now();
         let mut st = self.state();
+        // A repeat, in one batch, of a pair this batch recorded reports the same state.
+        let mut done_here: HashMap<Fence, WorkState> = HashMap::new();
         let items = params
             .items
             .iter()
@@ -818,7 +880,7 @@ impl WorkCoordinator for FakeCoordinator {
                             FailDisposition::RetryAfter(_) if r.attempt >= r.max_attempts => {
                                 (WorkState::Dead, "failed")
                             }
-                            FailDisposition::RetryAfter(d) if d.is_zero() => {
+                            FailDisposition::RetryAfter(d) if validate::micros(d) == 0 => {
                                 (WorkState::Available, "failed")
                             }
                             FailDisposition::RetryAfter(_) => (WorkState::Scheduled, "failed"),
@@ -826,13 +888,14 @@ impl WorkCoordinator for FakeCoordinator {
                         r.push_error(now, Some(params.instance), kind, &sanitize_text(&f.error));
                         if let FailDisposition::RetryAfter(d) = f.disposition {
                             if !next.is_finished() {
-                                r.run_at = now + chrono::Duration::from_std(d).unwrap_or_default();
+                                r.run_at = now + store_delay(d);
                             }
                         }
                         r.finish(next, now);
+                        done_here.insert(f.fence, next);
                         Some(next)
                     }
-                    _ => None,
+                    _ => done_here.get(&f.fence).copied(),
                 };
                 OutcomeRecord {
                     fence: f.fence,
@@ -847,6 +910,8 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::ReleaseWork, params.items.len()).await?;
         let now = self.now();
         let mut st = self.state();
+        // A repeat, in one batch, of a pair this batch released reports the same state.
+        let mut done_here: HashMap<Fence, WorkState> = HashMap::new();
         let items = params
             .items
             .iter()
@@ -868,9 +933,10 @@ impl WorkCoordinator for FakeCoordinator {
                             WorkState::Available
                         };
                         r.finish(next, now);
+                        done_here.insert(*f, next);
                         Some(next)
                     }
-                    _ => None,
+                    _ => done_here.get(f).copied(),
                 };
                 OutcomeRecord { fence: *f, state }
             })
@@ -898,7 +964,8 @@ impl WorkCoordinator for FakeCoordinator {
         params: RecordHeartbeatParams,
     ) -> Result<RecordHeartbeatOutcome> {
         self.enter(Method::RecordHeartbeat, 1).await?;
-        validate::validate_stale(params.stale_after, params.dead_after)?;
+        validate::validate_stale(params.stale_after, params.dead_after, params.lock_grace)?;
+        validate::validate_heartbeat(&params)?;
         let now = self.now();
         let mut st = self.state();
         if !st.instances.contains_key(&params.instance) && st.evicted.contains_key(&params.instance)
@@ -908,23 +975,42 @@ impl WorkCoordinator for FakeCoordinator {
                 ..Default::default()
             });
         }
+        let lock_held = st.alive_locks.contains_key(&params.instance);
         st.instances.insert(
             params.instance,
             InstanceRow {
                 last_heartbeat_at: now,
+                alive_lock: lock_held,
+                lock_lost_at: None,
             },
         );
         let stale_cutoff = now - chrono::Duration::from_std(params.stale_after).unwrap_or_default();
-        let peer_stale = st
-            .instances
-            .iter()
-            .any(|(id, i)| *id != params.instance && i.last_heartbeat_at < stale_cutoff);
+        let peer_may_be_dead = st.instances.iter().any(|(id, i)| {
+            *id != params.instance
+                && (i.last_heartbeat_at < stale_cutoff
+                    || (params.lock_grace.is_some()
+                        && i.alive_lock
+                        && !st.alive_locks.contains_key(id)))
+        });
         let mut outcome = RecordHeartbeatOutcome::default();
-        if peer_stale {
-            for r in cleanup(&mut st, now, params.stale_after, params.dead_after) {
+        let mut woken = Vec::new();
+        if peer_may_be_dead {
+            let (reaped, queues) = cleanup(
+                &mut st,
+                now,
+                params.stale_after,
+                params.dead_after,
+                params.lock_grace,
+            );
+            for r in reaped {
                 outcome.reaped += 1;
                 outcome.released += r.released;
             }
+            woken = queues;
+        }
+        drop(st);
+        for q in woken {
+            let _ = self.inner.wake.send(q);
         }
         Ok(outcome)
     }
@@ -934,14 +1020,18 @@ impl WorkCoordinator for FakeCoordinator {
         params: CleanupStaleInstancesParams,
     ) -> Result<CleanupStaleInstancesOutcome> {
         self.enter(Method::CleanupStaleInstances, 0).await?;
-        validate::validate_stale(params.stale_after, params.dead_after)?;
+        validate::validate_stale(params.stale_after, params.dead_after, params.lock_grace)?;
         let now = self.now();
-        let reaped = cleanup(
+        let (reaped, woken) = cleanup(
             &mut self.state(),
             now,
             params.stale_after,
             params.dead_after,
+            params.lock_grace,
         );
+        for q in woken {
+            let _ = self.inner.wake.send(q);
+        }
         Ok(CleanupStaleInstancesOutcome { reaped })
     }
 
@@ -1278,9 +1368,35 @@ impl AliveLockSession for FakeAliveLock {
                 ));
             }
             let holder = *st.alive_locks.entry(instance).or_insert(session);
+            if holder == session {
+                if let Some(row) = st.instances.get_mut(&instance) {
+                    row.alive_lock = true;
+                    row.lock_lost_at = None;
+                }
+            }
             Ok(holder == session)
         });
         outcome.unwrap_or_else(|| Err(Error::database("taking the alive-lock", "the fake is gone")))
+    }
+
+    async fn lost(&mut self) {
+        let Some(inner) = self.fake.upgrade() else {
+            return;
+        };
+        let session = self.session_id;
+        loop {
+            let notified = inner.sessions_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let gone = {
+                let st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+                st.unreachable || st.killed_sessions.contains(&session)
+            };
+            if gone {
+                return;
+            }
+            notified.await;
+        }
     }
 
     fn session_id(&self) -> Option<i32> {

@@ -55,8 +55,9 @@ pub const MAX_CLAIM_BATCH: u32 = 10_000;
 /// The largest payload, as JSON text.
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// The deepest nesting of arrays and objects in a payload (serde_json's own parse limit, so
-/// every accepted payload can be read back).
-pub const MAX_PAYLOAD_DEPTH: usize = 128;
+/// every accepted payload can be read back: its recursion limit of 128 refuses a 128th
+/// level).
+pub const MAX_PAYLOAD_DEPTH: usize = 127;
 /// The longest unique key, in bytes.
 pub const MAX_UNIQUE_KEY_BYTES: usize = 512;
 /// The longest lease (and renewal extension) accepted.

@@ -470,6 +470,9 @@ pub struct RecordHeartbeatParams {
     /// A peer whose heartbeat is older than this is dead even if its alive-lock is held.
     /// **Default: 5 min.** `None` disables the bypass.
     pub dead_after: Option<Duration>,
+    /// A lock-proven peer whose alive-lock has been gone this long is dead (failover in
+    /// seconds). **Default: 3 s.** `None` disables the rule: death then waits for staleness.
+    pub lock_grace: Option<Duration>,
 }
 
 /// The result of `record_heartbeat`.
@@ -491,6 +494,8 @@ pub struct CleanupStaleInstancesParams {
     pub stale_after: Duration,
     /// See [`RecordHeartbeatParams::dead_after`].
     pub dead_after: Option<Duration>,
+    /// See [`RecordHeartbeatParams::lock_grace`].
+    pub lock_grace: Option<Duration>,
 }
 
 /// One reaped instance.

@@ -33,14 +33,15 @@ pub fn validate_queue_name(name: &str) -> Result<()> {
     }
 }
 
-/// Checks a schema name: 1 to 40 characters from `a-z 0-9 _`, not starting with a digit, and
-/// not `pg_`-prefixed. Such a name is always a valid, unambiguous identifier; the coordinator
+/// Checks a schema name: 1 to 40 characters from `a-z 0-9 _`, not starting with a digit,
+/// not `pg_`-prefixed and not `information_schema` (system schemas are never workpump's). Such a name is always a valid, unambiguous identifier; the coordinator
 /// still quotes it wherever it is used.
 pub fn validate_schema_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 40
         && !name.as_bytes()[0].is_ascii_digit()
         && !name.starts_with("pg_")
+        && name != "information_schema"
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
@@ -48,7 +49,7 @@ pub fn validate_schema_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(invalid(format!(
-            "schema name {:?} must be 1 to 40 characters from a-z 0-9 _, not starting with a digit or pg_",
+            "schema name {:?} must be 1 to 40 characters from a-z 0-9 _, not starting with a digit or pg_, and not information_schema",
             truncate(name, 64)
         )))
     }
@@ -73,7 +74,7 @@ pub(crate) fn validate_enqueue(p: &EnqueueWorkParams) -> Result<Vec<String>> {
     let mut texts = Vec::with_capacity(p.items.len());
     for (i, item) in p.items.iter().enumerate() {
         let at = |msg: String| invalid(format!("item {i}: {msg}"));
-        validate_queue_name(&item.queue).map_err(|e| at(e.to_string()))?;
+        validate_queue_name(&item.queue).map_err(|e| at(reason(e)))?;
         texts.push(payload_text(&item.payload).map_err(at)?);
         match item.schedule {
             Schedule::Now => {}
@@ -94,7 +95,7 @@ pub(crate) fn validate_enqueue(p: &EnqueueWorkParams) -> Result<Vec<String>> {
             }
         }
         if let Some(m) = item.max_attempts {
-            validate_max_attempts(m).map_err(|e| at(e.to_string()))?;
+            validate_max_attempts(m).map_err(|e| at(reason(e)))?;
         }
     }
     Ok(texts)
@@ -138,12 +139,37 @@ pub(crate) fn validate_checkpoint(p: &CheckpointWorkParams) -> Result<String> {
     payload_text(&p.checkpoint).map_err(|m| invalid(format!("checkpoint: {m}")))
 }
 
-pub(crate) fn validate_stale(stale_after: Duration, dead_after: Option<Duration>) -> Result<()> {
-    if micros(stale_after) == 0 {
-        return Err(invalid("stale_after must be positive".into()));
+/// A heartbeat: its metadata is stored as jsonb, so it obeys the payload rules (no NUL
+/// characters, bounded depth and size, numbers that read back).
+pub(crate) fn validate_heartbeat(p: &RecordHeartbeatParams) -> Result<()> {
+    payload_text(&p.metadata)
+        .map(drop)
+        .map_err(|m| invalid(format!("metadata: {m}")))
+}
+
+pub(crate) fn validate_stale(
+    stale_after: Duration,
+    dead_after: Option<Duration>,
+    lock_grace: Option<Duration>,
+) -> Result<()> {
+    // Bounded above too: the store computes now() - cutoff, which a cutoff of (say)
+    // Duration::MAX would take out of the timestamp range (a database error, or a panic in
+    // the fake's clock arithmetic).
+    let check = |name: &str, d: Duration| {
+        if micros(d) == 0 || d > MAX_CUTOFF {
+            Err(invalid(format!(
+                "{name} must be between 1 µs and 100 years, got {d:?}"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    check("stale_after", stale_after)?;
+    if let Some(d) = dead_after {
+        check("dead_after", d)?;
     }
-    if dead_after.is_some_and(|d| micros(d) == 0) {
-        return Err(invalid("dead_after must be positive".into()));
+    if let Some(d) = lock_grace {
+        check("lock_grace", d)?;
     }
     Ok(())
 }
@@ -198,6 +224,11 @@ fn payload_text(v: &Value) -> std::result::Result<String, String> {
             Value::String(s) if s.contains('\0') => {
                 return Err("payload has a NUL character (\\u0000) in a string, which PostgreSQL's jsonb refuses".into());
             }
+            Value::Number(n) if n.as_f64().is_some_and(|f| f.abs() > MAX_PAYLOAD_NUMBER) => {
+                return Err(format!(
+                    "payload has the number {n}, beyond ±1e308: it would be stored, but could not be read back"
+                ));
+            }
             _ => {}
         }
     }
@@ -210,6 +241,12 @@ fn payload_text(v: &Value) -> std::result::Result<String, String> {
     }
     Ok(text)
 }
+
+/// The largest magnitude of a payload number. PostgreSQL's jsonb prints a number like
+/// 1.7976931348623157e308 as its 309 plain digits, which serde_json (without its
+/// `float_roundtrip` feature) reads back as infinity and refuses; every claim of the item
+/// would then fail to decode. Below 1e308 the rounding can never reach infinity.
+const MAX_PAYLOAD_NUMBER: f64 = 1e308;
 
 fn check_depth(depth: usize) -> std::result::Result<(), String> {
     if depth > MAX_PAYLOAD_DEPTH {
@@ -230,6 +267,10 @@ pub(crate) fn sanitize_text(s: &str) -> String {
     }
 }
 
+/// The longest liveness cutoff (stale_after, dead_after, lock_grace) accepted: the same 100
+/// years as scheduling ahead.
+const MAX_CUTOFF: Duration = MAX_SCHEDULE_AHEAD;
+
 /// Microseconds, PostgreSQL's interval resolution (finer parts are dropped).
 pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -237,6 +278,15 @@ pub(crate) fn micros(d: Duration) -> i64 {
 
 fn invalid(msg: String) -> Error {
     Error::InvalidArgument(msg)
+}
+
+/// The message of an invalid argument without its "invalid argument: " prefix, to wrap it in
+/// more context (e.g. "item 3: ...") without saying it twice.
+fn reason(e: Error) -> String {
+    match e {
+        Error::InvalidArgument(m) => m,
+        other => other.to_string(),
+    }
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -297,7 +347,10 @@ mod tests {
             v = Value::Array(vec![v]);
         }
         let err = payload_text(&v).unwrap_err();
-        assert!(err.contains("nested more than 128"), "{err}");
+        assert!(
+            err.contains(&format!("nested more than {MAX_PAYLOAD_DEPTH}")),
+            "{err}"
+        );
         // Dropping a deeply nested Value recurses in serde_json; unwind it by hand.
         while let Value::Array(mut items) = v {
             v = items.pop().unwrap_or(Value::Null);

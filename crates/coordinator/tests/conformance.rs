@@ -239,6 +239,18 @@ impl Harness for PgHarness {
         .expect("age the tombstone");
     }
 
+    async fn age_lock_loss(&self, instance: InstanceId, by: Duration) {
+        sqlx::query(
+            "UPDATE workpump.instances SET lock_lost_at = lock_lost_at - $2
+             WHERE instance_id = $1 AND lock_lost_at IS NOT NULL",
+        )
+        .bind(instance.0)
+        .bind(interval(chrono::Duration::from_std(by).expect("age")))
+        .execute(&self.pool)
+        .await
+        .expect("age the lock loss");
+    }
+
     async fn alive_lock_key(&self, instance: InstanceId) -> Option<i64> {
         Some(
             sqlx::query_scalar("SELECT workpump.alive_lock_key($1)")
@@ -300,6 +312,9 @@ impl Harness for FakeHarness {
     }
     async fn age_eviction(&self, instance: InstanceId, by: Duration) {
         self.0.age_eviction(instance, by)
+    }
+    async fn age_lock_loss(&self, instance: InstanceId, by: Duration) {
+        self.0.age_lock_loss(instance, by)
     }
 }
 

@@ -41,6 +41,7 @@ async fn registered(c: &PgCoordinator) -> InstanceId {
         metadata: json!({}),
         stale_after: Duration::from_secs(30),
         dead_after: Some(Duration::from_secs(300)),
+        lock_grace: None,
     })
     .await
     .expect("heartbeat");
@@ -486,4 +487,33 @@ async fn an_unreachable_database_gets_an_error_that_says_what_was_being_done() {
             .await
             .is_err()
     );
+}
+
+/// The owner learns at once that its lock session is gone, without sending a query.
+#[tokio::test]
+async fn the_alive_lock_session_reports_its_loss_at_once() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let mut lock = c
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("lock");
+    assert!(lock.held);
+    let pid = lock.session.session_id().expect("a backend pid");
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&pool)
+        .await
+        .expect("terminate");
+    assert!(killed);
+    tokio::time::timeout(Duration::from_secs(10), lock.session.lost())
+        .await
+        .expect("the loss is noticed");
+    // Gone means gone: no silent reconnect that would not hold the lock.
+    assert!(lock.session.retake().await.is_err());
+    let alive = c
+        .is_instance_alive(IsInstanceAliveParams { instance: me })
+        .await
+        .expect("alive?");
+    assert!(!alive.alive);
 }

@@ -31,6 +31,8 @@ pub const DEFAULT_FAST_INTERVAL_MS: u64 = 10_000;
 pub const DEFAULT_SLOW_INTERVAL_MS: u64 = 60_000;
 /// Default [`HeartbeatConfig::stale_after_ms`]: 30 s.
 pub const DEFAULT_STALE_AFTER_MS: u64 = 30_000;
+/// Default [`HeartbeatConfig::lock_grace_ms`]: 3 s.
+pub const DEFAULT_LOCK_GRACE_MS: u64 = 3_000;
 /// Default [`HeartbeatConfig::dead_after_ms`]: 5 min.
 pub const DEFAULT_DEAD_AFTER_MS: u64 = 300_000;
 /// The largest interval or cutoff [`HeartbeatConfig::validate`] accepts: 24 h.
@@ -103,6 +105,14 @@ pub struct HeartbeatConfig {
     /// bypass. **Default: 300 000 ms (5 min).**
     #[serde(deserialize_with = "dead_after_ms::deserialize")]
     pub dead_after_ms: Option<u64>,
+    /// Passed to `record_heartbeat`: a peer that has held its alive-lock and lost it is dead
+    /// once the lock has stayed gone this long (failover in seconds: a crashed process loses
+    /// its connections, and the lock, at once). This worker notices its own lock session
+    /// closing at once and takes the lock again within this grace, so a connection blip does
+    /// not get a live instance reaped. `"none"` disables the rule (a dead peer is then found
+    /// by staleness only). **Default: 3 000 ms.**
+    #[serde(deserialize_with = "dead_after_ms::deserialize")]
+    pub lock_grace_ms: Option<u64>,
 }
 
 impl Default for HeartbeatConfig {
@@ -114,6 +124,7 @@ impl Default for HeartbeatConfig {
             liveness: LivenessMode::AdvisoryLockWhenAvailable,
             stale_after_ms: DEFAULT_STALE_AFTER_MS,
             dead_after_ms: Some(DEFAULT_DEAD_AFTER_MS),
+            lock_grace_ms: Some(DEFAULT_LOCK_GRACE_MS),
         }
     }
 }
@@ -151,6 +162,9 @@ impl HeartbeatConfig {
         let dead = self
             .dead_after_ms
             .map(|d| in_range("dead_after_ms", d).then_some(d));
+        if let Some(grace) = self.lock_grace_ms {
+            in_range("lock_grace_ms", grace);
+        }
         let (fast_ms, slow_ms, stale_ms) = (
             self.fast_interval_ms,
             self.slow_interval_ms,
@@ -230,6 +244,11 @@ impl HeartbeatConfig {
     /// [`dead_after_ms`](Self::dead_after_ms) as a duration.
     pub fn dead_after(&self) -> Option<Duration> {
         self.dead_after_ms.map(Duration::from_millis)
+    }
+
+    /// [`lock_grace_ms`](Self::lock_grace_ms) as a duration.
+    pub fn lock_grace(&self) -> Option<Duration> {
+        self.lock_grace_ms.map(Duration::from_millis)
     }
 }
 
@@ -379,6 +398,14 @@ impl AliveLock {
     pub fn release(&mut self) {
         self.session = None;
     }
+
+    /// Resolves when the open session's connection is gone (never, without a session).
+    pub async fn lost(&mut self) {
+        match self.session.as_mut() {
+            Some(open) => open.session.lost().await,
+            None => std::future::pending().await,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -519,7 +546,13 @@ impl Worker for HeartbeatWorker {
             metrics::gauge!(m::CADENCE_SECONDS).set(wait.as_secs_f64());
             let next = Instant::now() + wait;
             let mut watching = registered.is_some();
+            // After the lock's session drops, take the lock again at once and keep retrying
+            // quickly for the length of the lock grace (peers reap a lock-proven instance whose
+            // lock stays gone longer than that).
+            let mut retry: Option<(Instant, Duration, Instant)> = None;
+            let use_lock = self.config.liveness == LivenessMode::AdvisoryLockWhenAvailable;
             loop {
+                let retry_at = retry.map(|(at, _, _)| at);
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => break 'beats,
@@ -531,6 +564,25 @@ impl Worker for HeartbeatWorker {
                             debug!("the instance id changed; beating at once to register it");
                             break;
                         }
+                    }
+                    _ = lock.lost(), if use_lock && lock.is_held() => {
+                        metrics::counter!(m::ALIVE_LOCK_ERRORS_TOTAL).increment(1);
+                        warn!("the alive-lock session closed; taking the lock again at once");
+                        lock.release();
+                        let now = Instant::now();
+                        let until = now + self.config.lock_grace().unwrap_or(self.config.fast_interval());
+                        retry = Some((now, Duration::from_millis(100), until));
+                    }
+                    _ = sleep_until_opt(retry_at) => {
+                        let held = self.keep_alive_lock(&mut lock, self.identity.current()).await;
+                        metrics::gauge!(m::ALIVE_LOCK_HELD).set(if held { 1.0 } else { 0.0 });
+                        self.status.send_modify(|s| s.lock_held = held);
+                        retry = match retry {
+                            Some((_, delay, until)) if !held && Instant::now() < until => {
+                                Some((Instant::now() + delay, (delay * 2).min(Duration::from_secs(1)), until))
+                            }
+                            _ => None,
+                        };
                     }
                 }
             }
@@ -660,6 +712,7 @@ impl HeartbeatWorker {
             metadata: self.metadata.clone(),
             stale_after: self.config.stale_after(),
             dead_after: self.config.dead_after(),
+            lock_grace: self.config.lock_grace(),
         };
         let after = self.call_timeout();
         match timeout(after, self.coordinator.record_heartbeat(params)).await {
@@ -809,5 +862,12 @@ mod unit {
             Some(2)
         );
         assert_eq!(instance_metadata(json!([1, 2]))["extra"], json!([1, 2]));
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

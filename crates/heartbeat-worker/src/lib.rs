@@ -24,6 +24,14 @@
 //!   database clock). A row older than `stale_after_ms` whose lock is not held is reaped: the
 //!   row is deleted and all its leases are released at once, so peers reclaim the work
 //!   without waiting for the leases to expire.
+//! - **Failover in seconds.** A process that dies on the database's network loses its
+//!   connections, and with them its lock, at once. An instance that has held its lock
+//!   (lock-proven) is dead once a sweep has seen the lock gone for longer than
+//!   `lock_grace_ms`; its leases are released and the claimers of its queues woken. This
+//!   worker waits on its lock session, so when that connection closes under a live process it
+//!   takes the lock again at once (retrying quickly for the length of the grace). An instance
+//!   that cannot hold its lock says so in each heartbeat and is judged by staleness alone.
+//!   After a server restart, instances registered before it get `stale_after_ms` to come back.
 //! - **The definitive-dead bypass.** A row older than `dead_after_ms` is reaped even with its
 //!   lock held: a process killed behind a half-open TCP connection can leave its session (and
 //!   lock) on the server until keepalive notices, hours later by default.
@@ -51,9 +59,9 @@
 //! `slow_interval_ms` (else the definitive-dead bypass would reap a live lock holder), and why
 //! `stale_after_ms` must be at least twice `fast_interval_ms` (an instance without the lock
 //! must not look stale between two of its beats; the anchor that set the interval equal to
-//! the cutoff declared live instances dead). A consequence worth knowing: when the lock's
-//! session dies while the row is already older than `stale_after_ms`, a peer's sweep may reap
-//! the instance before its next beat notices; the next beat then handles the eviction.
+//! the cutoff declared live instances dead). The worker notices its lock session
+//! closing without waiting for a beat and takes the lock again within the lock grace, so a
+//! peer's sweep does not reap it for a blip.
 //!
 //! # Settings (`[heartbeat]`, [`HeartbeatConfig`])
 //!
@@ -65,6 +73,7 @@
 //! | `liveness` | `"advisory_lock_when_available"` | or `"heartbeat_table_only"`: no lock, always fast |
 //! | `stale_after_ms` | `30000` | stale cutoff passed to `record_heartbeat`; at least 2 × `fast_interval_ms` |
 //! | `dead_after_ms` | `300000` | definitive-dead cutoff; above `stale_after_ms` and (with the lock) above 2 × `slow_interval_ms`; `"none"` disables the bypass |
+//! | `lock_grace_ms` | `3000` | a lock-proven peer whose lock stays gone this long is dead (failover in seconds); `"none"` disables the rule |
 //!
 //! Every interval and cutoff is positive and at most 24 h. [`HeartbeatConfig::validate`]
 //! names every refused setting; `run` refuses to start with an invalid config.
@@ -102,7 +111,7 @@ mod tests;
 
 pub use heartbeat::{
     AliveLock, BeatOutcome, HeartbeatConfig, HeartbeatStatus, HeartbeatWorker, LivenessMode,
-    DEFAULT_DEAD_AFTER_MS, DEFAULT_FAST_INTERVAL_MS, DEFAULT_SLOW_INTERVAL_MS,
+    DEFAULT_DEAD_AFTER_MS, DEFAULT_FAST_INTERVAL_MS, DEFAULT_LOCK_GRACE_MS, DEFAULT_SLOW_INTERVAL_MS,
     DEFAULT_STALE_AFTER_MS, MAX_SETTING_MS, NAME,
 };
 

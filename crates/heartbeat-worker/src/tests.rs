@@ -272,7 +272,7 @@ async fn heartbeat_table_only_beats_every_10_s_and_never_takes_the_lock() {
 // -- the alive-lock's session -----------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-async fn after_the_lock_session_is_killed_the_next_beat_reconnects_and_retakes_the_lock() {
+async fn after_the_lock_session_is_killed_the_lock_is_taken_again_at_once() {
     let recorder = TestRecorder::default();
     let _recorder = metrics::set_default_local_recorder(&recorder);
     let fake = FakeCoordinator::new();
@@ -284,16 +284,12 @@ async fn after_the_lock_session_is_killed_the_next_beat_reconnects_and_retakes_t
 
     sleep_until(t0 + secs(1)).await;
     assert!(fake.kill_alive_lock_session(me));
-    assert!(!alive(&fake, me).await);
-
-    sleep_until(t0 + secs(61)).await;
-    assert_eq!(
-        calls_at(&fake, Method::RecordHeartbeat, t0),
-        offsets(&[0, 60])
-    );
+    // The worker waits on its session: the loss is noticed and the lock taken again at once,
+    // without waiting for the next beat (peers would reap it after the lock grace).
+    sleep_until(t0 + secs(1) + Duration::from_millis(1)).await;
     assert_eq!(
         calls_at(&fake, Method::TakeAliveLock, t0),
-        offsets(&[0, 60])
+        offsets(&[0, 1])
     );
     assert!(alive(&fake, me).await);
     assert!(worker.status().lock_held);
@@ -303,6 +299,7 @@ async fn after_the_lock_session_is_killed_the_next_beat_reconnects_and_retakes_t
         2
     );
 
+    // The beats keep their cadence.
     sleep_until(t0 + secs(125)).await;
     assert_eq!(
         calls_at(&fake, Method::RecordHeartbeat, t0),
@@ -343,10 +340,11 @@ async fn while_a_former_session_still_holds_the_lock_the_cadence_is_fast_until_i
         calls_at(&fake, Method::RecordHeartbeat, t0),
         offsets(&[0, 60, 70, 80, 90, 150])
     );
-    // Reconnected once at 60; the new session was re-checked at 70, 80 and 90.
+    // The lingering session's take at 1, then the worker's new session at once; that session
+    // was re-checked at 60, 70, 80 and 90 (and retried quickly for the lock grace after 1).
     assert_eq!(
         calls_at(&fake, Method::TakeAliveLock, t0),
-        offsets(&[0, 1, 60])
+        offsets(&[0, 1, 1])
     );
     assert!(worker.status().lock_held);
     assert!(alive(&fake, me).await);
@@ -376,10 +374,12 @@ async fn a_store_outage_fails_beats_at_the_fast_cadence_and_the_lock_is_retaken_
         calls_at(&fake, Method::RecordHeartbeat, t0),
         offsets(&[0, 60, 70, 80, 140])
     );
-    // 60: the session is gone and a new one cannot be opened; 70: again; 80: reconnected.
+    // 1: the session is gone; new ones are tried at once and then quickly for the length of
+    // the lock grace (3 s); then with the beats: 60 and 70 fail, 80 reconnects.
+    let ms = |v: &[u64]| v.iter().map(|m| Duration::from_millis(*m)).collect::<Vec<_>>();
     assert_eq!(
         calls_at(&fake, Method::TakeAliveLock, t0),
-        offsets(&[0, 60, 70, 80])
+        ms(&[0, 1000, 1100, 1300, 1700, 2500, 3500, 4500, 60_000, 70_000, 80_000])
     );
     let status = worker.status();
     assert_eq!(status.consecutive_failures, 0);
@@ -518,6 +518,7 @@ async fn an_evicted_instance_mints_a_new_id_and_registers_it_at_once_with_its_ow
         .cleanup_stale_instances(CleanupStaleInstancesParams {
             stale_after: secs(30),
             dead_after: Some(secs(300)),
+            lock_grace: None,
         })
         .await
         .expect("sweep");
@@ -576,6 +577,7 @@ async fn run_once_reports_the_eviction_and_the_fresh_instance() {
         .cleanup_stale_instances(CleanupStaleInstancesParams {
             stale_after: secs(30),
             dead_after: Some(secs(300)),
+            lock_grace: None,
         })
         .await
         .expect("sweep");
@@ -632,6 +634,7 @@ async fn peer_with_leases(fake: &FakeCoordinator, items: usize) -> InstanceId {
         metadata: json!({}),
         stale_after: secs(30),
         dead_after: Some(secs(300)),
+        lock_grace: None,
     })
     .await
     .expect("peer beat");
@@ -707,6 +710,7 @@ async fn the_configured_dead_cutoff_decides_whether_a_lock_holder_is_reaped() {
         metadata: json!({}),
         stale_after: secs(30),
         dead_after: Some(secs(300)),
+        lock_grace: None,
     })
     .await
     .expect("beat");

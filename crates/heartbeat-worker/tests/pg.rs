@@ -222,6 +222,7 @@ async fn a_held_lock_keeps_a_stale_instance_from_being_reaped_and_a_reaped_one_r
     let sweep = CleanupStaleInstancesParams {
         stale_after: Duration::from_secs(30),
         dead_after: Some(Duration::from_secs(300)),
+        lock_grace: None,
     };
     let swept = store
         .coordinator

@@ -281,6 +281,7 @@ impl HostConfig {
         MaintenanceConfig {
             stale_after_ms: self.heartbeat.stale_after_ms,
             dead_after_ms: self.heartbeat.dead_after_ms.unwrap_or(86_400_000),
+            lock_grace_ms: self.heartbeat.lock_grace_ms,
             ..self.maintenance.clone()
         }
     }

@@ -277,6 +277,7 @@ async fn start(
                     metadata: json!({ "pid": std::process::id() }),
                     stale_after: config.heartbeat.stale_after(),
                     dead_after: config.heartbeat.dead_after(),
+                    lock_grace: config.heartbeat.lock_grace(),
                 },
             );
             let status = w.status();

@@ -43,6 +43,7 @@ async fn rig_with(config: LeaseConfig) -> Rig {
         metadata: json!({}),
         stale_after: Duration::from_secs(30),
         dead_after: None,
+        lock_grace: None,
     })
     .await
     .expect("heartbeat");
@@ -263,6 +264,7 @@ async fn a_renewal_reported_lost_fires_the_token_within_the_same_flush() {
             metadata: json!({}),
             stale_after: Duration::from_secs(30),
             dead_after: None,
+            lock_grace: None,
         })
         .await
         .expect("heartbeat");

@@ -71,6 +71,7 @@ impl Pg {
                 metadata: json!({}),
                 stale_after: Duration::from_secs(30),
                 dead_after: None,
+                lock_grace: None,
             })
             .await
             .expect("heartbeat");

@@ -76,6 +76,7 @@ async fn instance(fake: &FakeCoordinator) -> InstanceId {
         metadata: json!({}),
         stale_after: secs(30),
         dead_after: Some(secs(300)),
+        lock_grace: None,
     })
     .await
     .expect("heartbeat");
@@ -631,6 +632,7 @@ async fn one_sweep_runs_at_most_max_batches_statements_of_each_kind() {
         .cleanup_stale_instances(CleanupStaleInstancesParams {
             stale_after: secs(30),
             dead_after: Some(secs(300)),
+            lock_grace: None,
         })
         .await
         .expect("cleanup");
@@ -733,6 +735,7 @@ fn validation_names_every_refused_setting() {
         interval_ms: 0,
         stale_after_ms: 60_000,
         dead_after_ms: 60_000,
+        lock_grace_ms: None,
         completed_retention_ms: 0,
         dead_retention_ms: MAX_RETENTION_MS + 1,
         evicted_retention_ms: 1_000,

@@ -76,6 +76,10 @@ pub struct MaintenanceConfig {
     /// reaped even with its alive-lock held (the definitive-dead bypass). Must exceed
     /// `stale_after_ms`. Use the heartbeat worker's value. **Default: 300 000 ms (5 min).**
     pub dead_after_ms: u64,
+    /// Passed to `cleanup_stale_instances`: a lock-proven instance whose alive-lock has stayed
+    /// gone this long is reaped (failover in seconds). `None` disables the rule. Use the
+    /// heartbeat worker's value (the host does). **Default: 3 000 ms.**
+    pub lock_grace_ms: Option<u64>,
     /// Completed items are deleted once they finished longer ago than this.
     /// **Default: 86 400 000 ms (24 h).**
     pub completed_retention_ms: u64,
@@ -113,6 +117,7 @@ impl Default for MaintenanceConfig {
             interval_ms: DEFAULT_INTERVAL_MS,
             stale_after_ms: DEFAULT_STALE_AFTER_MS,
             dead_after_ms: DEFAULT_DEAD_AFTER_MS,
+            lock_grace_ms: Some(3_000),
             completed_retention_ms: DEFAULT_COMPLETED_RETENTION_MS,
             dead_retention_ms: DEFAULT_DEAD_RETENTION_MS,
             evicted_retention_ms: DEFAULT_EVICTED_RETENTION_MS,
@@ -470,6 +475,7 @@ impl MaintenanceWorker {
         let params = CleanupStaleInstancesParams {
             stale_after: Duration::from_millis(self.config.stale_after_ms),
             dead_after: Some(Duration::from_millis(self.config.dead_after_ms)),
+            lock_grace: self.config.lock_grace_ms.map(Duration::from_millis),
         };
         let step = Step::CleanupStaleInstances;
         match self

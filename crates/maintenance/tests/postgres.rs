@@ -72,6 +72,7 @@ impl Store {
                 metadata: json!({}),
                 stale_after: Duration::from_secs(30),
                 dead_after: Some(Duration::from_secs(300)),
+                lock_grace: None,
             })
             .await
             .expect("heartbeat");

@@ -1,18 +1,21 @@
 //! The alive-lock's dedicated session.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 
 use super::db_error;
 use crate::coordinator::AliveLockSession;
 use crate::error::Result;
 use crate::types::{InstanceId, TakeAliveLockOutcome};
 
-/// A connection of its own (never from the pool) that holds one instance's advisory lock.
+/// A connection of its own (never from the shared pool) that holds one instance's advisory
+/// lock. It is a LISTEN connection on a channel nobody notifies, so waiting on it notices a
+/// closed or broken connection at once ([`AliveLockSession::lost`]) without sending a query.
 /// Dropping it closes the connection, and PostgreSQL releases the lock with the session.
 pub(super) struct PgAliveLock {
-    conn: PgConnection,
+    listener: Option<PgListener>,
     statement: String,
     instance: InstanceId,
     pid: Option<i32>,
@@ -22,18 +25,32 @@ impl PgAliveLock {
     pub(super) async fn open(
         options: PgConnectOptions,
         statement: String,
+        channel: String,
         instance: InstanceId,
     ) -> Result<TakeAliveLockOutcome> {
         let ctx = || format!("opening the alive-lock session of instance {instance}");
-        let mut conn = PgConnection::connect_with(&options)
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with(options);
+        let mut listener = PgListener::connect_with(&pool)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        listener.ignore_pool_close_event(true);
+        // A lost connection must surface as lost, not be replaced by a fresh session that
+        // does not hold the lock.
+        listener.eager_reconnect(false);
+        listener
+            .listen(&channel)
             .await
             .map_err(|e| db_error(ctx(), e))?;
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut conn)
+            .fetch_one(&mut listener)
             .await
             .map_err(|e| db_error(ctx(), e))?;
         let mut session = PgAliveLock {
-            conn,
+            listener: Some(listener),
             statement,
             instance,
             pid: Some(pid),
@@ -49,16 +66,38 @@ impl PgAliveLock {
 #[async_trait]
 impl AliveLockSession for PgAliveLock {
     async fn retake(&mut self) -> Result<bool> {
-        sqlx::query_scalar(&self.statement)
+        let ctx = || format!("taking the alive-lock of instance {}", self.instance);
+        let Some(listener) = self.listener.as_mut() else {
+            return Err(db_error(ctx(), sqlx::Error::PoolClosed));
+        };
+        let held = sqlx::query_scalar(&self.statement)
             .bind(self.instance.0)
-            .fetch_one(&mut self.conn)
-            .await
-            .map_err(|e| {
-                db_error(
-                    format!("taking the alive-lock of instance {}", self.instance),
-                    e,
-                )
-            })
+            .fetch_one(&mut *listener)
+            .await;
+        match held {
+            Ok(held) => Ok(held),
+            Err(e) => {
+                // The session is gone (and the lock with it); never reconnect silently.
+                self.listener = None;
+                Err(db_error(ctx(), e))
+            }
+        }
+    }
+
+    async fn lost(&mut self) {
+        let Some(listener) = self.listener.as_mut() else {
+            return;
+        };
+        loop {
+            match listener.try_recv().await {
+                // Nobody notifies the channel; ignore anything that arrives.
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => {
+                    self.listener = None;
+                    return;
+                }
+            }
+        }
     }
 
     fn session_id(&self) -> Option<i32> {

@@ -440,7 +440,17 @@ impl WorkCoordinator for PgCoordinator {
         if params.leases.is_empty() {
             return Ok(RenewLeasesOutcome::default());
         }
-        let (ids, tokens) = split_fences(&params.leases);
+        // Each claim goes once: renew_leases answers a repeated pair more than once (its
+        // joins multiply the repeats), and a repeat must not count as a second renewal.
+        // Every request, repeats included, gets the answer of its pair.
+        let mut seen = std::collections::HashSet::with_capacity(params.leases.len());
+        let distinct: Vec<Fence> = params
+            .leases
+            .iter()
+            .copied()
+            .filter(|f| seen.insert(*f))
+            .collect();
+        let (ids, tokens) = split_fences(&distinct);
         let ctx = || format!("renewing {} leases", params.leases.len());
         let rows: Vec<(i64, i64, String, bool)> = sqlx::query_as(&self.stmts.renew_leases)
             .bind(params.instance.0)
@@ -464,10 +474,21 @@ impl WorkCoordinator for PgCoordinator {
                         ))
                     }
                 };
-                Ok(Renewal {
-                    fence: Fence { id, token },
+                let fence = Fence { id, token };
+                let renewal = Renewal {
+                    fence,
                     status,
                     cancel_requested,
+                };
+                Ok((fence, renewal))
+            })
+            .collect::<Result<std::collections::HashMap<_, _>>>()?;
+        let items = params
+            .leases
+            .iter()
+            .map(|f| {
+                items.get(f).copied().ok_or_else(|| {
+                    Error::database(ctx(), format!("renew_leases did not answer for item {}", f.id))
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -568,7 +589,8 @@ impl WorkCoordinator for PgCoordinator {
         &self,
         params: RecordHeartbeatParams,
     ) -> Result<RecordHeartbeatOutcome> {
-        validate::validate_stale(params.stale_after, params.dead_after)?;
+        validate::validate_stale(params.stale_after, params.dead_after, params.lock_grace)?;
+        validate::validate_heartbeat(&params)?;
         let (evicted, reaped, released): (bool, i32, i32) =
             sqlx::query_as(&self.stmts.record_heartbeat)
                 .bind(params.instance.0)
@@ -576,6 +598,7 @@ impl WorkCoordinator for PgCoordinator {
                 .bind(sqlx::types::Json(&params.metadata))
                 .bind(interval(params.stale_after))
                 .bind(params.dead_after.map(interval))
+                .bind(params.lock_grace.map(interval))
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| {
@@ -595,10 +618,11 @@ impl WorkCoordinator for PgCoordinator {
         &self,
         params: CleanupStaleInstancesParams,
     ) -> Result<CleanupStaleInstancesOutcome> {
-        validate::validate_stale(params.stale_after, params.dead_after)?;
+        validate::validate_stale(params.stale_after, params.dead_after, params.lock_grace)?;
         let rows: Vec<(uuid::Uuid, i32)> = sqlx::query_as(&self.stmts.cleanup_stale_instances)
             .bind(interval(params.stale_after))
             .bind(params.dead_after.map(interval))
+            .bind(params.lock_grace.map(interval))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_error("cleaning up stale instances", e))?;
@@ -795,8 +819,13 @@ impl WorkCoordinator for PgCoordinator {
 
     async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
         let options: PgConnectOptions = (*self.pool.connect_options()).clone();
-        alive_lock::PgAliveLock::open(options, self.stmts.take_alive_lock.clone(), params.instance)
-            .await
+        alive_lock::PgAliveLock::open(
+            options,
+            self.stmts.take_alive_lock.clone(),
+            format!("{}.alive", self.schema),
+            params.instance,
+        )
+        .await
     }
 
     async fn is_instance_alive(
