@@ -148,6 +148,7 @@ macro_rules! conformance_suite {
             a_lock_taken_again_within_the_grace_keeps_the_instance,
             an_instance_that_never_held_its_lock_is_judged_by_staleness_alone,
             a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock,
+            maintenance_due_flags_exactly_the_steps_that_have_work,
             alive_lock_keys_that_hash_to_negative_values_work,
             killing_the_alive_lock_session_releases_the_lock,
             the_alive_lock_is_taken_once_per_session,
@@ -885,6 +886,62 @@ pub async fn a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock(h: &dyn H
     let second = h.coordinator().record_heartbeat(params()).await.expect("beat");
     assert_eq!(second.reaped, 1);
     assert!(!h.instance_registered(dead).await);
+}
+
+/// The one-statement probe behind an idle sweep: each flag turns on with its kind of work.
+pub async fn maintenance_due_flags_exactly_the_steps_that_have_work(h: &dyn Harness) {
+    let params = MaintenanceDueParams {
+        stale_after: STALE,
+        dead_after: Some(DEAD),
+        lock_grace: Some(GRACE),
+        completed_retention: Duration::from_secs(3600),
+        dead_retention: Duration::from_secs(7200),
+        evicted_retention: Duration::from_secs(7200),
+    };
+    let due = || async { h.coordinator().maintenance_due(params).await.expect("due") };
+    queue(h, "q", 1).await;
+    let me = instance(h).await;
+    assert_eq!(due().await, MaintenanceDueOutcome::default(), "idle");
+
+    let ids = enqueue(
+        h,
+        vec![
+            NewWork::new("q", json!(1)).run_after(Duration::from_secs(600)),
+            NewWork::new("q", json!(2)),
+            NewWork::new("q", json!(3)),
+        ],
+    )
+    .await;
+    h.set_run_at(ids[0], chrono::Duration::seconds(-1)).await;
+    assert_eq!(
+        due().await,
+        MaintenanceDueOutcome {
+            scheduled: true,
+            ..Default::default()
+        }
+    );
+    let claimed = claim(h, me, &["q"], 3).await;
+    let by_id = |id| claimed.items.iter().find(|c| c.fence.id == id).expect("claimed").fence;
+    complete(h, me, vec![by_id(ids[1])]).await;
+    h.age_finished(ids[1], Duration::from_secs(3601)).await;
+    h.set_lease_expiry(ids[2], chrono::Duration::seconds(-1)).await;
+    let peer = instance(h).await;
+    h.age_heartbeat(peer, STALE * 2).await;
+    let flags = due().await;
+    assert_eq!(
+        flags,
+        MaintenanceDueOutcome {
+            instances: true,
+            orphans: true,
+            scheduled: false,
+            finished: true,
+            tombstones: false,
+        }
+    );
+    assert_eq!(cleanup(h, Some(DEAD)).await.reaped.len(), 1);
+    h.age_eviction(peer, Duration::from_secs(7201)).await;
+    assert!(due().await.tombstones);
+    assert!(!due().await.instances);
 }
 
 /// Keys whose 64 bits read as a negative number are found in pg_locks like any other.

@@ -85,6 +85,11 @@ pub trait WorkCoordinator: Send + Sync + 'static {
         params: PruneEvictedInstancesParams,
     ) -> Result<PruneEvictedInstancesOutcome>;
 
+    /// Which maintenance steps have work right now, in one cheap statement (an idle sweep
+    /// costs one round trip).
+    async fn maintenance_due(&self, params: MaintenanceDueParams)
+        -> Result<MaintenanceDueOutcome>;
+
     /// Counts available, scheduled and running items per queue (for metrics); see
     /// `0019_queue_depth.sql` for its cost.
     async fn queue_depth(&self, params: QueueDepthParams) -> Result<QueueDepthOutcome>;

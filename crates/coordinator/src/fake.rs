@@ -45,6 +45,7 @@ pub enum Method {
     DeadLetterExpired,
     PruneFinished,
     PruneEvictedInstances,
+    MaintenanceDue,
     QueueDepth,
     CancelWork,
     RetryDeadWork,
@@ -1180,6 +1181,51 @@ impl WorkCoordinator for FakeCoordinator {
         }
         Ok(PruneEvictedInstancesOutcome {
             pruned: old.len() as u64,
+        })
+    }
+
+    async fn maintenance_due(
+        &self,
+        params: MaintenanceDueParams,
+    ) -> Result<MaintenanceDueOutcome> {
+        self.enter(Method::MaintenanceDue, 0).await?;
+        params.validate()?;
+        let now = self.now();
+        let ago = |d: Duration| now - chrono::Duration::from_std(d).unwrap_or_default();
+        let st = self.state();
+        let instances = st.instances.iter().any(|(id, i)| {
+            let held = st.alive_locks.contains_key(id);
+            params
+                .dead_after
+                .is_some_and(|d| i.last_heartbeat_at < ago(d))
+                || (!held
+                    && (i.last_heartbeat_at < ago(params.stale_after)
+                        || (params.lock_grace.is_some() && i.alive_lock)))
+                || (i.lock_lost_at.is_some() && held)
+        });
+        let orphans = st
+            .work
+            .values()
+            .any(|r| r.is_orphan(now) && (r.attempt >= r.max_attempts || r.cancel_requested));
+        let scheduled = st
+            .work
+            .values()
+            .any(|r| r.state == WorkState::Scheduled && r.run_at <= now);
+        let finished = st.work.values().any(|r| match (r.state, r.finished_at) {
+            (WorkState::Completed, Some(t)) => t < ago(params.completed_retention),
+            (WorkState::Dead | WorkState::Cancelled, Some(t)) => t < ago(params.dead_retention),
+            _ => false,
+        });
+        let tombstones = st
+            .evicted
+            .values()
+            .any(|at| *at < ago(params.evicted_retention));
+        Ok(MaintenanceDueOutcome {
+            instances,
+            orphans,
+            scheduled,
+            finished,
+            tombstones,
         })
     }
 

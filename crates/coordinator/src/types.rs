@@ -604,6 +604,38 @@ impl DeadLetterExpiredOutcome {
     }
 }
 
+/// Asks which maintenance steps have work, in one statement.
+#[derive(Clone, Copy, Debug)]
+pub struct MaintenanceDueParams {
+    /// As in [`CleanupStaleInstancesParams`].
+    pub stale_after: Duration,
+    /// As in [`CleanupStaleInstancesParams`].
+    pub dead_after: Option<Duration>,
+    /// As in [`CleanupStaleInstancesParams`].
+    pub lock_grace: Option<Duration>,
+    /// As in [`PruneFinishedParams`].
+    pub completed_retention: Duration,
+    /// As in [`PruneFinishedParams`].
+    pub dead_retention: Duration,
+    /// As in [`PruneEvictedInstancesParams`].
+    pub evicted_retention: Duration,
+}
+
+/// Which maintenance steps have work (hints: a step that finds nothing is harmless).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MaintenanceDueOutcome {
+    /// `cleanup_stale_instances`: some instance may be dead (or a lost lock was taken again).
+    pub instances: bool,
+    /// `dead_letter_expired`: an orphan must not run again.
+    pub orphans: bool,
+    /// `promote_scheduled`: a scheduled item is due.
+    pub scheduled: bool,
+    /// `prune_finished`: a finished item is past its retention.
+    pub finished: bool,
+    /// `prune_evicted_instances`: a tombstone is past its retention.
+    pub tombstones: bool,
+}
+
 /// Deletes finished items past their retention.
 #[derive(Clone, Copy, Debug)]
 pub struct PruneFinishedParams {
@@ -791,6 +823,23 @@ impl PruneEvictedInstancesParams {
     pub(crate) fn validate(&self) -> crate::Result<()> {
         validate_retention("prune_evicted_instances", "retention", self.retention)?;
         validate_sweep_limit("prune_evicted_instances", self.limit)
+    }
+}
+
+impl MaintenanceDueParams {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        crate::validate::validate_stale(self.stale_after, self.dead_after, self.lock_grace)?;
+        validate_retention(
+            "maintenance_due",
+            "completed_retention",
+            self.completed_retention,
+        )?;
+        validate_retention("maintenance_due", "dead_retention", self.dead_retention)?;
+        validate_retention(
+            "maintenance_due",
+            "evicted_retention",
+            self.evicted_retention,
+        )
     }
 }
 

@@ -34,8 +34,9 @@ pub fn validate_queue_name(name: &str) -> Result<()> {
 }
 
 /// Checks a schema name: 1 to 40 characters from `a-z 0-9 _`, not starting with a digit,
-/// not `pg_`-prefixed and not `information_schema` (system schemas are never workpump's). Such a name is always a valid, unambiguous identifier; the coordinator
-/// still quotes it wherever it is used.
+/// not `pg_`-prefixed and not `information_schema` (system schemas are never workpump's).
+/// Such a name is always a valid, unambiguous identifier; the coordinator still quotes it
+/// wherever it is used.
 pub fn validate_schema_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 40

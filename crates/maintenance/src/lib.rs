@@ -32,10 +32,16 @@
 //! overrun delays the next sweep instead of bunching them). Steps run in this order, and a
 //! failed step (an error, or no answer within `call_timeout_ms`) is logged and counted while
 //! the remaining steps still run; [`MaintenanceWorker::run_once`] returns a [`SweepReport`],
-//! or a [`SweepError`] that carries the report and the failed steps:
+//! or a [`SweepError`] that carries the report and the failed steps.
 //!
-//! 1. `cleanup_stale_instances(stale_after_ms, dead_after_ms)`: the backstop for the
-//!    heartbeat's opportunistic sweep (alive-lock guard and definitive-dead bypass included);
+//! With `skip_idle_steps` (the default) a sweep first asks `maintenance_due` — one cheap
+//! statement of index probes — which steps have work, and runs only those: every instance
+//! sweeps every few seconds, and an idle sweep then costs one round trip instead of five.
+//!
+//! 1. `cleanup_stale_instances(stale_after_ms, dead_after_ms, lock_grace_ms)`: the backstop
+//!    for the heartbeat's opportunistic sweep, and what makes failover fast: a lock-proven
+//!    instance whose alive-lock stays gone past `lock_grace_ms` is reaped here (alive-lock
+//!    guard and definitive-dead bypass included);
 //! 2. `dead_letter_expired`: after 1, so leases it released are seen at once;
 //! 3. `promote_scheduled`, which NOTIFYs each queue it made work available in;
 //! 4. `prune_finished(completed_retention_ms, dead_retention_ms)`;
@@ -54,6 +60,7 @@
 //! | `interval_ms` | 5 000 | sweep start to sweep start |
 //! | `stale_after_ms` | 30 000 | stale cutoff for `cleanup_stale_instances` (use the heartbeat's) |
 //! | `dead_after_ms` | 300 000 | definitive-dead cutoff (use the heartbeat's) |
+//! | `lock_grace_ms` | 3 000 | a lock-proven instance whose lock stays gone this long is dead (use the heartbeat's); `None` = off |
 //! | `completed_retention_ms` | 86 400 000 (24 h) | completed items are deleted after this |
 //! | `dead_retention_ms` | 604 800 000 (7 days) | dead letters and cancelled items are deleted after this |
 //! | `evicted_retention_ms` | 604 800 000 (7 days) | eviction tombstones are deleted after this |
@@ -61,6 +68,7 @@
 //! | `max_batches_per_sweep` | 10 | statements of one kind per sweep |
 //! | `depth_sample_interval_ms` | 15 000 | shortest time between queue-depth samples; 0 = off |
 //! | `call_timeout_ms` | 30 000 | a store call is abandoned after this |
+//! | `skip_idle_steps` | `true` | probe first (`maintenance_due`) and run only the steps with work |
 //!
 //! # Metrics
 //!

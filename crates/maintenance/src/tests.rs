@@ -30,7 +30,19 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
+/// A worker that runs every step every sweep (`skip_idle_steps = false`), so the tests
+/// below see each step's calls; the probe path has its own tests.
 fn worker(fake: &FakeCoordinator, config: MaintenanceConfig) -> Arc<MaintenanceWorker> {
+    probing_worker(
+        fake,
+        MaintenanceConfig {
+            skip_idle_steps: false,
+            ..config
+        },
+    )
+}
+
+fn probing_worker(fake: &FakeCoordinator, config: MaintenanceConfig) -> Arc<MaintenanceWorker> {
     assert!(config.validate("maintenance").is_empty());
     Arc::new(MaintenanceWorker::new(Arc::new(fake.clone()), config))
 }
@@ -743,6 +755,7 @@ fn validation_names_every_refused_setting() {
         max_batches_per_sweep: 0,
         depth_sample_interval_ms: MAX_INTERVAL_MS + 1,
         call_timeout_ms: 0,
+        skip_idle_steps: true,
     };
     let problems = c.validate("maintenance");
     let settings: Vec<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
@@ -795,4 +808,46 @@ fn the_section_reads_from_toml_with_defaults_for_what_is_missing() {
         .extract_inner::<MaintenanceConfig>("maintenance")
         .unwrap_err();
     assert!(typo.to_string().contains("batch_limt"), "{typo}");
+}
+
+// -- the probe ----------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_sweep_is_one_probe_statement() {
+    let fake = FakeCoordinator::new();
+    let w = probing_worker(&fake, MaintenanceConfig::default());
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(Duration::from_millis(20_500)).await;
+    stop(shutdown, task).await;
+    assert_eq!(
+        call_times(&fake, Method::MaintenanceDue, start),
+        [0, 5, 10, 15, 20].map(secs).to_vec()
+    );
+    let others: Vec<Method> = fake
+        .calls()
+        .iter()
+        .map(|c| c.method)
+        .filter(|m| !matches!(m, Method::MaintenanceDue | Method::QueueDepth))
+        .collect();
+    assert!(others.is_empty(), "{others:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_probe_runs_only_the_steps_that_have_work() {
+    let fake = FakeCoordinator::new();
+    queue(&fake, "q", 10).await;
+    enqueue_soon(&fake, "q", 3).await;
+    tokio::time::advance(secs(2)).await;
+    let w = probing_worker(&fake, MaintenanceConfig::default());
+    let report = w.run_once().await.expect("sweep");
+    assert_eq!(report.promoted, 3);
+    assert_eq!(fake.calls_of(Method::PromoteScheduled).len(), 1);
+    assert!(fake.calls_of(Method::CleanupStaleInstances).is_empty());
+    assert!(fake.calls_of(Method::PruneFinished).is_empty());
+    // A failed probe is a failed sweep; no step runs blind.
+    fake.fail_next(Method::MaintenanceDue, 1);
+    let err = w.run_once().await.unwrap_err();
+    assert_eq!(err.failures[0].step, Step::MaintenanceDue);
+    assert_eq!(fake.calls_of(Method::PromoteScheduled).len(), 1);
 }

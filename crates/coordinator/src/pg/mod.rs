@@ -81,6 +81,7 @@ struct Statements {
     dead_letter_expired: String,
     prune_finished: String,
     prune_evicted_instances: String,
+    maintenance_due: String,
     queue_depth: String,
     cancel_work: String,
     retry_dead_work: String,
@@ -120,6 +121,7 @@ impl Statements {
             dead_letter_expired: s(query_file!("dead_letter_expired")),
             prune_finished: s(query_file!("prune_finished")),
             prune_evicted_instances: s(query_file!("prune_evicted_instances")),
+            maintenance_due: s(query_file!("maintenance_due")),
             queue_depth: s(query_file!("queue_depth")),
             cancel_work: s(query_file!("cancel_work")),
             retry_dead_work: s(query_file!("retry_dead_work")),
@@ -754,6 +756,31 @@ impl WorkCoordinator for PgCoordinator {
             })?;
         Ok(PruneEvictedInstancesOutcome {
             pruned: pruned as u64,
+        })
+    }
+
+    async fn maintenance_due(
+        &self,
+        params: MaintenanceDueParams,
+    ) -> Result<MaintenanceDueOutcome> {
+        params.validate()?;
+        let (instances, orphans, scheduled, finished, tombstones): (bool, bool, bool, bool, bool) =
+            sqlx::query_as(&self.stmts.maintenance_due)
+                .bind(interval(params.stale_after))
+                .bind(params.dead_after.map(interval))
+                .bind(params.lock_grace.map(interval))
+                .bind(interval(params.completed_retention))
+                .bind(interval(params.dead_retention))
+                .bind(interval(params.evicted_retention))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| db_error("asking which maintenance steps have work", e))?;
+        Ok(MaintenanceDueOutcome {
+            instances,
+            orphans,
+            scheduled,
+            finished,
+            tombstones,
         })
     }
 
