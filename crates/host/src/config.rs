@@ -33,6 +33,11 @@ pub struct HostConfig {
     pub migrate: bool,
     /// The pool size when the host connects by URL. **Default: 10.**
     pub max_connections: u32,
+    /// Connections of the workers' own pool (claims, renewals, heartbeats, outcomes, sweeps),
+    /// kept apart from the pool handlers and producers use so that handlers holding
+    /// connections can starve neither renewals nor heartbeats. The host also opens one
+    /// connection for LISTEN and one for the alive-lock. **Default: 4.**
+    pub control_connections: u32,
     /// The host name recorded with the instance. **Default: `$HOSTNAME`, else
     /// `/etc/hostname`, else `unknown`.**
     pub host_name: Option<String>,
@@ -63,6 +68,7 @@ impl Default for HostConfig {
             schema: DEFAULT_SCHEMA.to_owned(),
             migrate: true,
             max_connections: 10,
+            control_connections: 4,
             host_name: None,
             shutdown_timeout_ms: 30_000,
             claim: ClaimConfig::default(),
@@ -149,6 +155,12 @@ impl HostConfig {
         }
         if self.max_connections == 0 {
             problems.push(ConfigProblem::new("max_connections", "must be at least 1"));
+        }
+        if self.control_connections < 2 {
+            problems.push(ConfigProblem::new(
+                "control_connections",
+                "must be at least 2 (renewals must not wait behind a claim or an outcome write)",
+            ));
         }
         if self.shutdown_timeout_ms == 0 {
             problems.push(ConfigProblem::new(

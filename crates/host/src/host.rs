@@ -215,10 +215,12 @@ async fn start(
         Some(Store::Url(url)) => {
             let pg = PgCoordinator::connect_lazy(&url, &config.schema, config.max_connections)
                 .map_err(HostError::Store)?;
+            let pg = pg.clone().with_control_pool(pg.dedicated_pool(config.control_connections));
             (Arc::new(pg.clone()), Some(pg))
         }
         Some(Store::Pool(pool)) => {
             let pg = PgCoordinator::with_schema(pool, &config.schema).map_err(HostError::Store)?;
+            let pg = pg.clone().with_control_pool(pg.dedicated_pool(config.control_connections));
             (Arc::new(pg.clone()), Some(pg))
         }
         Some(Store::Coordinator(c)) => (c, None),
@@ -536,12 +538,22 @@ impl HostHandle {
     }
 
     /// Enqueues work and wakes this host's claim loops for it at once (other hosts are woken
-    /// by NOTIFY). For an enqueue inside your own transaction use
-    /// [`pg`](Self::pg)`.enqueue_with(&mut tx, ..)`.
+    /// by NOTIFY). Right after [`start`](HostBuilder::start) it first waits for the schema
+    /// gate (the migrations and the queue registration run in the background), unless the
+    /// host stops meanwhile. For an enqueue inside your own transaction use
+    /// [`pg`](Self::pg)`.enqueue_with(&mut tx, ..)` once [`Health::schema_ready`](crate::Health)
+    /// is true.
     pub async fn enqueue(
         &self,
         items: Vec<NewWork>,
     ) -> Result<EnqueueWorkOutcome, workpump_coordinator::Error> {
+        let mut ready = self.inner.schema_ready.clone();
+        if !*ready.borrow_and_update() {
+            tokio::select! {
+                _ = ready.wait_for(|ready| *ready) => {}
+                _ = self.inner.shutdown.cancelled() => {}
+            }
+        }
         let queues: BTreeSet<String> = items.iter().map(|i| i.queue.clone()).collect();
         let out = self
             .inner

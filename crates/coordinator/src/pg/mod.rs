@@ -137,12 +137,17 @@ impl Statements {
 /// The [`WorkCoordinator`] over PostgreSQL. Cheap to clone (the pool and the statements are
 /// shared).
 ///
-/// Calls run on the given pool. The alive-lock and the wake listener each get a dedicated
-/// connection made with the pool's options, outside the pool, so a pool exhausted by handler
-/// traffic can starve neither.
+/// Two pools: the *pool* it was made with, where handlers' fenced transactions, enqueues and
+/// migrations run; and the *control* pool, where every other [`WorkCoordinator`] call runs
+/// (claims, renewals, heartbeats, outcomes, sweeps). They are
+/// the same pool unless [`with_control_pool`](Self::with_control_pool) gives it one of its own
+/// — which the host does, so handlers that hold their connections for a long time can starve
+/// neither renewals nor heartbeats. The alive-lock and the wake listener each get a dedicated
+/// connection made with the pool's options, outside both pools.
 #[derive(Clone)]
 pub struct PgCoordinator {
     pool: PgPool,
+    control: PgPool,
     schema: Arc<str>,
     stmts: Arc<Statements>,
 }
@@ -165,10 +170,27 @@ impl PgCoordinator {
     pub fn with_schema(pool: PgPool, schema: &str) -> Result<Self> {
         validate::validate_schema_name(schema)?;
         Ok(PgCoordinator {
+            control: pool.clone(),
             pool,
             schema: schema.into(),
             stmts: Arc::new(Statements::new(schema)),
         })
+    }
+
+    /// Runs every [`WorkCoordinator`] call on `control` instead of the main pool.
+    pub fn with_control_pool(mut self, control: PgPool) -> Self {
+        self.control = control;
+        self
+    }
+
+    /// A lazily connected pool of at most `max_connections`, with the main pool's connect
+    /// options: a control pool for [`with_control_pool`](Self::with_control_pool).
+    pub fn dedicated_pool(&self, max_connections: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with((*self.pool.connect_options()).clone())
     }
 
     /// Connects a pool of at most `max_connections` to `url` and returns a coordinator on it
@@ -184,9 +206,14 @@ impl PgCoordinator {
         Self::with_schema(pool, schema)
     }
 
-    /// The pool calls run on.
+    /// The main pool (fenced transactions, migrations).
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The pool the [`WorkCoordinator`] calls run on.
+    pub fn control_pool(&self) -> &PgPool {
+        &self.control
     }
 
     /// The schema this coordinator works in.
@@ -301,7 +328,7 @@ impl PgCoordinator {
         >,
     ) -> Result<OutcomeBatch> {
         let rows = query
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| db_error(ctx.clone(), e))?;
         rows.into_iter()
@@ -386,7 +413,7 @@ impl WorkCoordinator for PgCoordinator {
         sqlx::query(&self.stmts.register_queue)
             .bind(&params.name)
             .bind(params.max_attempts)
-            .execute(&self.pool)
+            .execute(&self.control)
             .await
             .map_err(|e| db_error(format!("registering queue {:?}", params.name), e))?;
         Ok(RegisterQueueOutcome {})
@@ -394,6 +421,7 @@ impl WorkCoordinator for PgCoordinator {
 
     async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome> {
         let n = params.items.len();
+        // Producers' traffic: the main pool, not the workers' control pool.
         let mut conn = self
             .pool
             .acquire()
@@ -409,7 +437,7 @@ impl WorkCoordinator for PgCoordinator {
             .bind(&params.queues)
             .bind(params.max_items as i32)
             .bind(interval(params.lease))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| match sqlstate(&e).as_deref() {
                 Some("WP003") => Error::NotRegistered(params.instance),
@@ -459,7 +487,7 @@ impl WorkCoordinator for PgCoordinator {
             .bind(&ids)
             .bind(&tokens)
             .bind(interval(params.lease))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| db_error(ctx(), e))?;
         let items = rows
@@ -506,7 +534,7 @@ impl WorkCoordinator for PgCoordinator {
             .bind(params.instance.0)
             .bind(&ids)
             .bind(&tokens)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| db_error(format!("completing {} items", ids.len()), e))?;
         Ok(OutcomeBatch {
@@ -577,7 +605,7 @@ impl WorkCoordinator for PgCoordinator {
             .bind(id)
             .bind(params.fence.token)
             .bind(sqlx::types::Json(&params.checkpoint))
-            .fetch_one(&self.pool)
+            .fetch_one(&self.control)
             .await
             .map_err(|e| db_error(format!("saving the checkpoint of item {id}"), e))?;
         if saved {
@@ -601,7 +629,7 @@ impl WorkCoordinator for PgCoordinator {
                 .bind(interval(params.stale_after))
                 .bind(params.dead_after.map(interval))
                 .bind(params.lock_grace.map(interval))
-                .fetch_one(&self.pool)
+                .fetch_one(&self.control)
                 .await
                 .map_err(|e| {
                     db_error(
@@ -625,7 +653,7 @@ impl WorkCoordinator for PgCoordinator {
             .bind(interval(params.stale_after))
             .bind(params.dead_after.map(interval))
             .bind(params.lock_grace.map(interval))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| db_error("cleaning up stale instances", e))?;
         Ok(CleanupStaleInstancesOutcome {
@@ -645,7 +673,7 @@ impl WorkCoordinator for PgCoordinator {
     ) -> Result<DeregisterInstanceOutcome> {
         let released: i32 = sqlx::query_scalar(&self.stmts.deregister_instance)
             .bind(params.instance.0)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.control)
             .await
             .map_err(|e| db_error(format!("deregistering instance {}", params.instance), e))?;
         Ok(DeregisterInstanceOutcome {
@@ -660,7 +688,7 @@ impl WorkCoordinator for PgCoordinator {
         params.validate()?;
         let rows: Vec<(String, i32)> = sqlx::query_as(&self.stmts.promote_scheduled)
             .bind(params.limit as i32)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| {
                 db_error(
@@ -687,7 +715,7 @@ impl WorkCoordinator for PgCoordinator {
         let ctx = || format!("ending up to {} expired orphans", params.limit);
         let rows: Vec<(String, String, i32)> = sqlx::query_as(&self.stmts.dead_letter_expired)
             .bind(params.limit as i32)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| db_error(ctx(), e))?;
         let mut outcome = DeadLetterExpiredOutcome::default();
@@ -717,7 +745,7 @@ impl WorkCoordinator for PgCoordinator {
             .bind(interval(params.completed_retention))
             .bind(interval(params.dead_retention))
             .bind(params.limit as i32)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| db_error(ctx(), e))?;
         let mut outcome = PruneFinishedOutcome::default();
@@ -746,7 +774,7 @@ impl WorkCoordinator for PgCoordinator {
         let pruned: i32 = sqlx::query_scalar(&self.stmts.prune_evicted_instances)
             .bind(interval(params.retention))
             .bind(params.limit as i32)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.control)
             .await
             .map_err(|e| {
                 db_error(
@@ -772,7 +800,7 @@ impl WorkCoordinator for PgCoordinator {
                 .bind(interval(params.completed_retention))
                 .bind(interval(params.dead_retention))
                 .bind(interval(params.evicted_retention))
-                .fetch_one(&self.pool)
+                .fetch_one(&self.control)
                 .await
                 .map_err(|e| db_error("asking which maintenance steps have work", e))?;
         Ok(MaintenanceDueOutcome {
@@ -787,7 +815,7 @@ impl WorkCoordinator for PgCoordinator {
     async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
         let ctx = "counting items per queue and state";
         let rows: Vec<(String, String, i64)> = sqlx::query_as(&self.stmts.queue_depth)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.control)
             .await
             .map_err(|e| db_error(ctx, e))?;
         let depths = rows
@@ -807,7 +835,7 @@ impl WorkCoordinator for PgCoordinator {
         let ctx = || format!("cancelling work item {}", params.id);
         let answer: String = sqlx::query_scalar(&self.stmts.cancel_work)
             .bind(params.id)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.control)
             .await
             .map_err(|e| db_error(ctx(), e))?;
         let cancellation = match answer.as_str() {
@@ -826,7 +854,7 @@ impl WorkCoordinator for PgCoordinator {
     async fn retry_dead_work(&self, params: RetryDeadWorkParams) -> Result<RetryDeadWorkOutcome> {
         let queue: String = sqlx::query_scalar(&self.stmts.retry_dead_work)
             .bind(params.id)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.control)
             .await
             .map_err(|e| db_error(format!("retrying dead letter {}", params.id), e))?;
         Ok(RetryDeadWorkOutcome { queue })
@@ -836,7 +864,7 @@ impl WorkCoordinator for PgCoordinator {
         let ctx = || format!("discarding work item {}", params.id);
         let state: String = sqlx::query_scalar(&self.stmts.discard_work)
             .bind(params.id)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.control)
             .await
             .map_err(|e| db_error(ctx(), e))?;
         Ok(DiscardWorkOutcome {
@@ -861,7 +889,7 @@ impl WorkCoordinator for PgCoordinator {
     ) -> Result<IsInstanceAliveOutcome> {
         let alive: bool = sqlx::query_scalar(&self.stmts.is_instance_alive)
             .bind(params.instance.0)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.control)
             .await
             .map_err(|e| {
                 db_error(
