@@ -90,14 +90,12 @@ BEGIN
 
     -- 1. Promote due scheduled rows of these queues.
     UPDATE work w SET state = 'available'
-    FROM (
+    WHERE w.id = ANY (ARRAY(
         SELECT s.id FROM work s
         WHERE s.state = 'scheduled' AND s.run_at <= v_now AND s.queue = ANY (v_queues)
         ORDER BY s.run_at
         LIMIT 1000
-        FOR UPDATE SKIP LOCKED
-    ) due
-    WHERE w.id = due.id;
+        FOR UPDATE SKIP LOCKED));
 
     -- Orphans are rare: one index probe on work_running_lease decides whether to look.
     -- (An orphan: running AND (instance_id IS NULL OR lease_expiry < now()); owner and expiry
@@ -120,19 +118,17 @@ BEGIN
                               THEN 'lease expired after a cancel was requested'
                               ELSE format('lease expired on attempt %s of %s; no attempts left', w.attempt, w.max_attempts)
                          END))
-        FROM (
+        WHERE w.id = ANY (ARRAY(
             SELECT o.id FROM work o
             WHERE o.state = 'running' AND coalesce(o.lease_expiry, '-infinity'::timestamptz) < v_now
               AND o.queue = ANY (v_queues)
               AND (o.attempt >= o.max_attempts OR o.cancel_requested)
             LIMIT 1000
-            FOR UPDATE SKIP LOCKED
-        ) ended
-        WHERE w.id = ended.id;
+            FOR UPDATE SKIP LOCKED));
 
         -- 3. Reclaim orphans. When they fill the batch, the drain hint says more may be left.
         RETURN QUERY
-        WITH picked AS (
+        WITH picked AS MATERIALIZED (
             SELECT o.id FROM work o
             WHERE o.state = 'running' AND coalesce(o.lease_expiry, '-infinity'::timestamptz) < v_now
               AND o.queue = ANY (v_queues)
@@ -140,7 +136,7 @@ BEGIN
             ORDER BY o.priority, o.run_at, o.id
             LIMIT p_max_items
             FOR UPDATE SKIP LOCKED
-        ), full_batch AS (
+        ), full_batch AS MATERIALIZED (
             SELECT count(*) >= p_max_items AS has_more FROM picked
         ), claimed AS (
             UPDATE work w
@@ -156,8 +152,7 @@ BEGIN
                                   THEN 'lease released: the owning instance was declared dead'
                                   ELSE 'lease expired: the owning instance stopped renewing'
                              END))
-            FROM picked
-            WHERE w.id = picked.id
+            WHERE w.id = ANY (ARRAY(SELECT p.id FROM picked p))
             RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
                       w.lease_expiry, w.payload, w.checkpoint, w.created_at
         )
@@ -175,7 +170,7 @@ BEGIN
     -- 4. Available due rows, one index range per queue, merged in claim order. One row more
     -- than needed is locked to learn whether any were left (the drain hint).
     RETURN QUERY
-    WITH candidates AS (
+    WITH candidates AS MATERIALIZED (
         SELECT c.id, c.priority, c.run_at
         FROM unnest(v_queues) AS q(name)
         CROSS JOIN LATERAL (
@@ -185,12 +180,7 @@ BEGIN
             LIMIT v_remaining + 1
             FOR UPDATE SKIP LOCKED
         ) c
-    ), ranked AS (
-        SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS rn
-        FROM candidates c
-    ), picked AS (
-        SELECT r.id FROM ranked r WHERE r.rn <= v_remaining
-    ), more AS (
+    ), more AS MATERIALIZED (
         SELECT count(*) > v_remaining AS has_more FROM candidates
     ), claimed AS (
         UPDATE work w
@@ -200,8 +190,10 @@ BEGIN
             claim_token = nextval('claim_token_seq'),
             attempt = w.attempt + 1,
             renewals = 0
-        FROM picked
-        WHERE w.id = picked.id
+        WHERE w.id = ANY (ARRAY(
+            SELECT c.id FROM candidates c
+            ORDER BY c.priority, c.run_at, c.id
+            LIMIT v_remaining))
         RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
                   w.lease_expiry, w.payload, w.checkpoint, w.created_at
     )

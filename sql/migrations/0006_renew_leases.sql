@@ -54,20 +54,36 @@ BEGIN
     WITH req AS (
         SELECT r.id, r.token, r.ord
         FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
-    ), fenced AS (
-        SELECT w.id, w.claim_token
-        FROM work w JOIN req ON w.id = req.id AND w.claim_token = req.token
-        WHERE w.instance_id = p_instance AND w.state = 'running' AND w.lease_expiry >= v_now
-    ), locked AS (
-        SELECT w.id
-        FROM work w JOIN fenced f ON w.id = f.id AND w.claim_token = f.claim_token
-        WHERE w.instance_id = p_instance AND w.state = 'running' AND w.lease_expiry >= v_now
-        FOR UPDATE OF w SKIP LOCKED
+    ), fenced AS MATERIALIZED (
+        -- One primary-key probe per pair: the rows still fenced to the caller (as of this
+        -- statement's snapshot).
+        SELECT x.id, x.claim_token
+        FROM req
+        CROSS JOIN LATERAL (
+            -- Only the primary key inside (see complete_work).
+            SELECT w.id, w.claim_token, w.instance_id, w.state, w.lease_expiry FROM work w
+            WHERE w.id = req.id
+            LIMIT 1
+        ) x
+        WHERE x.claim_token = req.token AND x.instance_id = p_instance AND x.state = 'running'
+          AND x.lease_expiry >= v_now
+    ), locked AS MATERIALIZED (
+        -- Those not locked by another transaction, locked now; the fence is checked again on
+        -- the row as locked.
+        SELECT x.id
+        FROM fenced f
+        CROSS JOIN LATERAL (
+            SELECT w.id, w.claim_token, w.instance_id, w.state, w.lease_expiry FROM work w
+            WHERE w.id = f.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ) x
+        WHERE x.claim_token = f.claim_token AND x.instance_id = p_instance AND x.state = 'running'
+          AND x.lease_expiry >= v_now
     ), renewed AS (
         UPDATE work w
         SET lease_expiry = v_now + p_lease, renewals = w.renewals + 1
-        FROM locked l
-        WHERE w.id = l.id
+        WHERE w.id = ANY (ARRAY(SELECT l.id FROM locked l))
         RETURNING w.id, w.claim_token, w.cancel_requested
     )
     SELECT req.id, req.token,

@@ -55,16 +55,24 @@ BEGIN
         SELECT r.id, r.token, r.error, r.retry_after, r.cancelled, r.ord
         FROM unnest(p_ids, p_tokens, p_errors, p_retry_after, p_cancelled)
              WITH ORDINALITY AS r(id, token, error, retry_after, cancelled, ord)
-    ), decided AS (
-        SELECT w.id, req.error, req.retry_after, req.cancelled,
+    ), decided AS MATERIALIZED (
+        -- One primary-key probe per pair, locking the rows still fenced to the caller.
+        SELECT x.id, req.error, req.retry_after, req.cancelled,
                CASE WHEN req.cancelled THEN 'cancelled'::work_state
-                    WHEN req.retry_after IS NULL OR w.attempt >= w.max_attempts THEN 'dead'::work_state
+                    WHEN req.retry_after IS NULL OR x.attempt >= x.max_attempts THEN 'dead'::work_state
                     WHEN req.retry_after <= interval '0' THEN 'available'::work_state
                     ELSE 'scheduled'::work_state
                END AS next_state
-        FROM work w JOIN req ON w.id = req.id AND w.claim_token = req.token
-        WHERE w.instance_id = p_instance AND w.state = 'running'
-        FOR UPDATE OF w
+        FROM req
+        CROSS JOIN LATERAL (
+            -- Only the primary key inside (see complete_work).
+            SELECT w.id, w.attempt, w.max_attempts, w.claim_token, w.instance_id, w.state
+            FROM work w
+            WHERE w.id = req.id
+            LIMIT 1
+            FOR UPDATE
+        ) x
+        WHERE x.claim_token = req.token AND x.instance_id = p_instance AND x.state = 'running'
     ), failed AS (
         UPDATE work w
         SET state = d.next_state,
@@ -80,7 +88,7 @@ BEGIN
                              ELSE 'failed' END,
                 'error', left(d.error, 8192)))
         FROM decided d
-        WHERE w.id = d.id AND w.instance_id = p_instance AND w.state = 'running'
+        WHERE w.id = d.id
         RETURNING w.id, w.claim_token, w.state
     )
     SELECT req.id, req.token, f.state

@@ -17,6 +17,8 @@ LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_hit bigint[];
 BEGIN
     IF p_instance IS NULL OR p_consume_attempt IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -31,11 +33,22 @@ BEGIN
                              cardinality(p_ids), cardinality(p_tokens));
     END IF;
 
+    -- One primary-key probe per pair finds and locks the rows still fenced to the caller.
+    v_hit := ARRAY(
+        SELECT x.id
+        FROM unnest(p_ids, p_tokens) AS r(id, token)
+        CROSS JOIN LATERAL (
+            -- Only the primary key inside (LIMIT keeps the checks below from being pushed
+            -- in): no partial index on running rows can be chosen, whatever the statistics.
+            SELECT w.id, w.claim_token, w.instance_id, w.state FROM work w
+            WHERE w.id = r.id
+            LIMIT 1
+            FOR UPDATE
+        ) x
+        WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running');
+
     RETURN QUERY
-    WITH req AS (
-        SELECT r.id, r.token, r.ord
-        FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
-    ), released AS (
+    WITH released AS (
         UPDATE work w
         SET state = CASE WHEN p_consume_attempt AND w.attempt >= w.max_attempts
                          THEN 'dead'::work_state ELSE 'available'::work_state END,
@@ -48,13 +61,12 @@ BEGIN
                           ELSE w.errors END,
             instance_id = NULL,
             lease_expiry = NULL
-        FROM req
-        WHERE w.id = req.id AND w.claim_token = req.token
-          AND w.instance_id = p_instance AND w.state = 'running'
+        WHERE w.id = ANY (v_hit)
         RETURNING w.id, w.claim_token, w.state
     )
-    SELECT req.id, req.token, r.state
-    FROM req LEFT JOIN released r ON r.id = req.id AND r.claim_token = req.token
-    ORDER BY req.ord;
+    SELECT r.id, r.token, d.state
+    FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
+    LEFT JOIN released d ON d.id = r.id AND d.claim_token = r.token
+    ORDER BY r.ord;
 END;
 $$;

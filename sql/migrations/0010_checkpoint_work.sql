@@ -22,7 +22,12 @@ BEGIN
     END IF;
     UPDATE work w
     SET checkpoint = CASE WHEN jsonb_typeof(p_checkpoint) = 'null' THEN NULL ELSE p_checkpoint END
-    WHERE w.id = p_id AND w.claim_token = p_token AND w.instance_id = p_instance AND w.state = 'running';
+    WHERE w.id = ANY (ARRAY(
+        -- Only the primary key inside (see complete_work).
+        SELECT x.id
+        FROM (SELECT c.id, c.claim_token, c.instance_id, c.state FROM work c
+              WHERE c.id = p_id LIMIT 1 FOR UPDATE) x
+        WHERE x.claim_token = p_token AND x.instance_id = p_instance AND x.state = 'running'));
     RETURN FOUND;
 END;
 $$;

@@ -21,9 +21,10 @@ BEGIN
     IF p_instance IS NULL OR p_id IS NULL OR p_token IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'lock_lease: instance, id and token must not be null';
     END IF;
-    PERFORM 1 FROM work w
-    WHERE w.id = p_id AND w.claim_token = p_token AND w.instance_id = p_instance AND w.state = 'running'
-    FOR UPDATE;
+    PERFORM 1
+    FROM (SELECT w.claim_token, w.instance_id, w.state FROM work w
+          WHERE w.id = p_id LIMIT 1 FOR UPDATE) x
+    WHERE x.claim_token = p_token AND x.instance_id = p_instance AND x.state = 'running';
     RETURN FOUND;
 END;
 $$;

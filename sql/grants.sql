@@ -1,0 +1,37 @@
+-- workpump: the least privileges of a runtime role. A template for psql, NOT a migration.
+--
+--   psql "$MIGRATOR_URL" -v schema=workpump -v runtime=app_worker -f sql/grants.sql
+--
+-- Run it as the migrator (the role that ran `migrate` and so owns the schema and everything in
+-- it), after every `migrate` that added objects: GRANT ... ON ALL ... covers the objects that
+-- exist when it runs. It is idempotent. docs/privileges.md explains each line;
+-- crates/coordinator/tests/privileges.rs runs this very file and then the whole API as the
+-- runtime role. Keep it free of psql meta-commands: the test sends it as plain SQL with the
+-- two variables filled in.
+
+-- Reach the schema's objects; create nothing in it.
+GRANT USAGE ON SCHEMA :"schema" TO :"runtime";
+
+-- The functions run with the caller's rights (SECURITY INVOKER), so the runtime role needs
+-- the table privileges the functions use. SELECT ... FOR UPDATE (every claim, sweep and
+-- fenced write) needs UPDATE on the table as well.
+--   work: enqueue (INSERT), claims, renewals, outcomes, promotion, cancel/retry (UPDATE),
+--         retention pruning and discard_work (DELETE).
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".work TO :"runtime";
+--   queues: register_queue (INSERT ... ON CONFLICT DO UPDATE); claims read it.
+GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".queues TO :"runtime";
+--   instances: record_heartbeat (INSERT, UPDATE), cleanup_stale_instances and
+--              deregister_instance (DELETE).
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".instances TO :"runtime";
+--   evicted_instances: tombstones written by cleanup_stale_instances (INSERT), read by
+--                      record_heartbeat, pruned by prune_evicted_instances (DELETE, with
+--                      FOR UPDATE SKIP LOCKED: UPDATE).
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".evicted_instances TO :"runtime";
+
+-- nextval() on the id and claim-token sequences.
+GRANT USAGE ON SEQUENCE :"schema".work_id_seq, :"schema".claim_token_seq TO :"runtime";
+
+-- EXECUTE on functions is PUBLIC's by default: keep the schema's functions to the runtime
+-- role (and the migrator, their owner).
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA :"schema" FROM PUBLIC;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA :"schema" TO :"runtime";
