@@ -847,6 +847,13 @@ fn instance_metadata(extra: Value) -> Value {
     Value::Object(out)
 }
 
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;
@@ -862,12 +869,5 @@ mod unit {
             Some(2)
         );
         assert_eq!(instance_metadata(json!([1, 2]))["extra"], json!([1, 2]));
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

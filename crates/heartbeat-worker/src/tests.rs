@@ -287,10 +287,7 @@ async fn after_the_lock_session_is_killed_the_lock_is_taken_again_at_once() {
     // The worker waits on its session: the loss is noticed and the lock taken again at once,
     // without waiting for the next beat (peers would reap it after the lock grace).
     sleep_until(t0 + secs(1) + Duration::from_millis(1)).await;
-    assert_eq!(
-        calls_at(&fake, Method::TakeAliveLock, t0),
-        offsets(&[0, 1])
-    );
+    assert_eq!(calls_at(&fake, Method::TakeAliveLock, t0), offsets(&[0, 1]));
     assert!(alive(&fake, me).await);
     assert!(worker.status().lock_held);
     assert_eq!(recorder.counter(&plain(m::ALIVE_LOCK_ERRORS_TOTAL)), 1);
@@ -376,7 +373,11 @@ async fn a_store_outage_fails_beats_at_the_fast_cadence_and_the_lock_is_retaken_
     );
     // 1: the session is gone; new ones are tried at once and then quickly for the length of
     // the lock grace (3 s); then with the beats: 60 and 70 fail, 80 reconnects.
-    let ms = |v: &[u64]| v.iter().map(|m| Duration::from_millis(*m)).collect::<Vec<_>>();
+    let ms = |v: &[u64]| {
+        v.iter()
+            .map(|m| Duration::from_millis(*m))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
         calls_at(&fake, Method::TakeAliveLock, t0),
         ms(&[0, 1000, 1100, 1300, 1700, 2500, 3500, 4500, 60_000, 70_000, 80_000])
