@@ -10,6 +10,7 @@
 -- (truncated to 8 KiB), so a dead letter carries every attempt's error. The retry delay
 -- (backoff with jitter) is the caller's policy; this function only applies it.
 --
+-- Items retried at once wake their queues' claimers (pg_notify('<schema>.wake', queue)).
 -- Result: one row per requested item, in request order: the state it went to, or NULL when
 -- the write was fenced out (the pair no longer matches a running row owned by the caller).
 -- Arguments: instance not NULL; all lists the same length; ids, tokens, errors and cancelled
@@ -94,5 +95,14 @@ BEGIN
     SELECT req.id, req.token, f.state
     FROM req LEFT JOIN failed f ON f.id = req.id AND f.claim_token = req.token
     ORDER BY req.ord;
+
+    -- Items retried at once are available again: wake their claimers (on commit, once per
+    -- queue).
+    PERFORM pg_notify(current_schema() || '.wake', q.queue)
+    FROM (SELECT DISTINCT x.queue
+          FROM unnest(p_ids, p_tokens) AS u(id, token)
+          CROSS JOIN LATERAL (
+              SELECT w.queue, w.state, w.claim_token FROM work w WHERE w.id = u.id LIMIT 1) x
+          WHERE x.state = 'available' AND x.claim_token = u.token) q;
 END;
 $$;

@@ -6,6 +6,7 @@
 -- attempt number again under a new claim token (the token, not the attempt, fences). With
 -- consume_attempt true the attempt counts; an item with no attempts left becomes dead.
 --
+-- Wakes the claimers of every queue that got work back (pg_notify('<schema>.wake', queue)).
 -- Result: one row per requested pair, in request order: the new state, or NULL when fenced out.
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs; consume_attempt
 -- not NULL (WP002).
@@ -68,5 +69,13 @@ BEGIN
     FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
     LEFT JOIN released d ON d.id = r.id AND d.claim_token = r.token
     ORDER BY r.ord;
+
+    -- Wake the claimers of the queues that got work back: peers take it at once (a drain's
+    -- hand-over must not wait for their next poll). Delivered on commit, once per queue.
+    PERFORM pg_notify(current_schema() || '.wake', q.queue)
+    FROM (SELECT DISTINCT x.queue
+          FROM unnest(v_hit) AS u(id)
+          CROSS JOIN LATERAL (SELECT w.queue, w.state FROM work w WHERE w.id = u.id LIMIT 1) x
+          WHERE x.state = 'available') q;
 END;
 $$;

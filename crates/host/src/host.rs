@@ -438,7 +438,9 @@ async fn run_host(
     let mut claim_done = false;
     while !claim_done || !rest_token.is_cancelled() {
         tokio::select! {
-            _ = inner.shutdown.cancelled(), if !claim_done => {
+            // Once: a cancelled token stays ready, and a branch that is always ready would
+            // spin this loop and starve the drain on a current-thread runtime.
+            _ = inner.shutdown.cancelled(), if !claim_done && !claim_token.is_cancelled() => {
                 // Drain: the claim worker stops claiming and drains (bounded by the shutdown
                 // timeout); then everything else stops.
                 claim_token.cancel();

@@ -1,0 +1,553 @@
+//! End-to-end: several hosts in one test process on the throwaway PostgreSQL, each built
+//! with `Host::builder()` the way a service embeds it. (Hosts in separate processes, killed
+//! and terminated, are tested in `examples/tests/processes.rs`, where the worker binary is.)
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use sqlx::types::Uuid;
+use tokio_util::sync::CancellationToken;
+use workpump_coordinator::{CancelReason, WorkerError};
+use workpump_host::{
+    handler_fn, Host, HostConfig, HostError, HostHandle, Job, JobError, NewWork, QueueConfig,
+    Worker,
+};
+
+use support::{count_state, database, fast_config, outcome_writers, recorded_twice, wait_until};
+
+/// Handlers that were cancelled: (item, why).
+type Cancelled = Arc<Mutex<Vec<(i64, Option<CancelReason>)>>>;
+
+/// Who ran what: (queue, item, instance), one entry per handler run.
+type Runs = Arc<Mutex<Vec<(String, i64, Uuid)>>>;
+
+fn recording(runs: &Runs) -> impl workpump_host::Handler<Payload = serde_json::Value> {
+    let runs = runs.clone();
+    handler_fn(move |job: Job<serde_json::Value>| {
+        let runs = runs.clone();
+        async move {
+            runs.lock()
+                .expect("runs")
+                .push((job.queue().to_owned(), job.id(), job.instance().0));
+            Ok(())
+        }
+    })
+}
+
+async fn wait_ready(host: &HostHandle) {
+    wait_until(Duration::from_secs(15), "the host is ready", || async {
+        host.health().ready
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn several_hosts_in_one_process_share_the_work_and_record_each_outcome_once() {
+    let (db, pool) = database().await;
+    let runs: Runs = Arc::default();
+    // Three hosts on one database, with different queues and flags: A serves both queues,
+    // B only beta, C only alpha and does not LISTEN (it polls).
+    let a = Host::builder()
+        .config(fast_config())
+        .database_url(db.url())
+        .handler("alpha", recording(&runs))
+        .handler("beta", recording(&runs))
+        .start()
+        .await
+        .expect("host A starts");
+    let b = Host::builder()
+        .config(fast_config())
+        .database_url(db.url())
+        .handler("beta", recording(&runs))
+        .start()
+        .await
+        .expect("host B starts");
+    let mut polling = fast_config();
+    polling.claim.listen = false;
+    let c = Host::builder()
+        .config(polling)
+        .database_url(db.url())
+        .handler("alpha", recording(&runs))
+        .start()
+        .await
+        .expect("host C starts");
+    for host in [&a, &b, &c] {
+        wait_ready(host).await;
+    }
+    let instances: BTreeSet<Uuid> = [&a, &b, &c].iter().map(|h| h.instance().0).collect();
+    assert_eq!(instances.len(), 3, "each host is an instance of its own");
+
+    let items: Vec<NewWork> = (0..300)
+        .map(|n| NewWork::new(if n % 2 == 0 { "alpha" } else { "beta" }, json!({ "n": n })))
+        .collect();
+    a.enqueue(items).await.expect("enqueue");
+    wait_until(
+        Duration::from_secs(30),
+        "all 300 items completed",
+        || async { count_state(&pool, "completed").await == 300 },
+    )
+    .await;
+
+    let runs = runs.lock().expect("runs").clone();
+    assert_eq!(runs.len(), 300, "each item's handler ran once");
+    let (a_id, b_id, c_id) = (a.instance().0, b.instance().0, c.instance().0);
+    for (queue, item, instance) in &runs {
+        let allowed = if queue == "alpha" {
+            [a_id, c_id]
+        } else {
+            [a_id, b_id]
+        };
+        assert!(
+            allowed.contains(instance),
+            "item {item} of {queue} ran on {instance}, which has no handler for it"
+        );
+    }
+    assert_eq!(recorded_twice(&pool).await, 0);
+    let writers = outcome_writers(&pool).await;
+    assert_eq!(writers.len(), 300, "one recorded outcome per item");
+    let ran_on: HashMap<i64, Uuid> = runs.iter().map(|(_, i, who)| (*i, *who)).collect();
+    for (item, writer) in writers {
+        assert_eq!(
+            writer,
+            ran_on.get(&item).copied(),
+            "item {item}'s outcome was recorded by the instance that ran it"
+        );
+    }
+
+    for host in [&a, &b, &c] {
+        host.shutdown();
+    }
+    for host in [&a, &b, &c] {
+        host.stopped().await.expect("a clean drain");
+    }
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.instances")
+        .fetch_one(&pool)
+        .await
+        .expect("count instances");
+    assert_eq!(
+        left, 0,
+        "every host deleted its instance row on the way out"
+    );
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn enqueue_right_after_start_on_a_fresh_database_waits_for_the_migrations() {
+    // The quick start's order of calls: start, then enqueue at once, while the host is still
+    // migrating the empty database in the background.
+    let db = workpump_testdb::server()
+        .await
+        .expect("the test PostgreSQL")
+        .create_database()
+        .await
+        .expect("a fresh database");
+    let host = Host::builder()
+        .config(fast_config())
+        .database_url(db.url())
+        .handler(
+            "emails",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+        )
+        .start()
+        .await
+        .expect("start");
+    let out = host
+        .enqueue(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
+        .await
+        .expect("the enqueue waits for the schema instead of failing");
+    assert_eq!(out.items.len(), 1);
+    let pool = db.pool().await.expect("pool");
+    wait_until(Duration::from_secs(15), "the item completed", || async {
+        count_state(&pool, "completed").await == 1
+    })
+    .await;
+    host.shutdown();
+    host.stopped().await.expect("a clean drain");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+/// A maintenance worker that panics on its first `panics` runs, then runs until shutdown.
+struct PanicsFirst {
+    runs: AtomicU32,
+    panics: u32,
+}
+
+#[async_trait]
+impl Worker for PanicsFirst {
+    fn name(&self) -> &str {
+        "maintenance"
+    }
+
+    async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        if run <= self.panics {
+            panic!("planned panic in run {run}");
+        }
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_worker_that_panics_is_restarted_and_the_host_keeps_processing() {
+    let (db, pool) = database().await;
+    let worker = Arc::new(PanicsFirst {
+        runs: AtomicU32::new(0),
+        panics: 3,
+    });
+    let mut config = fast_config();
+    // Long enough restart delays (300, 600, 1200 ms ± 20 %) to see the worker down.
+    config.supervision.restart_base_ms = 300;
+    config.supervision.restart_max_ms = 2_000;
+    let host = Host::builder()
+        .config(config)
+        .database_url(db.url())
+        .handler(
+            "work",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+        )
+        .maintenance_worker(worker.clone())
+        .start()
+        .await
+        .expect("start");
+    let worker_running = |host: &HostHandle, name: &str| {
+        host.health()
+            .workers
+            .iter()
+            .find(|w| w.name == name)
+            .map(|w| w.running)
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the workers are up but maintenance is down between restarts",
+        || async {
+            host.health().schema_ready
+                && worker_running(&host, "claim") == Some(true)
+                && worker_running(&host, "maintenance") == Some(false)
+        },
+    )
+    .await;
+    let health = host.health();
+    assert!(
+        !health.ready,
+        "not ready while a worker restarts: {health:?}"
+    );
+
+    // Work enqueued meanwhile is done meanwhile.
+    let items = (0..50).map(|n| NewWork::new("work", json!({ "n": n })));
+    host.enqueue(items.collect()).await.expect("enqueue");
+    wait_until(Duration::from_secs(15), "50 items completed", || async {
+        count_state(&pool, "completed").await == 50
+    })
+    .await;
+
+    wait_until(
+        Duration::from_secs(15),
+        "the fourth run of the maintenance worker is up and the host ready",
+        || async {
+            worker.runs.load(Ordering::SeqCst) == 4
+                && worker_running(&host, "maintenance") == Some(true)
+                && host.health().ready
+        },
+    )
+    .await;
+    host.shutdown();
+    host.stopped()
+        .await
+        .expect("three panics stay under max_consecutive_failures: a clean stop");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn an_invalid_configuration_is_refused_with_every_violated_setting_named() {
+    // Several mistakes at once, set in code (the last layer); the URL is never dialled.
+    let mut config = HostConfig {
+        max_connections: 0,
+        ..HostConfig::default()
+    };
+    config.heartbeat.stale_after_ms = 1_000; // under 2 × fast_interval_ms (10 s)
+    config.lease.lease_ms = 1_000;
+    config.lease.renewal_interval_ms = Some(2_000); // not shorter than the lease
+    config.claim.poll_base_ms = 0;
+    config.supervision.max_consecutive_failures = 0;
+    config.queues.insert(
+        "emails".into(),
+        QueueConfig {
+            concurrency: Some(0),
+            ..QueueConfig::default()
+        },
+    );
+    config
+        .queues
+        .insert("ghosts".into(), QueueConfig::default()); // no handler
+    let result = Host::builder()
+        .config(config)
+        .database_url("postgres://nobody@127.0.0.1:1/nothing")
+        .handler(
+            "emails",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+        )
+        .start()
+        .await;
+    let Err(HostError::Config(problems)) = result else {
+        panic!("the host must refuse to start with a config error");
+    };
+    let settings: BTreeSet<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
+    for expected in [
+        "max_connections",
+        "heartbeat.stale_after_ms",
+        "lease.renewal_interval_ms",
+        "claim.poll_base_ms",
+        "supervision.max_consecutive_failures",
+        "queues.emails.concurrency",
+        "queues.ghosts",
+    ] {
+        assert!(
+            settings.contains(expected),
+            "{expected} is named; the problems: {problems:#?}"
+        );
+    }
+    let message = HostError::Config(problems.clone()).to_string();
+    for p in &problems {
+        assert!(
+            message.contains(&p.setting),
+            "the message lists {}",
+            p.setting
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_configuration_file_is_layered_and_refused_with_its_settings_named() {
+    let dir = std::env::temp_dir().join(format!("workpump-host-test-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // A typo is refused when the file is read, naming the key.
+    let typo = dir.join("typo.toml");
+    std::fs::write(&typo, "[claim]\npoll_bse_ms = 100\n").expect("write");
+    let error = HostConfig::load(Some(&typo)).expect_err("an unknown key is refused");
+    assert!(
+        matches!(&error, HostError::ConfigLoad(m) if m.contains("poll_bse_ms")),
+        "{error}"
+    );
+    // Values that read fine but break the rules are refused at start, all of them.
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[heartbeat]\nfast_interval_ms = 20000\n\n[maintenance]\ninterval_ms = 0\n",
+    )
+    .expect("write");
+    let config = HostConfig::load(Some(&bad)).expect("the file reads");
+    assert_eq!(
+        config.heartbeat.fast_interval_ms, 20_000,
+        "the file's layer"
+    );
+    assert_eq!(config.lease.lease_ms, 60_000, "the defaults' layer");
+    let result = Host::builder()
+        .config(config)
+        .database_url("postgres://nobody@127.0.0.1:1/nothing")
+        .handler(
+            "emails",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+        )
+        .start()
+        .await;
+    let Err(HostError::Config(problems)) = result else {
+        panic!("the host must refuse to start with a config error");
+    };
+    let settings: BTreeSet<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
+    assert!(
+        settings.contains("heartbeat.stale_after_ms")
+            && settings.contains("maintenance.interval_ms"),
+        "{problems:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn an_evicted_host_cancels_its_handlers_records_nothing_for_them_and_registers_afresh() {
+    let (db, pool) = database().await;
+    // First attempts hold on until cancelled and report why; later attempts complete.
+    let cancelled: Cancelled = Arc::default();
+    let started = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let (cancelled, started) = (cancelled.clone(), started.clone());
+        handler_fn(move |job: Job<serde_json::Value>| {
+            let (cancelled, started) = (cancelled.clone(), started.clone());
+            async move {
+                if job.attempt() > 1 {
+                    return Ok(());
+                }
+                started.fetch_add(1, Ordering::SeqCst);
+                job.cancellation_token().cancelled().await;
+                cancelled
+                    .lock()
+                    .expect("cancelled")
+                    .push((job.id(), job.cancel_reason()));
+                Err(JobError::retry("stopped: cancelled"))
+            }
+        })
+    };
+    // A 60 s lease is renewed every 20 s: the heartbeat (every 400 ms) learns of the
+    // eviction long before a renewal could.
+    let host = Host::builder()
+        .config(fast_config())
+        .database_url(db.url())
+        .handler("held", handler)
+        .start()
+        .await
+        .expect("start");
+    wait_ready(&host).await;
+    let before = host.instance();
+    let items = (0..3).map(|n| NewWork::new("held", json!({ "n": n })));
+    host.enqueue(items.collect()).await.expect("enqueue");
+    wait_until(Duration::from_secs(10), "3 handlers run", || async {
+        started.load(Ordering::SeqCst) == 3
+    })
+    .await;
+
+    // A peer's sweep reaps it while it is alive: its heartbeat is made older than the
+    // definitive-dead cutoff, and the sweep runs in the same transaction (so no beat of the
+    // host's can refresh the row in between). Its leases are released, its row deleted, a
+    // tombstone written.
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query(
+        "UPDATE workpump.instances SET last_heartbeat_at = now() - interval '1 hour'
+         WHERE instance_id = $1",
+    )
+    .bind(before.0)
+    .execute(&mut *tx)
+    .await
+    .expect("age the heartbeat");
+    let reaped: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT instance_id FROM workpump.cleanup_stale_instances(interval '30 seconds', interval '5 minutes')",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .expect("the sweep");
+    tx.commit().await.expect("commit");
+    assert_eq!(reaped, vec![before.0]);
+
+    wait_until(
+        Duration::from_secs(10),
+        "the host registers afresh and completes the items under its new id",
+        || async {
+            host.instance() != before
+                && host.health().ready
+                && count_state(&pool, "completed").await == 3
+        },
+    )
+    .await;
+    let after = host.instance();
+    let reasons = cancelled.lock().expect("cancelled").clone();
+    assert_eq!(
+        reasons.len(),
+        3,
+        "every handler of the old id was cancelled"
+    );
+    for (item, reason) in &reasons {
+        assert_eq!(
+            *reason,
+            Some(CancelReason::Evicted),
+            "item {item} was cancelled because of the eviction"
+        );
+    }
+    // Nothing the cancelled handlers returned was recorded: no failed attempt, no outcome
+    // written under the old id; each item's one outcome is the new id's.
+    let failures: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit WHERE failed AND to_state <> 'running'")
+            .fetch_one(&pool)
+            .await
+            .expect("count failures");
+    assert_eq!(failures, 0, "the cancelled attempts recorded no failure");
+    assert_eq!(recorded_twice(&pool).await, 0);
+    for (item, writer) in outcome_writers(&pool).await {
+        assert_eq!(
+            writer,
+            Some(after.0),
+            "item {item} was completed by the new id"
+        );
+    }
+    let registered: Vec<Uuid> = sqlx::query_scalar("SELECT instance_id FROM workpump.instances")
+        .fetch_all(&pool)
+        .await
+        .expect("instances");
+    assert_eq!(
+        registered,
+        vec![after.0],
+        "registered afresh under the new id only"
+    );
+
+    host.shutdown();
+    host.stopped().await.expect("a clean drain");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[test]
+fn a_drain_with_a_handler_in_flight_ends_on_a_current_thread_runtime() {
+    // The host runs on a one-thread runtime of its own, its drain included, so nothing of it
+    // may spin while it drains; this thread only watches the clock, so a drain that never
+    // ends fails the test instead of hanging it.
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let _ = done.send(runtime.block_on(drain_with_a_handler_in_flight()));
+    });
+    let (state, attempt) = ended
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the drain ends");
+    // The drain released the item for a peer, its attempt not counted.
+    assert_eq!((state.as_str(), attempt), ("available", 0));
+}
+
+/// Starts a host, waits until its handler runs, drains it; the item's state and attempt.
+async fn drain_with_a_handler_in_flight() -> (String, i32) {
+    let (db, pool) = database().await;
+    let started = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let started = started.clone();
+        handler_fn(move |job: Job<serde_json::Value>| {
+            let started = started.clone();
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                job.cancellation_token().cancelled().await;
+                Err(JobError::cancelled("stopped by the drain"))
+            }
+        })
+    };
+    let host = Host::builder()
+        .config(fast_config())
+        .database_url(db.url())
+        .handler("held", handler)
+        .start()
+        .await
+        .expect("start");
+    host.enqueue(vec![NewWork::new("held", json!({}))])
+        .await
+        .expect("enqueue");
+    wait_until(Duration::from_secs(10), "the handler runs", || async {
+        started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    host.shutdown();
+    host.stopped().await.expect("a clean drain");
+    let item = sqlx::query_as("SELECT state::text, attempt FROM workpump.work")
+        .fetch_one(&pool)
+        .await
+        .expect("the item");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+    item
+}

@@ -1,0 +1,143 @@
+//! The Prometheus endpoint the host serves. The `metrics` recorder is process-wide and one
+//! host per process may install it, so this file holds a single test: `cargo test` runs each
+//! test file as a process of its own (and nextest each test).
+
+mod support;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use workpump_host::{handler_fn, Host, Job, JobError, NewWork, QueueConfig};
+
+use support::{count_state, database, fast_config, wait_until};
+
+/// `GET /metrics` over a plain connection; the body.
+async fn scrape(addr: SocketAddr) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the metrics endpoint");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("read the response");
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .expect("an HTTP response with a body");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
+/// The sum of a metric's samples whose labels contain `label`.
+fn sum(body: &str, name: &str, label: &str) -> f64 {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            (key.split('{').next()? == name && key.contains(label))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_work() {
+    let (db, pool) = database().await;
+    let listen = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let mut config = fast_config();
+    config.metrics.enabled = true;
+    config.metrics.listen = listen;
+    // A short lease, so the slow items are renewed a few times.
+    config.queues.insert(
+        "work".into(),
+        QueueConfig {
+            lease_ms: Some(1_500),
+            backoff_base_ms: Some(20),
+            ..QueueConfig::default()
+        },
+    );
+    let host = Host::builder()
+        .config(config)
+        .database_url(db.url())
+        .handler(
+            "work",
+            handler_fn(|job: Job<serde_json::Value>| async move {
+                match job.payload()["kind"].as_str() {
+                    Some("slow") => tokio::time::sleep(Duration::from_millis(1_200)).await,
+                    Some("fail") if job.attempt() == 1 => {
+                        return Err(JobError::retry("planned failure"))
+                    }
+                    _ => {}
+                }
+                Ok(())
+            }),
+        )
+        .start()
+        .await
+        .expect("start (installs the recorder and serves it)");
+    let items = (0..30).map(|n| {
+        let kind = ["quick", "fail", "slow"][n % 3];
+        NewWork::new("work", json!({ "kind": kind }))
+    });
+    host.enqueue(items.collect()).await.expect("enqueue");
+    wait_until(Duration::from_secs(20), "30 items completed", || async {
+        count_state(&pool, "completed").await == 30
+    })
+    .await;
+
+    let body = scrape(listen).await;
+    for described in [
+        "workpump_items_total",
+        "workpump_claimed_items_total",
+        "workpump_claim_polls_total",
+        "workpump_handler_duration_seconds",
+        "workpump_lease_renewals_total",
+        "workpump_heartbeats_total",
+        "workpump_maintenance_sweeps_total",
+    ] {
+        assert!(
+            body.contains(&format!("# HELP {described} ")),
+            "{described} is described:\n{body}"
+        );
+    }
+    assert_eq!(
+        sum(&body, "workpump_items_total", "outcome=\"completed\""),
+        30.0,
+        "{body}"
+    );
+    assert_eq!(
+        sum(&body, "workpump_items_total", "outcome=\"retried\""),
+        10.0,
+        "{body}"
+    );
+    assert!(
+        sum(&body, "workpump_claimed_items_total", "") >= 40.0,
+        "{body}"
+    );
+    assert!(
+        sum(&body, "workpump_lease_renewals_total", "result=\"renewed\"") > 0.0,
+        "{body}"
+    );
+    assert!(sum(&body, "workpump_heartbeats_total", "") > 0.0, "{body}");
+    assert!(
+        sum(&body, "workpump_maintenance_sweeps_total", "") > 0.0,
+        "{body}"
+    );
+
+    host.shutdown();
+    host.stopped().await.expect("a clean drain");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}

@@ -1,0 +1,139 @@
+//! What the host's end-to-end tests share: a fresh migrated database with an audit of every
+//! item's state changes, a configuration with short liveness cutoffs, and waiting on a
+//! condition with a deadline.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::types::Uuid;
+use sqlx::PgPool;
+use tokio::time::Instant;
+use workpump_coordinator::{migrate, DEFAULT_SCHEMA};
+use workpump_host::HostConfig;
+use workpump_testdb::TestDatabase;
+
+/// A trigger on `workpump.work` writes a row for every change of an item's state, owner or
+/// claim token, so a test can tell who recorded each outcome, and how often.
+const AUDIT_SQL: &str = r#"
+CREATE TABLE audit (
+    item          bigint      NOT NULL,
+    from_state    text        NOT NULL,
+    to_state      text        NOT NULL,
+    from_instance uuid,
+    to_instance   uuid,
+    failed        boolean     NOT NULL,
+    at            timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION audit() RETURNS trigger
+LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
+BEGIN
+    INSERT INTO audit (item, from_state, to_state, from_instance, to_instance, failed)
+    VALUES (NEW.id, OLD.state::text, NEW.state::text, OLD.instance_id, NEW.instance_id,
+            jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors));
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER audit AFTER UPDATE ON workpump.work FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state
+          OR OLD.instance_id IS DISTINCT FROM NEW.instance_id
+          OR OLD.claim_token IS DISTINCT FROM NEW.claim_token)
+    EXECUTE FUNCTION audit();
+"#;
+
+/// A fresh database, migrated, with the audit trigger, and a small pool on it for the test's
+/// own queries.
+pub async fn database() -> (TestDatabase, PgPool) {
+    let db = workpump_testdb::server()
+        .await
+        .expect("the test PostgreSQL")
+        .create_database()
+        .await
+        .expect("a fresh database");
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(db.url())
+        .await
+        .expect("connect");
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    sqlx::raw_sql(AUDIT_SQL)
+        .execute(&pool)
+        .await
+        .expect("the audit trigger");
+    (db, pool)
+}
+
+/// Short liveness settings (beats every 200/400 ms, stale after 1 s, sweeps every 200 ms),
+/// tight polling and quick restarts, so a test sees each mechanism within a second or two.
+pub fn fast_config() -> HostConfig {
+    let mut c = HostConfig {
+        max_connections: 5,
+        shutdown_timeout_ms: 5_000,
+        ..HostConfig::default()
+    };
+    c.heartbeat.fast_interval_ms = 200;
+    c.heartbeat.slow_interval_ms = 400;
+    c.heartbeat.stale_after_ms = 1_000;
+    c.heartbeat.dead_after_ms = Some(3_000);
+    c.maintenance.interval_ms = 200;
+    c.claim.poll_base_ms = 50;
+    c.claim.poll_max_ms = 500;
+    c.claim.notify_healthy_base_ms = Some(500);
+    c.supervision.restart_base_ms = 50;
+    c.supervision.restart_max_ms = 1_000;
+    c
+}
+
+/// Waits until `check` returns true, looking every 20 ms; panics naming `what` after
+/// `within`.
+pub async fn wait_until<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How many items are in `state`.
+pub async fn count_state(pool: &PgPool, state: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE state::text = $1")
+        .bind(state)
+        .fetch_one(pool)
+        .await
+        .expect("count items")
+}
+
+/// Items whose final outcome (completed, dead, cancelled) the audit saw more than once.
+pub async fn recorded_twice(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT item FROM audit WHERE to_state IN ('completed', 'dead', 'cancelled')
+             GROUP BY item HAVING count(*) > 1) d",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("count doubles")
+}
+
+/// The instance that recorded each item's final outcome.
+pub async fn outcome_writers(pool: &PgPool) -> Vec<(i64, Option<Uuid>)> {
+    sqlx::query_as(
+        "SELECT item, from_instance FROM audit
+         WHERE to_state IN ('completed', 'dead', 'cancelled') ORDER BY item",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("outcome writers")
+}
