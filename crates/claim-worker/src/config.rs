@@ -84,6 +84,17 @@ impl ClaimConfig {
                 "must be positive (leave it unset for tight polling)",
             ));
         }
+        if let Some(relaxed) = self.notify_healthy_base_ms {
+            if relaxed > 0 && self.poll_max_ms > self.poll_base_ms && self.poll_max_ms < relaxed {
+                problems.push(ConfigProblem::new(
+                    name("poll_max_ms"),
+                    format!(
+                        "{} ms is below notify_healthy_base_ms ({relaxed} ms), so it would never apply while LISTEN/NOTIFY is healthy: raise it, or lower notify_healthy_base_ms (unset: tight polling)",
+                        self.poll_max_ms
+                    ),
+                ));
+            }
+        }
         if self.max_items_per_claim == 0 || self.max_items_per_claim > MAX_CLAIM_BATCH {
             problems.push(ConfigProblem::new(
                 name("max_items_per_claim"),
@@ -223,6 +234,14 @@ mod tests {
             notify_healthy_base_ms: Some(0),
             ..ClaimConfig::default()
         };
+        let max_below_relaxed = ClaimConfig {
+            poll_max_ms: 2_000,
+            ..ClaimConfig::default()
+        };
+        assert_eq!(
+            max_below_relaxed.validate("claim")[0].setting,
+            "claim.poll_max_ms"
+        );
         let settings: Vec<String> = config
             .validate("claim")
             .into_iter()

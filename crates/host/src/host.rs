@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use workpump_claim_worker::{
-    ClaimStatus, ClaimWorker, Gate, Handler, Handlers, Registration, Waker,
+    ClaimStatus, ClaimWorker, Gate, Handler, Handlers, QueueSettings, Registration, Waker,
 };
 use workpump_coordinator::{
     DeregisterInstanceParams, EnqueueWorkOutcome, EnqueueWorkParams, Identity, InstanceId,
@@ -57,14 +57,17 @@ enum Store {
     Coordinator(Arc<dyn WorkCoordinator>),
 }
 
+/// Registers one handler into the claim worker's set, with its queue's settings (resolved at
+/// `start`, so the configuration may change after `handler` was called).
+type AddHandler =
+    Box<dyn FnOnce(&mut Handlers, QueueSettings) -> Result<(), workpump_coordinator::Error> + Send>;
+
 /// Configures and starts a host.
 #[derive(Default)]
 pub struct HostBuilder {
     config: HostConfig,
     store: Option<Store>,
-    handlers: Handlers,
-    queue_names: Vec<String>,
-    handler_errors: Vec<String>,
+    handlers: Vec<(String, AddHandler)>,
     claim: Option<Arc<dyn Worker>>,
     heartbeat: Option<Arc<dyn Worker>>,
     lease: Option<(Arc<dyn Worker>, Arc<dyn LeaseTracker>)>,
@@ -109,14 +112,17 @@ impl HostBuilder {
         self
     }
 
-    /// Registers `handler` for `queue`, with the queue's settings from the config.
+    /// Registers `handler` for `queue`. The queue's settings (`[queues.<name>]` and the
+    /// defaults) are read from the configuration when the host starts.
     pub fn handler<H: Handler>(mut self, queue: impl Into<String>, handler: H) -> Self {
         let queue = queue.into();
-        let settings = self.config.queue_settings(&queue);
-        match self.handlers.add(queue.clone(), handler, settings) {
-            Ok(_) => self.queue_names.push(queue),
-            Err(e) => self.handler_errors.push(e.to_string()),
-        }
+        let name = queue.clone();
+        self.handlers.push((
+            queue,
+            Box::new(move |handlers: &mut Handlers, settings| {
+                handlers.add(name, handler, settings).map(drop)
+            }),
+        ));
         self
     }
 
@@ -151,31 +157,30 @@ impl HostBuilder {
         let HostBuilder {
             mut config,
             store,
-            handlers,
-            queue_names,
-            handler_errors,
+            handlers: adds,
             claim,
             heartbeat,
             lease,
             maintenance,
         } = self;
-        if let Some(url) = config.database_url.clone() {
-            if store.is_none() {
-                return start(
-                    config,
-                    Some(Store::Url(url)),
-                    handlers,
-                    queue_names,
-                    handler_errors,
-                    claim,
-                    heartbeat,
-                    lease,
-                    maintenance,
-                )
-                .await;
+        let store = match (store, config.database_url.take()) {
+            (Some(store), _) => Some(store),
+            (None, Some(url)) => Some(Store::Url(url)),
+            (None, None) => None,
+        };
+        let mut handlers = Handlers::new();
+        let mut queue_names: Vec<String> = Vec::new();
+        let mut handler_errors = Vec::new();
+        for (queue, add) in adds {
+            if queue_names.contains(&queue) {
+                handler_errors.push(format!("queue {queue:?} has more than one handler"));
+                continue;
+            }
+            match add(&mut handlers, config.queue_settings(&queue)) {
+                Ok(()) => queue_names.push(queue),
+                Err(e) => handler_errors.push(e.to_string()),
             }
         }
-        config.database_url = None;
         start(
             config,
             store,
@@ -215,12 +220,16 @@ async fn start(
         Some(Store::Url(url)) => {
             let pg = PgCoordinator::connect_lazy(&url, &config.schema, config.max_connections)
                 .map_err(HostError::Store)?;
-            let pg = pg.clone().with_control_pool(pg.dedicated_pool(config.control_connections));
+            let pg = pg
+                .clone()
+                .with_control_pool(pg.dedicated_pool(config.control_connections));
             (Arc::new(pg.clone()), Some(pg))
         }
         Some(Store::Pool(pool)) => {
             let pg = PgCoordinator::with_schema(pool, &config.schema).map_err(HostError::Store)?;
-            let pg = pg.clone().with_control_pool(pg.dedicated_pool(config.control_connections));
+            let pg = pg
+                .clone()
+                .with_control_pool(pg.dedicated_pool(config.control_connections));
             (Arc::new(pg.clone()), Some(pg))
         }
         Some(Store::Coordinator(c)) => (c, None),
@@ -585,6 +594,45 @@ impl HostHandle {
         self.inner.identity.current()
     }
 
+    /// Waits until the host is ready ([`Health::ready`](crate::Health)): migrated, registered,
+    /// beating, every worker running. Errors if the host stops first.
+    pub async fn ready(&self) -> Result<(), HostError> {
+        let i = &self.inner;
+        let mut schema = i.schema_ready.clone();
+        let mut claim = i.claim_status.clone();
+        let mut heartbeat = i.heartbeat_status.clone();
+        let mut done = i.done.clone();
+        loop {
+            if self.health().ready {
+                return Ok(());
+            }
+            if let Some(result) = done.borrow_and_update().clone() {
+                return Err(HostError::Stopped(match result {
+                    Ok(()) => "the host stopped before it was ready".to_owned(),
+                    Err(e) => e,
+                }));
+            }
+            let workers: Vec<watch::Receiver<bool>> = i
+                .workers
+                .lock()
+                .map(|w| w.iter().map(|(_, r)| r.clone()).collect())
+                .unwrap_or_default();
+            let mut any_worker: futures::stream::FuturesUnordered<_> = workers
+                .into_iter()
+                .map(|mut r| async move {
+                    let _ = r.changed().await;
+                })
+                .collect();
+            tokio::select! {
+                _ = schema.changed() => {}
+                _ = done.changed() => {}
+                _ = changed_opt(&mut claim) => {}
+                _ = changed_opt(&mut heartbeat) => {}
+                _ = futures::StreamExt::next(&mut any_worker), if !any_worker.is_empty() => {}
+            }
+        }
+    }
+
     /// A readiness and liveness summary for the embedding service's health endpoint.
     pub fn health(&self) -> crate::Health {
         let i = &self.inner;
@@ -622,7 +670,8 @@ impl HostHandle {
         let all_running = workers.iter().all(|w| w.running);
         crate::Health {
             instance: i.identity.current(),
-            live: all_running || stopping,
+            // A worker restarting after a panic is not a dead host; one that gave up is.
+            live: !matches!(*i.done.borrow(), Some(Err(_))),
             ready: schema_ready && registered && heartbeat_fresh && all_running && !stopping,
             schema_ready,
             heartbeat_fresh,
@@ -641,6 +690,17 @@ trait FlattenResult {
 impl FlattenResult for Option<Result<(), String>> {
     fn flatten_result(self) -> Result<(), String> {
         self.unwrap_or(Ok(()))
+    }
+}
+
+async fn changed_opt<T>(rx: &mut Option<watch::Receiver<T>>) {
+    match rx {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

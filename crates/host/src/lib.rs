@@ -109,7 +109,7 @@ pub struct Health {
     /// Ready for work: schema migrated, instance registered, heartbeat fresh, every worker
     /// running, not draining.
     pub ready: bool,
-    /// Alive: every worker running (or draining).
+    /// Alive: no worker has given up (a worker restarting after a failure is still alive).
     pub live: bool,
     /// The schema is migrated and the queues registered.
     pub schema_ready: bool,
