@@ -11,13 +11,22 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use workpump_claim_worker::{Backoff, ClaimConfig, QueueSettings};
-use workpump_coordinator::{validate_queue_name, ConfigProblem, LeaseSettings, DEFAULT_SCHEMA};
+use workpump_coordinator::{
+    validate_queue_name, ConfigProblem, LeaseSettings, DEFAULT_SCHEMA, MAX_SCHEDULE_AHEAD,
+};
 use workpump_heartbeat_worker::HeartbeatConfig;
 use workpump_lease_renewal::LeaseConfig;
 use workpump_maintenance::MaintenanceConfig;
 
 use crate::supervise::SupervisionConfig;
 use crate::HostError;
+
+/// The most handlers of one queue that may run at once (a semaphore of that many permits;
+/// tokio refuses more than `usize::MAX >> 3`).
+const MAX_CONCURRENCY: usize = 1_000_000;
+
+/// The largest renewal channel (tokio's bounded channel panics beyond `usize::MAX >> 3`).
+const MAX_CHANNEL_CAPACITY: usize = 1_000_000;
 
 /// Everything a host can be told. Every field has a default; see each section's type for
 /// its settings.
@@ -106,13 +115,14 @@ impl Default for MetricsConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QueueConfig {
-    /// Handlers of this queue that run at once. **Default: 10.**
+    /// Handlers of this queue that run at once, at most 1 000 000. **Default: 10.**
     pub concurrency: Option<usize>,
     /// Attempts before an item becomes a dead letter. **Default: 10.**
     pub max_attempts: Option<i32>,
     /// The retry delay unit: attempt n waits about `base × 2^n`. **Default: 1 000 ms.**
     pub backoff_base_ms: Option<u64>,
-    /// The longest retry delay. **Default: 300 000 ms.**
+    /// The longest retry delay, at most 100 years (the store refuses longer ones).
+    /// **Default: 300 000 ms.**
     pub backoff_cap_ms: Option<u64>,
     /// The lease length. **Default: `lease.lease_ms`.**
     pub lease_ms: Option<u64>,
@@ -170,6 +180,15 @@ impl HostConfig {
         }
         problems.extend(self.claim.validate("claim"));
         problems.extend(self.lease.validate("lease"));
+        if self.lease.channel_capacity > MAX_CHANNEL_CAPACITY {
+            problems.push(ConfigProblem::new(
+                "lease.channel_capacity",
+                format!(
+                    "must be at most {MAX_CHANNEL_CAPACITY}, got {}",
+                    self.lease.channel_capacity
+                ),
+            ));
+        }
         problems.extend(self.heartbeat.validate("heartbeat"));
         problems.extend(self.maintenance.validate("maintenance"));
         // One pair of liveness cutoffs for the heartbeat's sweep and the maintenance backstop.
@@ -232,7 +251,28 @@ impl HostConfig {
         }
         for queue in &queues {
             let prefix = format!("queues.{queue}");
-            problems.extend(self.queue_settings(queue).validate(&prefix));
+            let settings = self.queue_settings(queue);
+            problems.extend(settings.validate(&prefix));
+            if settings.concurrency > MAX_CONCURRENCY {
+                problems.push(ConfigProblem::new(
+                    format!("{prefix}.concurrency"),
+                    format!(
+                        "must be at most {MAX_CONCURRENCY}, got {}",
+                        settings.concurrency
+                    ),
+                ));
+            }
+            if settings.backoff.cap > MAX_SCHEDULE_AHEAD {
+                problems.push(ConfigProblem::new(
+                    format!("{prefix}.backoff_cap_ms"),
+                    format!(
+                        "must be at most {} ms (100 years, the longest retry delay the store \
+                         takes), got {} ms",
+                        MAX_SCHEDULE_AHEAD.as_millis(),
+                        settings.backoff.cap.as_millis()
+                    ),
+                ));
+            }
         }
         problems
     }

@@ -1,0 +1,598 @@
+//! The least privileges of docs/privileges.md, proven: a migrator role with nothing but
+//! CONNECT and CREATE on the database migrates and runs `sql/grants.sql`; a runtime role with
+//! nothing but what that script grants runs the whole API (queues, enqueue in its own
+//! transaction, heartbeat with the alive-lock, claim, renew, checkpoint, the outcomes, the
+//! fenced transaction, LISTEN/NOTIFY, the operator calls and every maintenance step); and the
+//! runtime role can change no schema object, nor can a role without the grants call a
+//! function.
+//!
+//! Roles are cluster-wide, so their names carry the test database's name, and they are
+//! dropped at the end whatever happened. The test needs a user that may create roles: the
+//! throwaway server's `postgres`, or a `DATABASE_URL` user with CREATEROLE.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Connection;
+use workpump_coordinator::*;
+
+const QUEUE: &str = "emails";
+const LEASE: Duration = Duration::from_secs(60);
+const STALE: Duration = Duration::from_secs(30);
+
+/// The grant template, as shipped.
+const GRANTS: &str = include_str!("../../../sql/grants.sql");
+
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `sql/grants.sql` with its psql variables filled in, as `psql -v` would.
+fn grants(schema: &str, runtime: &str) -> String {
+    GRANTS
+        .replace(":\"schema\"", &ident(schema))
+        .replace(":\"runtime\"", &ident(runtime))
+}
+
+struct Roles {
+    migrator: String,
+    runtime: String,
+    outsider: String,
+    password: String,
+}
+
+impl Roles {
+    fn all(&self) -> String {
+        [&self.migrator, &self.runtime, &self.outsider]
+            .map(|r| ident(r))
+            .join(", ")
+    }
+}
+
+/// The SQLSTATE of a failed statement.
+fn sqlstate<T: std::fmt::Debug>(r: std::result::Result<T, sqlx::Error>) -> String {
+    match r {
+        Err(sqlx::Error::Database(d)) => d.code().map(|c| c.into_owned()).unwrap_or_default(),
+        other => panic!("expected a database error, got {other:?}"),
+    }
+}
+
+async fn creates_roles(admin: &PgPool) -> bool {
+    sqlx::query_scalar(
+        "SELECT rolsuper OR rolcreaterole FROM pg_catalog.pg_roles WHERE rolname = current_user",
+    )
+    .fetch_one(admin)
+    .await
+    .expect("read the current user's attributes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_role_with_only_the_documented_grants_runs_the_whole_api_and_changes_no_schema() {
+    let db = workpump_testdb::server()
+        .await
+        .expect("a PostgreSQL server")
+        .create_database()
+        .await
+        .expect("a fresh database");
+    let admin = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(db.url())
+        .await
+        .expect("connect as the admin");
+    assert!(
+        creates_roles(&admin).await,
+        "this test creates roles: run it as a user with CREATEROLE (or unset DATABASE_URL to \
+         use the throwaway server, whose user is a superuser)"
+    );
+    let roles = Roles {
+        migrator: format!("wpmig_{}", db.name()),
+        runtime: format!("wprun_{}", db.name()),
+        outsider: format!("wpout_{}", db.name()),
+        password: uuid::Uuid::new_v4().simple().to_string(),
+    };
+    let database = ident(db.name());
+    let setup = format!(
+        "CREATE ROLE {m} LOGIN PASSWORD '{pw}';
+         CREATE ROLE {r} LOGIN PASSWORD '{pw}';
+         CREATE ROLE {o} LOGIN PASSWORD '{pw}';
+         GRANT {m}, {r}, {o} TO CURRENT_USER;
+         REVOKE ALL ON DATABASE {database} FROM PUBLIC;
+         GRANT CONNECT, CREATE ON DATABASE {database} TO {m};
+         GRANT CONNECT ON DATABASE {database} TO {r}, {o};",
+        m = ident(&roles.migrator),
+        r = ident(&roles.runtime),
+        o = ident(&roles.outsider),
+        pw = roles.password,
+    );
+    sqlx::raw_sql(&setup)
+        .execute(&admin)
+        .await
+        .expect("create the roles");
+
+    // The body runs in a task of its own, so that the roles are dropped even when it panics.
+    let body = {
+        let (admin, url) = (admin.clone(), db.url().to_owned());
+        let roles = Roles {
+            migrator: roles.migrator.clone(),
+            runtime: roles.runtime.clone(),
+            outsider: roles.outsider.clone(),
+            password: roles.password.clone(),
+        };
+        let db_name = db.name().to_owned();
+        tokio::spawn(async move { run(admin, &url, &db_name, &roles).await })
+    };
+    let outcome = body.await;
+
+    let teardown = format!(
+        "DROP OWNED BY {all}; DROP ROLE IF EXISTS {all};",
+        all = roles.all()
+    );
+    // Sessions of the roles (a pool not yet closed by a panicking body) would keep
+    // DROP ROLE from succeeding; end them first.
+    let _ = sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE usename = ANY ($1) AND pid <> pg_backend_pid()",
+    )
+    .bind(vec![
+        roles.migrator.clone(),
+        roles.runtime.clone(),
+        roles.outsider.clone(),
+    ])
+    .execute(&admin)
+    .await;
+    let dropped = sqlx::raw_sql(&teardown).execute(&admin).await;
+    admin.close().await;
+    let dropped_db = db.drop_database().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+    dropped.expect("drop the roles");
+    dropped_db.expect("drop the database");
+}
+
+async fn run(admin: PgPool, url: &str, db_name: &str, roles: &Roles) {
+    // --- The migrator: migrate, then grant the runtime role what docs/privileges.md says.
+    let options: PgConnectOptions = url.parse().expect("URL");
+    let as_role = |role: &str| {
+        options
+            .clone()
+            .username(role)
+            .password(&roles.password)
+            .database(db_name)
+    };
+    let migrator = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(as_role(&roles.migrator))
+        .await
+        .expect("connect as the migrator");
+    migrate(&migrator, DEFAULT_SCHEMA)
+        .await
+        .expect("the migrator migrates with CREATE on the database");
+    sqlx::raw_sql(&grants(DEFAULT_SCHEMA, &roles.runtime))
+        .execute(&migrator)
+        .await
+        .expect("the migrator runs sql/grants.sql");
+    // Idempotent: again after a (no-op) migrate.
+    migrate(&migrator, DEFAULT_SCHEMA)
+        .await
+        .expect("migrate again");
+    sqlx::raw_sql(&grants(DEFAULT_SCHEMA, &roles.runtime))
+        .execute(&migrator)
+        .await
+        .expect("sql/grants.sql again");
+
+    // A business table for the fenced transaction, the application's own (the admin's).
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE public.sent (item bigint PRIMARY KEY);
+         GRANT SELECT, INSERT ON public.sent TO {};",
+        ident(&roles.runtime)
+    ))
+    .execute(&admin)
+    .await
+    .expect("a business table");
+
+    // --- The runtime role: the whole API.
+    let runtime = PgPoolOptions::new()
+        .max_connections(6)
+        .connect_with(as_role(&roles.runtime))
+        .await
+        .expect("connect as the runtime role");
+    let c = PgCoordinator::new(runtime.clone());
+    runtime_api(&c, &runtime, &admin).await;
+
+    // --- What the runtime role must not do.
+    for (what, statement) in [
+        ("drop a table", "DROP TABLE workpump.work"),
+        ("truncate a table", "TRUNCATE workpump.work"),
+        ("alter a table", "ALTER TABLE workpump.work ADD COLUMN x int"),
+        ("create a table in the schema", "CREATE TABLE workpump.evil (i int)"),
+        (
+            "create a function in the schema",
+            "CREATE FUNCTION workpump.evil() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        ),
+        (
+            "replace a function",
+            "CREATE OR REPLACE FUNCTION workpump.queue_depth() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        ),
+        ("create a schema", "CREATE SCHEMA evil"),
+        ("delete a queue", "DELETE FROM workpump.queues"),
+        ("read the migration history", "SELECT * FROM workpump._sqlx_migrations"),
+        ("drop the schema", "DROP SCHEMA workpump CASCADE"),
+    ] {
+        let r = sqlx::query(statement).execute(&runtime).await;
+        assert_eq!(sqlstate(r), "42501", "the runtime role could {what}");
+    }
+    match migrate(&runtime, DEFAULT_SCHEMA).await {
+        Err(e @ Error::Database { .. }) => {
+            assert!(e.to_string().contains("permission denied"), "{e}")
+        }
+        other => panic!("the runtime role migrated: {other:?}"),
+    }
+
+    // --- A role with CONNECT and USAGE but no grant on the functions: EXECUTE is no longer
+    // PUBLIC's.
+    sqlx::raw_sql(&format!(
+        "GRANT USAGE ON SCHEMA workpump TO {}",
+        ident(&roles.outsider)
+    ))
+    .execute(&migrator)
+    .await
+    .expect("usage for the outsider");
+    let outsider = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(as_role(&roles.outsider))
+        .await
+        .expect("connect as the outsider");
+    for statement in [
+        "SELECT * FROM workpump.queue_depth()",
+        "SELECT workpump.alive_lock_key(gen_random_uuid())",
+        "SELECT count(*) FROM workpump.work",
+    ] {
+        let r = sqlx::query(statement).execute(&outsider).await;
+        assert_eq!(sqlstate(r), "42501", "the outsider ran {statement}");
+    }
+    outsider.close().await;
+    runtime.close().await;
+    migrator.close().await;
+}
+
+fn heartbeat(instance: InstanceId) -> RecordHeartbeatParams {
+    RecordHeartbeatParams {
+        instance,
+        host: "privileges".into(),
+        metadata: json!({"pid": 1}),
+        stale_after: STALE,
+        dead_after: Some(Duration::from_secs(300)),
+        lock_grace: Some(Duration::from_secs(3)),
+    }
+}
+
+async fn claim(c: &PgCoordinator, me: InstanceId, max_items: u32) -> Vec<ClaimedWork> {
+    c.claim_work(ClaimWorkParams {
+        instance: me,
+        queues: vec![QUEUE.into()],
+        max_items,
+        lease: LEASE,
+    })
+    .await
+    .expect("claim")
+    .items
+}
+
+async fn admin_exec(admin: &PgPool, statement: &str, id: WorkId) {
+    sqlx::query(statement)
+        .bind(id)
+        .execute(admin)
+        .await
+        .unwrap_or_else(|e| panic!("{statement}: {e}"));
+}
+
+async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
+    c.register_queue(RegisterQueueParams::new(QUEUE))
+        .await
+        .expect("register_queue");
+    c.register_queue(RegisterQueueParams {
+        max_attempts: 3,
+        ..RegisterQueueParams::new(QUEUE)
+    })
+    .await
+    .expect("register_queue again, other settings");
+
+    // Heartbeat with the alive-lock.
+    let me = InstanceId::new();
+    let lock = c
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("take_alive_lock");
+    assert!(lock.held, "the alive-lock is held");
+    let beat = c.record_heartbeat(heartbeat(me)).await.expect("heartbeat");
+    assert!(!beat.evicted);
+    assert!(
+        c.is_instance_alive(IsInstanceAliveParams { instance: me })
+            .await
+            .expect("is_instance_alive")
+            .alive
+    );
+
+    // LISTEN, then an enqueue wakes it (NOTIFY on commit).
+    let mut listener = c.listen(ListenParams {}).await.expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("connected"),
+        ListenEvent::Connected
+    );
+    let out = c
+        .enqueue_work(EnqueueWorkParams {
+            items: (0..4)
+                .map(|i| NewWork::new(QUEUE, json!({ "i": i })))
+                .chain([
+                    NewWork::new(QUEUE, json!("later")).run_after(Duration::from_secs(3600)),
+                    NewWork::new(QUEUE, json!("once")).unique_key("k"),
+                    NewWork::new(QUEUE, json!("twice")).unique_key("k"),
+                ])
+                .collect(),
+        })
+        .await
+        .expect("enqueue_work");
+    assert_eq!(out.items.len(), 7);
+    assert!(!out.items[6].inserted, "the unique key deduplicates");
+    let woken = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+        .await
+        .expect("a wake within 10 s")
+        .expect("an event");
+    assert_eq!(
+        woken,
+        ListenEvent::Wake {
+            queue: QUEUE.into()
+        }
+    );
+    let scheduled = out.items[4].id;
+
+    // Enqueue inside the caller's own transaction.
+    let mut tx = runtime.begin().await.expect("begin");
+    c.enqueue_with(
+        &mut tx,
+        EnqueueWorkParams {
+            items: vec![NewWork::new(QUEUE, json!("in my transaction"))],
+        },
+    )
+    .await
+    .expect("enqueue_with");
+    tx.commit().await.expect("commit");
+
+    // Claim, renew, checkpoint, and each outcome.
+    let items = claim(c, me, 100).await;
+    assert_eq!(items.len(), 6, "four, the unique one and the transaction's");
+    let fences: Vec<Fence> = items.iter().map(|i| i.fence).collect();
+    let renewed = c
+        .renew_leases(RenewLeasesParams {
+            instance: me,
+            leases: fences.clone(),
+            lease: LEASE,
+        })
+        .await
+        .expect("renew_leases");
+    assert!(renewed
+        .items
+        .iter()
+        .all(|r| r.status == RenewalStatus::Renewed));
+    c.checkpoint_work(CheckpointWorkParams {
+        instance: me,
+        fence: fences[0],
+        checkpoint: json!({"cursor": 7}),
+    })
+    .await
+    .expect("checkpoint_work");
+    c.complete_work(CompleteWorkParams {
+        instance: me,
+        items: vec![fences[0]],
+    })
+    .await
+    .expect("complete_work")
+    .all_recorded()
+    .expect("recorded");
+    let failed = c
+        .fail_work(FailWorkParams {
+            instance: me,
+            items: vec![
+                Failure {
+                    fence: fences[1],
+                    error: "rejected".into(),
+                    disposition: FailDisposition::DeadLetter,
+                },
+                Failure {
+                    fence: fences[2],
+                    error: "try again".into(),
+                    disposition: FailDisposition::RetryAfter(Duration::from_secs(3600)),
+                },
+            ],
+        })
+        .await
+        .expect("fail_work");
+    assert_eq!(failed.items[0].state, Some(WorkState::Dead));
+    assert_eq!(failed.items[1].state, Some(WorkState::Scheduled));
+    let released = c
+        .release_work(ReleaseWorkParams {
+            instance: me,
+            items: vec![fences[3]],
+            consume_attempt: false,
+        })
+        .await
+        .expect("release_work");
+    assert_eq!(released.items[0].state, Some(WorkState::Available));
+
+    // The fenced transaction: a business write and the completion commit together.
+    let mut fenced = c.begin_fenced(me, fences[4]).await.expect("begin_fenced");
+    sqlx::query("INSERT INTO public.sent (item) VALUES ($1)")
+        .bind(fences[4].id)
+        .execute(fenced.connection())
+        .await
+        .expect("the business write");
+    fenced.complete().await.expect("the fenced completion");
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM public.sent")
+        .fetch_one(runtime)
+        .await
+        .expect("read the business table");
+    assert_eq!(sent, 1);
+
+    // Operator calls: cancel (available, then running), retry a dead letter, discard.
+    let cancel = |id| c.cancel_work(CancelWorkParams { id });
+    assert_eq!(
+        cancel(fences[3].id).await.expect("cancel").cancellation,
+        Cancellation::Cancelled
+    );
+    assert_eq!(
+        c.discard_work(DiscardWorkParams { id: fences[3].id })
+            .await
+            .expect("discard_work")
+            .state,
+        WorkState::Cancelled
+    );
+    assert_eq!(
+        cancel(fences[5].id).await.expect("cancel").cancellation,
+        Cancellation::Requested
+    );
+    let renewed = c
+        .renew_leases(RenewLeasesParams {
+            instance: me,
+            leases: vec![fences[5]],
+            lease: LEASE,
+        })
+        .await
+        .expect("renew");
+    assert!(renewed.items[0].cancel_requested);
+    c.fail_work(FailWorkParams {
+        instance: me,
+        items: vec![Failure {
+            fence: fences[5],
+            error: "cancelled".into(),
+            disposition: FailDisposition::Cancelled,
+        }],
+    })
+    .await
+    .expect("fail_work, cancelled");
+    assert_eq!(
+        c.retry_dead_work(RetryDeadWorkParams { id: fences[1].id })
+            .await
+            .expect("retry_dead_work")
+            .queue,
+        QUEUE
+    );
+
+    // Maintenance: promotion, expired orphans, retention, stale peers and their tombstones.
+    admin_exec(
+        admin,
+        "UPDATE workpump.work SET run_at = now() - interval '1 s' WHERE id = $1",
+        scheduled,
+    )
+    .await;
+    let promoted = c
+        .promote_scheduled(PromoteScheduledParams { limit: 100 })
+        .await
+        .expect("promote_scheduled");
+    assert_eq!(promoted.promoted(), 1);
+    let retried = claim(c, me, 1).await;
+    admin_exec(
+        admin,
+        "UPDATE workpump.work SET max_attempts = attempt, lease_expiry = now() - interval '1 s'
+         WHERE id = $1",
+        retried[0].fence.id,
+    )
+    .await;
+    let ended = c
+        .dead_letter_expired(DeadLetterExpiredParams { limit: 100 })
+        .await
+        .expect("dead_letter_expired");
+    assert_eq!(ended.dead_lettered(), 1);
+    admin_exec(
+        admin,
+        "UPDATE workpump.work SET finished_at = finished_at - interval '30 days'
+         WHERE finished_at IS NOT NULL AND id <> $1",
+        0,
+    )
+    .await;
+    let pruned = c
+        .prune_finished(PruneFinishedParams {
+            completed_retention: Duration::from_secs(86_400),
+            dead_retention: Duration::from_secs(86_400),
+            limit: 100,
+        })
+        .await
+        .expect("prune_finished");
+    assert!(pruned.pruned() >= 3, "{pruned:?}");
+
+    let peer = InstanceId::new();
+    c.record_heartbeat(heartbeat(peer))
+        .await
+        .expect("the peer's heartbeat");
+    sqlx::query(
+        "UPDATE workpump.instances SET last_heartbeat_at = now() - interval '1 hour'
+         WHERE instance_id = $1",
+    )
+    .bind(peer.0)
+    .execute(admin)
+    .await
+    .expect("age the peer");
+    let due = c
+        .maintenance_due(MaintenanceDueParams {
+            stale_after: STALE,
+            dead_after: Some(Duration::from_secs(300)),
+            lock_grace: Some(Duration::from_secs(3)),
+            completed_retention: Duration::from_secs(86_400),
+            dead_retention: Duration::from_secs(86_400),
+            evicted_retention: Duration::from_secs(86_400),
+        })
+        .await
+        .expect("maintenance_due");
+    assert!(due.instances, "{due:?}");
+    let reaped = c
+        .cleanup_stale_instances(CleanupStaleInstancesParams {
+            stale_after: STALE,
+            dead_after: Some(Duration::from_secs(300)),
+            lock_grace: Some(Duration::from_secs(3)),
+        })
+        .await
+        .expect("cleanup_stale_instances");
+    assert_eq!(
+        reaped.reaped.iter().map(|r| r.instance).collect::<Vec<_>>(),
+        vec![peer]
+    );
+    assert!(
+        c.record_heartbeat(heartbeat(peer))
+            .await
+            .expect("the reaped peer's heartbeat")
+            .evicted
+    );
+    sqlx::query(
+        "UPDATE workpump.evicted_instances SET evicted_at = now() - interval '30 days'
+         WHERE instance_id = $1",
+    )
+    .bind(peer.0)
+    .execute(admin)
+    .await
+    .expect("age the tombstone");
+    let tombstones = c
+        .prune_evicted_instances(PruneEvictedInstancesParams {
+            retention: Duration::from_secs(86_400),
+            limit: 100,
+        })
+        .await
+        .expect("prune_evicted_instances");
+    assert_eq!(tombstones.pruned, 1);
+    let depth = c
+        .queue_depth(QueueDepthParams {})
+        .await
+        .expect("queue_depth");
+    assert!(depth.depths.iter().any(|d| d.queue == QUEUE), "{depth:?}");
+
+    // The end of a drain.
+    c.deregister_instance(DeregisterInstanceParams { instance: me })
+        .await
+        .expect("deregister_instance");
+    drop(lock);
+    drop(listener);
+    let mut conn = runtime.acquire().await.expect("a connection");
+    conn.ping()
+        .await
+        .expect("the runtime role's session is fine");
+}
