@@ -596,3 +596,56 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("the runtime role's session is fine");
 }
+
+/// A DBA may create the schema for the migrator and withhold CREATE on the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrator_that_owns_an_existing_schema_needs_no_create_on_the_database() {
+    let db = workpump_testdb::server()
+        .await
+        .expect("a PostgreSQL server")
+        .create_database()
+        .await
+        .expect("a fresh database");
+    let admin = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(db.url())
+        .await
+        .expect("connect as the admin");
+    assert!(
+        creates_roles(&admin).await,
+        "this test creates roles: run it as a user with CREATEROLE (or unset DATABASE_URL)"
+    );
+    let role = format!("wpown_{}", db.name());
+    let password = uuid::Uuid::new_v4().simple().to_string();
+    let database = ident(db.name());
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE {r} LOGIN PASSWORD '{password}';
+         REVOKE ALL ON DATABASE {database} FROM PUBLIC;
+         GRANT CONNECT ON DATABASE {database} TO {r};
+         CREATE SCHEMA owned AUTHORIZATION {r};",
+        r = ident(&role)
+    ))
+    .execute(&admin)
+    .await
+    .expect("set up the role and its schema");
+    let options: sqlx::postgres::PgConnectOptions = db.url().parse().expect("url");
+    let as_role = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.username(&role).password(&password))
+        .await
+        .expect("connect as the schema's owner");
+    let migrated = migrate(&as_role, "owned").await;
+    let elsewhere = migrate(&as_role, "other").await;
+    as_role.close().await;
+    let _ = sqlx::raw_sql(&format!(
+        "DROP SCHEMA owned CASCADE; DROP OWNED BY {r}; DROP ROLE {r};",
+        r = ident(&role)
+    ))
+    .execute(&admin)
+    .await;
+    admin.close().await;
+    let _ = db.drop_database().await;
+    migrated.expect("migrating the existing schema needs no database privilege");
+    let err = elsewhere.expect_err("creating a new schema needs CREATE on the database");
+    assert!(err.to_string().contains("permission denied"), "{err}");
+}

@@ -42,9 +42,15 @@ pub async fn migrate(pool: &PgPool, schema: &str) -> Result<()> {
             .bind(schema)
             .execute(&mut conn)
             .await?;
-        sqlx::query(&stmts.migrate_create_schema)
-            .execute(&mut conn)
+        let exists: bool = sqlx::query_scalar(&stmts.migrate_schema_exists)
+            .bind(schema)
+            .fetch_one(&mut conn)
             .await?;
+        if !exists {
+            sqlx::query(&stmts.migrate_create_schema)
+                .execute(&mut conn)
+                .await?;
+        }
         sqlx::query(&stmts.migrate_search_path)
             .execute(&mut conn)
             .await?;
@@ -89,6 +95,7 @@ struct Statements {
     migrate_lock: String,
     migrate_unlock: String,
     migrate_create_schema: String,
+    migrate_schema_exists: String,
     migrate_search_path: String,
 }
 
@@ -129,6 +136,7 @@ impl Statements {
             migrate_lock: s(query_file!("migrate_lock")),
             migrate_unlock: s(query_file!("migrate_unlock")),
             migrate_create_schema: s(query_file!("migrate_create_schema")),
+            migrate_schema_exists: s(query_file!("migrate_schema_exists")),
             migrate_search_path: s(query_file!("migrate_search_path")),
         }
     }
