@@ -15,6 +15,8 @@ pub const DEFAULT_NOTIFY_HEALTHY_BASE_MS: u64 = 5_000;
 pub const DEFAULT_MAX_ITEMS_PER_CLAIM: u32 = 1_000;
 /// Outcomes written per statement at most. **1 000.**
 pub const DEFAULT_OUTCOME_BATCH: usize = 1_000;
+/// The most handlers of one queue that may run at once.
+pub const MAX_CONCURRENCY: usize = 1_000_000;
 /// How long a drain waits for in-flight handlers. **30 s.**
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
 
@@ -183,10 +185,16 @@ impl QueueSettings {
     /// Every rule this violates, each naming its setting under `prefix`.
     pub fn validate(&self, prefix: &str) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        if self.concurrency == 0 {
+        if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
             problems.push(ConfigProblem::new(
                 format!("{prefix}.concurrency"),
-                "must be at least 1",
+                format!("must be between 1 and {MAX_CONCURRENCY}"),
+            ));
+        }
+        if self.backoff.cap > workpump_coordinator::MAX_SCHEDULE_AHEAD {
+            problems.push(ConfigProblem::new(
+                format!("{prefix}.backoff_cap_ms"),
+                "must be at most 100 years (the store refuses longer retry delays)",
             ));
         }
         if self.backoff.base.is_zero() {

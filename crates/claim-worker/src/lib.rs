@@ -51,7 +51,7 @@ mod worker;
 pub use config::{
     Backoff, ClaimConfig, QueueSettings, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_MAX_ITEMS_PER_CLAIM,
     DEFAULT_NOTIFY_HEALTHY_BASE_MS, DEFAULT_OUTCOME_BATCH, DEFAULT_POLL_BASE_MS,
-    DEFAULT_POLL_MAX_MS,
+    DEFAULT_POLL_MAX_MS, MAX_CONCURRENCY,
 };
 pub use handler::{handler_fn, FnHandler, Handler, Job, JobError, JobResult, JobTransaction};
 pub use wait::{wait_after, Gate};

@@ -422,7 +422,15 @@ async fn bootstrap(
             }
             Err(e) => {
                 if !logged {
-                    tracing::warn!("waiting for the store (migrating and registering queues): {e}");
+                    let hint = if migrate && e.to_string().contains("permission denied") {
+                        " (this role may not migrate: run the migrations as the migrator and set \
+                         migrate = false, see docs/privileges.md)"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(
+                        "waiting for the store (migrating and registering queues): {e}{hint}"
+                    );
                     logged = true;
                 }
                 tokio::select! {

@@ -135,10 +135,10 @@ impl LeaseConfig {
                 ),
             ));
         }
-        if self.channel_capacity == 0 {
+        if self.channel_capacity == 0 || self.channel_capacity > 1_000_000 {
             problems.push(ConfigProblem::new(
                 name("channel_capacity"),
-                "must be positive",
+                "must be between 1 and 1000000",
             ));
         }
         if self.window_ms == 0 {
