@@ -34,7 +34,6 @@ AS $$
 DECLARE
     v_reaped    integer := 0;
     v_released  integer := 0;
-    v_lock_held boolean;
 BEGIN
     IF p_instance IS NULL OR p_host IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -45,16 +44,16 @@ BEGIN
             MESSAGE = format('record_heartbeat: stale_after must be positive, got %s', p_stale_after);
     END IF;
 
-    -- Whether the instance holds its lock right now decides how peers judge it: lock-proven
-    -- (dead soon after the lock goes) or by heartbeat staleness alone (a lock it cannot hold,
-    -- e.g. no connection to spare, must not get a live instance reaped).
-    v_lock_held := is_instance_alive(p_instance);
-
     -- The update comes first: it waits on a concurrent cleanup's row lock, so a reap that
     -- commits first is seen (0 rows) and answered with eviction below, not a re-insert.
+    -- Whether the instance holds its lock decides how peers judge it: lock-proven (dead soon
+    -- after the lock goes) or by heartbeat staleness alone (a lock it cannot hold, e.g. no
+    -- connection to spare, must not get a live instance reaped). It is read inside the
+    -- statement, under the row lock: a take_alive_lock that got the lock first is seen, and
+    -- one that comes later waits for this row and then marks it (0002).
     UPDATE instances i
     SET last_heartbeat_at = now(), host = p_host, metadata = coalesce(p_metadata, '{}'),
-        alive_lock = v_lock_held, lock_lost_at = NULL
+        alive_lock = is_instance_alive(p_instance), lock_lost_at = NULL
     WHERE i.instance_id = p_instance;
 
     IF NOT FOUND THEN
@@ -64,9 +63,10 @@ BEGIN
         END IF;
         INSERT INTO instances (instance_id, host, metadata, alive_lock_key, alive_lock, started_at, last_heartbeat_at)
         VALUES (p_instance, p_host, coalesce(p_metadata, '{}'), alive_lock_key(p_instance),
-                v_lock_held, now(), now())
+                is_instance_alive(p_instance), now(), now())
         ON CONFLICT (instance_id) DO UPDATE
-            SET last_heartbeat_at = now(), host = EXCLUDED.host, metadata = EXCLUDED.metadata;
+            SET last_heartbeat_at = now(), host = EXCLUDED.host, metadata = EXCLUDED.metadata,
+                alive_lock = is_instance_alive(p_instance), lock_lost_at = NULL;
     END IF;
 
     IF EXISTS (

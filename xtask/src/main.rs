@@ -3,6 +3,8 @@
 use std::error::Error;
 use std::process::ExitCode;
 
+mod bench;
+mod chaos;
 mod demo;
 mod pg;
 mod test;
@@ -14,6 +16,12 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
+  bench [--quick] [--json PATH] [--only LIST] [--concurrency N] [--items N] [--workers LIST]
+        [--worker-bin PATH]
+                        measure workpump on the durable bench cluster (docs/performance.md)
+  chaos [--quick] [--scenario NAME] [--seed N] [--json PATH] [--release] [--keep]
+                        the fault suite: kill, pause, partition and starve real workers, restart
+                        PostgreSQL, then prove nothing was lost or recorded twice (docs/guarantees.md)
   demo                  start a throwaway PostgreSQL and show workpump at work
   pg start [--bench]    start the throwaway PostgreSQL (reusing a running one) and print its URL
   pg stop [--bench]     stop it
@@ -29,6 +37,8 @@ fn main() -> ExitCode {
     init_tracing();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let outcome = match args.split_first() {
+        Some((command, rest)) if command == "bench" => bench::run(rest),
+        Some((command, rest)) if command == "chaos" => chaos::run(rest),
         Some((command, rest)) if command == "demo" => demo::run(rest),
         Some((command, rest)) if command == "pg" => pg::run(rest),
         Some((command, rest)) if command == "test" => test::run(rest),

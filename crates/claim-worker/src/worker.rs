@@ -803,6 +803,12 @@ async fn execute(
                 (_, Some(CancelReason::Shutdown)) => Outcome::Release {
                     consume_attempt: false,
                 },
+                // Stopped by its own lease fence, not by anyone's cancel: a failed attempt
+                // (retried), never a cancelled item.
+                (_, Some(r @ CancelReason::LeaseFence)) => Outcome::Fail {
+                    error: format!("the handler was stopped: {r}: {}", e.message),
+                    disposition: FailDisposition::RetryAfter(backoff()),
+                },
                 (JobErrorKind::Cancelled, _) | (_, Some(CancelReason::CancelRequested)) => {
                     Outcome::Fail {
                         error: e.message,

@@ -377,3 +377,71 @@ async fn a_full_batch_polls_again_at_once() {
     assert!(calls.iter().all(|c| c.at == t0));
     s.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_stopped_by_its_lease_fence_is_a_failed_attempt_not_a_cancelled_item() {
+    let fake = FakeCoordinator::new();
+    fake.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .unwrap();
+    let mut handlers = Handlers::new();
+    handlers
+        .add(
+            "q",
+            handler_fn(|job: Job<serde_json::Value>| async move {
+                job.cancellation_token().cancelled().await;
+                Err(JobError::cancelled(format!(
+                    "stopped: {}",
+                    job.cancel_reason()
+                        .map(|r| r.to_string())
+                        .unwrap_or_default()
+                )))
+            }),
+            QueueSettings {
+                lease: LeaseSettings {
+                    lease: Duration::from_secs(3),
+                    renewal_interval: Duration::from_secs(1),
+                    grace: Duration::from_millis(500),
+                    max_renewals: None,
+                    max_duration: None,
+                },
+                ..QueueSettings::default()
+            },
+        )
+        .unwrap();
+    // FenceOnly never renews: the fence fires at claim + 2.5 s, as when every renewal fails.
+    let worker = Arc::new(ClaimWorker::new(
+        Arc::new(fake.clone()),
+        None,
+        Arc::new(FenceOnly),
+        Identity::new(),
+        handlers,
+        tight(),
+        Registration::default(),
+    ));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (worker, shutdown) = (worker.clone(), shutdown.clone());
+        async move { worker.run(shutdown).await }
+    });
+    let id = fake
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!({}))],
+        })
+        .await
+        .unwrap()
+        .items[0]
+        .id;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let row = fake.work_row(id).unwrap();
+    assert_ne!(row.state, WorkState::Cancelled, "nobody cancelled it");
+    assert_eq!(row.errors.len(), 1);
+    assert_eq!(row.errors[0].kind, "failed");
+    assert!(
+        row.errors[0].error.contains("lease fence"),
+        "{}",
+        row.errors[0].error
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}

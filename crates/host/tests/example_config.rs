@@ -7,7 +7,10 @@ use workpump_host::HostConfig;
 
 #[test]
 fn the_example_configuration_loads_and_equals_the_defaults() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/workpump.example.toml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/workpump.example.toml"
+    );
     let loaded: HostConfig = Figment::from(Serialized::defaults(HostConfig::default()))
         .merge(Toml::file_exact(path))
         .extract()

@@ -5,23 +5,28 @@
 //! ```text
 //! workpump-worker [--database-url URL] [--queue NAME]... [--concurrency N] [--lease-ms N]
 //!                 [--config FILE] [--metrics ADDR] [--ledger] [--name NAME]
+//!                 [--exit-on-stdin-close]
 //! ```
 //!
 //! The database URL also comes from `DATABASE_URL`; every host setting also from `WORKPUMP_*`
 //! variables (see `HostConfig`). It prints `READY <instance id>` on stdout once the host is
-//! ready, and `STOPPED` after a drain (SIGTERM or SIGINT).
+//! ready, and `STOPPED` after a drain (SIGTERM or SIGINT). With `--exit-on-stdin-close` it
+//! exits at once, like a crash, when its stdin reaches end-of-file: a parent that starts it
+//! with a pipe (`cargo xtask chaos`) cannot leave it running, even when the parent is killed.
 //!
 //! What a payload asks for (`kind`, default `noop`):
 //!
 //! | payload | the handler |
 //! | --- | --- |
 //! | `{"kind":"noop"}` | completes at once |
+//! | `{"kind":"probe"}` | prints `START <item id> <unix µs>` on stdout, then completes (pickup latency) |
 //! | `{"kind":"sleep","ms":500}` | sleeps, stopping early when cancelled, then completes |
 //! | `{"kind":"fail","times":2}` | fails attempts 1..=times (retried with backoff), then completes |
 //! | `{"kind":"dead"}` | rejects the item for good (a dead letter) |
 //! | `{"kind":"panic","times":1}` | panics on attempts 1..=times, then completes |
 //! | `{"kind":"tx"}` | inserts `workpump_effects(item)` and completes in one fenced transaction |
 //! | `{"kind":"checkpoint","units":5,"unit_ms":100}` | does units of work, saving a cursor after each; a later attempt resumes |
+//! | `{"kind":"hold","ms":2000}` | holds a pool connection in an open transaction for `ms`, ignoring cancellation, then completes (pool exhaustion) |
 //!
 //! With `--ledger`, every execution first appends `(item, attempt, claim token, instance)` to
 //! `workpump_ledger` (created by whoever starts the workers), so a checker can prove what ran.
@@ -56,6 +61,7 @@ struct Args {
     metrics: Option<std::net::SocketAddr>,
     ledger: bool,
     name: Option<String>,
+    exit_on_stdin_close: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -68,6 +74,7 @@ fn parse_args() -> Result<Args, String> {
         metrics: None,
         ledger: false,
         name: None,
+        exit_on_stdin_close: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -99,9 +106,11 @@ fn parse_args() -> Result<Args, String> {
             }
             "--ledger" => args.ledger = true,
             "--name" => args.name = Some(value("--name")?),
+            "--exit-on-stdin-close" => args.exit_on_stdin_close = true,
             "-h" | "--help" => {
                 return Err("usage: workpump-worker [--database-url URL] [--queue NAME]... \
-                     [--concurrency N] [--lease-ms N] [--config FILE] [--metrics ADDR] [--ledger] [--name NAME]"
+                     [--concurrency N] [--lease-ms N] [--config FILE] [--metrics ADDR] [--ledger] [--name NAME] \
+                     [--exit-on-stdin-close]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
@@ -133,6 +142,16 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
+    if args.exit_on_stdin_close {
+        // A thread, not a task: it must fire even when the runtime is stuck.
+        std::thread::spawn(|| {
+            use std::io::Read;
+            let mut buf = [0u8; 64];
+            while matches!(std::io::stdin().read(&mut buf), Ok(n) if n > 0) {}
+            eprintln!("workpump-worker: stdin closed (the parent is gone); exiting");
+            std::process::exit(70);
+        });
+    }
     let mut config = HostConfig::load(args.config.as_deref())?;
     let url = args
         .database_url
@@ -162,14 +181,17 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .max_connections(config.max_connections)
         .connect_lazy(&url)?;
     let ledger = args.ledger.then(|| pool.clone());
+    let handler_pool = pool.clone();
     let mut builder = Host::builder().config(config).pool(pool);
     for q in &args.queues {
         let ledger = ledger.clone();
+        let handler_pool = handler_pool.clone();
         builder = builder.handler(
             q.clone(),
             handler_fn(move |job: Job<Payload>| {
                 let ledger = ledger.clone();
-                async move { handle(job, ledger).await }
+                let pool = handler_pool.clone();
+                async move { handle(job, ledger, pool).await }
             }),
         );
     }
@@ -201,7 +223,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>) -> JobResult {
+async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>, pool: sqlx::PgPool) -> JobResult {
     if let Some(pool) = &ledger {
         let fence = job.fence();
         sqlx::query(
@@ -217,6 +239,13 @@ async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>) -> JobResult {
     let p = job.payload();
     match p.kind.as_deref().unwrap_or("noop") {
         "noop" => Ok(()),
+        "probe" => {
+            let micros = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros());
+            println!("START {} {micros}", job.id());
+            Ok(())
+        }
         "sleep" => {
             let ms = p.ms.unwrap_or(100);
             let token = job.cancellation_token();
@@ -268,6 +297,15 @@ async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>) -> JobResult {
                 done += 1;
                 job.save_checkpoint(&done).await?;
             }
+            Ok(())
+        }
+        "hold" => {
+            // A handler that sits on a pool connection (and a transaction) and does not
+            // listen to its cancellation token: what exhausts the pool in the fault suite.
+            let mut tx = pool.begin().await?;
+            sqlx::query("SELECT 1").execute(&mut *tx).await?;
+            tokio::time::sleep(Duration::from_millis(p.ms.unwrap_or(1_000))).await;
+            tx.commit().await?;
             Ok(())
         }
         other => Err(JobError::dead_letter(format!("unknown kind {other:?}"))),

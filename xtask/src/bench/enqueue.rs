@@ -1,0 +1,102 @@
+//! Enqueue: single items (`PgCoordinator::enqueue_work` with one item, one transaction each)
+//! from 1 and from 16 concurrent producers, and bulk batches of 1 000 from one producer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use workpump_coordinator::{EnqueueWorkParams, NewWork, PgCoordinator, WorkCoordinator};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::ConnectOptions;
+
+use super::setup::{self, QUEUE};
+use super::{BenchResult, Ctx};
+
+/// Items per bulk call.
+pub(crate) const BULK_BATCH: usize = 1_000;
+
+/// Items per second of each way to enqueue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EnqueueRates {
+    pub(crate) single_1: f64,
+    pub(crate) single_16: f64,
+    pub(crate) bulk: f64,
+    /// Single items from 1 producer on a pool that does not ping a connection before handing
+    /// it out (`test_before_acquire(false)`; sqlx pings by default: one more round trip).
+    pub(crate) single_1_no_ping: f64,
+    /// CPU the bench process (the producer, a debug build) spent per item, µs.
+    pub(crate) producer_cpu_us_single_1: f64,
+    pub(crate) producer_cpu_us_bulk: f64,
+}
+
+pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
+    let window = ctx.plan.enqueue_window;
+    let db = ctx.create_db("enqueue").await?;
+    let coordinator = db.coordinator();
+    db.settle().await?;
+    let (single_1, producer_cpu_us_single_1) = producers(&coordinator, 1, 1, window).await?;
+    db.settle().await?;
+    let (single_16, _) = producers(&coordinator, 16, 1, window).await?;
+    db.settle().await?;
+    let (bulk, producer_cpu_us_bulk) = producers(&coordinator, 1, BULK_BATCH, window).await?;
+    db.settle().await?;
+    let options: PgConnectOptions = db.url().parse()?;
+    let no_ping = PgPoolOptions::new()
+        .max_connections(2)
+        .test_before_acquire(false)
+        .connect_with(options.disable_statement_logging())
+        .await?;
+    let (single_1_no_ping, _) =
+        producers(&PgCoordinator::new(no_ping.clone()), 1, 1, window).await?;
+    no_ping.close().await;
+    db.drop_now().await?;
+    Ok(EnqueueRates {
+        single_1,
+        single_16,
+        bulk,
+        single_1_no_ping,
+        producer_cpu_us_single_1,
+        producer_cpu_us_bulk,
+    })
+}
+
+/// `producers` tasks each enqueue batches of `batch` items back to back for `window`;
+/// returns items per second and this process's CPU µs per item.
+async fn producers(
+    coordinator: &PgCoordinator,
+    producers: usize,
+    batch: usize,
+    window: Duration,
+) -> BenchResult<(f64, f64)> {
+    let cpu_before = setup::cpu_ticks(std::process::id()).unwrap_or(0);
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let stop_at = started + window;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..producers {
+        let coordinator = coordinator.clone();
+        let done = done.clone();
+        tasks.spawn(async move {
+            while Instant::now() < stop_at {
+                let items = (0..batch)
+                    .map(|_| NewWork::new(QUEUE, json!({ "kind": "noop" })))
+                    .collect();
+                coordinator
+                    .enqueue_work(EnqueueWorkParams { items })
+                    .await?;
+                done.fetch_add(batch as u64, Ordering::Relaxed);
+            }
+            Ok::<_, workpump_coordinator::Error>(())
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let items = done.load(Ordering::Relaxed) as f64;
+    let cpu = setup::cpu_ticks(std::process::id()).unwrap_or(0) - cpu_before;
+    let cpu_us_per_item = cpu as f64 / setup::ticks_per_second() * 1e6 / items.max(1.0);
+    Ok((items / elapsed, cpu_us_per_item.round()))
+}

@@ -1,0 +1,372 @@
+//! `cargo xtask bench [--quick] [--json PATH] [--only LIST] [--concurrency N] [--items N]
+//! [--workers LIST] [--worker-bin PATH]`: measures
+//! workpump on the durable bench cluster (or `DATABASE_URL`'s server) through the public host
+//! API — the `workpump-worker` binary, built here in release mode — and prints a table of
+//! figures against the project's targets. `docs/performance.md` describes every method.
+//!
+//! Scenarios (each on a fresh database, each process stopped by pid also on errors):
+//! `ceiling` (pgbench, minimal queue cycle), `drain`, `enqueue`, `pickup`, `renewal` (with
+//! memory), `failover`, `idle`.
+
+mod ceiling;
+mod drain;
+mod enqueue;
+mod failover;
+mod idle;
+mod pickup;
+mod renewal;
+mod report;
+mod setup;
+mod worker;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use crate::{usage_error, Outcome};
+
+/// Errors inside the bench (`Send` so that they cross tasks).
+pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// What `--only` can pick, in the order they run.
+const SCENARIOS: [&str; 7] = [
+    "ceiling", "drain", "enqueue", "pickup", "renewal", "failover", "idle",
+];
+
+/// Handlers per worker in the drain unless `--concurrency` says otherwise: twice the
+/// default `claim.max_items_per_claim`, so a worker claims its next batch while the last one
+/// completes (1 000 drains about 15 % slower, 3 000 no faster).
+const DEFAULT_DRAIN_CONCURRENCY: usize = 2_000;
+
+/// Command-line options.
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    pub(crate) quick: bool,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) only: Vec<&'static str>,
+    pub(crate) drain_concurrency: usize,
+    /// Overrides the drain's item count (`--items`).
+    pub(crate) drain_items: Option<usize>,
+    /// Overrides the drain's worker counts (`--workers 1,4`).
+    pub(crate) drain_workers: Option<Vec<usize>>,
+    /// A prebuilt `workpump-worker` to measure instead of building the working tree's
+    /// (`--worker-bin`), e.g. to compare two builds.
+    pub(crate) worker_bin: Option<PathBuf>,
+}
+
+/// How much of each scenario runs: full or `--quick`.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) drain_items: usize,
+    pub(crate) drain_runs: usize,
+    pub(crate) drain_workers: Vec<usize>,
+    /// The "deep queue" drain (full mode only).
+    pub(crate) drain_deep_items: Option<usize>,
+    pub(crate) enqueue_window: Duration,
+    pub(crate) pickup_samples: usize,
+    pub(crate) renewal_items: usize,
+    pub(crate) renewal_window: Duration,
+    /// A second renewal window after analyzing the work table with the items running.
+    pub(crate) renewal_warm_stats: bool,
+    /// Run the two-step pgbench script too (full mode).
+    pub(crate) ceiling_two_step: bool,
+    pub(crate) failover_runs: usize,
+    pub(crate) failover_default_runs: usize,
+    pub(crate) idle_settle: Duration,
+    pub(crate) idle_window: Duration,
+    pub(crate) ceiling_batch_rows: i64,
+    pub(crate) ceiling_single_rows: i64,
+    pub(crate) ceiling_single_secs: u64,
+}
+
+impl Plan {
+    fn full() -> Plan {
+        Plan {
+            drain_items: 100_000,
+            drain_runs: 3,
+            drain_workers: vec![1, 2, 4],
+            drain_deep_items: Some(1_000_000),
+            enqueue_window: Duration::from_secs(5),
+            pickup_samples: 1_000,
+            renewal_items: 10_000,
+            renewal_window: Duration::from_secs(60),
+            renewal_warm_stats: true,
+            ceiling_two_step: true,
+            failover_runs: 5,
+            failover_default_runs: 5,
+            idle_settle: Duration::from_secs(15),
+            idle_window: Duration::from_secs(30),
+            ceiling_batch_rows: 400_000,
+            ceiling_single_rows: 300_000,
+            ceiling_single_secs: 10,
+        }
+    }
+
+    fn quick() -> Plan {
+        Plan {
+            drain_items: 20_000,
+            drain_runs: 1,
+            drain_workers: vec![1, 2, 4],
+            drain_deep_items: None,
+            enqueue_window: Duration::from_millis(1_500),
+            pickup_samples: 200,
+            renewal_items: 10_000,
+            renewal_window: Duration::from_secs(8),
+            renewal_warm_stats: true,
+            ceiling_two_step: false,
+            failover_runs: 2,
+            failover_default_runs: 1,
+            idle_settle: Duration::from_secs(3),
+            idle_window: Duration::from_secs(10),
+            ceiling_batch_rows: 60_000,
+            ceiling_single_rows: 100_000,
+            ceiling_single_secs: 1,
+        }
+    }
+}
+
+/// What every scenario needs.
+pub(crate) struct Ctx {
+    pub(crate) target: setup::Target,
+    pub(crate) worker_bin: PathBuf,
+    /// Worker logs and pgbench scripts.
+    pub(crate) logs: PathBuf,
+    pub(crate) plan: Plan,
+    pub(crate) options: Options,
+    pub(crate) ticks_per_second: f64,
+    pub(crate) nproc: usize,
+}
+
+impl Ctx {
+    /// A fresh database for one scenario, migrated by the worker under test.
+    pub(crate) async fn create_db(&self, tag: &str) -> BenchResult<setup::BenchDb> {
+        self.target
+            .create_db(tag, &self.worker_bin, &self.logs)
+            .await
+    }
+}
+
+pub(crate) fn run(args: &[String]) -> Outcome {
+    let options = match parse(args) {
+        Ok(options) => options,
+        Err(problem) => return Ok(usage_error(&problem)),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime
+        .block_on(bench(options))
+        .map_err(|e| -> Box<dyn std::error::Error> { e })
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut options = Options {
+        quick: false,
+        json: None,
+        only: SCENARIOS.to_vec(),
+        drain_concurrency: DEFAULT_DRAIN_CONCURRENCY,
+        drain_items: None,
+        drain_workers: None,
+        worker_bin: None,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--json" => {
+                let path = it.next().ok_or("`bench --json` needs a path")?;
+                options.json = Some(PathBuf::from(path));
+            }
+            "--only" => {
+                let list = it
+                    .next()
+                    .ok_or("`bench --only` needs a list, e.g. drain,pickup")?;
+                let mut only = Vec::new();
+                for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                    let known = SCENARIOS.iter().find(|s| **s == name).ok_or_else(|| {
+                        format!(
+                            "unknown scenario `{name}` (scenarios: {})",
+                            SCENARIOS.join(", ")
+                        )
+                    })?;
+                    only.push(*known);
+                }
+                if only.is_empty() {
+                    return Err("`bench --only` needs at least one scenario".into());
+                }
+                options.only = SCENARIOS
+                    .iter()
+                    .copied()
+                    .filter(|s| only.contains(s))
+                    .collect();
+            }
+            "--concurrency" => {
+                let n = it.next().ok_or("`bench --concurrency` needs a number")?;
+                options.drain_concurrency =
+                    n.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        format!("`bench --concurrency {n}`: not a positive number")
+                    })?;
+            }
+            "--worker-bin" => {
+                let path = it.next().ok_or("`bench --worker-bin` needs a path")?;
+                options.worker_bin = Some(PathBuf::from(path));
+            }
+            "--items" => {
+                let n = it.next().ok_or("`bench --items` needs a number")?;
+                options.drain_items = Some(
+                    n.parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| format!("`bench --items {n}`: not a positive number"))?,
+                );
+            }
+            "--workers" => {
+                let list = it
+                    .next()
+                    .ok_or("`bench --workers` needs a list, e.g. 1,4")?;
+                let counts: Result<Vec<usize>, _> =
+                    list.split(',').map(|n| n.trim().parse::<usize>()).collect();
+                match counts {
+                    Ok(c) if !c.is_empty() && c.iter().all(|n| (1..=64).contains(n)) => {
+                        options.drain_workers = Some(c)
+                    }
+                    _ => {
+                        return Err(format!(
+                            "`bench --workers {list}`: give 1 to 64, comma-separated"
+                        ))
+                    }
+                }
+            }
+            other => return Err(format!("unexpected `bench` argument `{other}`")),
+        }
+    }
+    Ok(options)
+}
+
+async fn bench(options: Options) -> BenchResult<ExitCode> {
+    let began = Instant::now();
+    let mut plan = if options.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    if let Some(items) = options.drain_items {
+        plan.drain_items = items;
+    }
+    if let Some(workers) = &options.drain_workers {
+        plan.drain_workers = workers.clone();
+    }
+    let worker_bin = match &options.worker_bin {
+        Some(path) if path.is_file() => path.canonicalize()?,
+        Some(path) => return Err(format!("--worker-bin {}: no such file", path.display()).into()),
+        None => tokio::task::spawn_blocking(worker::build).await??,
+    };
+    let target = setup::Target::open().await?;
+    eprintln!("bench: server: {}", target.describe());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| root.join("target"), |d| root.join(d));
+    let logs = target_dir.join("workpump-bench");
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs)?;
+    let ctx = Ctx {
+        target,
+        worker_bin,
+        logs,
+        plan,
+        options,
+        ticks_per_second: setup::ticks_per_second(),
+        nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let mut report = report::Report::new(&ctx).await?;
+
+    for scenario in ctx.options.only.clone() {
+        eprintln!("bench: {scenario}");
+        let scenario_began = Instant::now();
+        let outcome = match scenario {
+            "ceiling" => ceiling::run(&ctx).await.map(|runs| report.ceiling(runs)),
+            "drain" => drains(&ctx, &mut report).await,
+            "enqueue" => enqueue::run(&ctx).await.map(|r| report.enqueue(r)),
+            "pickup" => pickup::run(&ctx).await.map(|r| report.pickup(r)),
+            "renewal" => renewals(&ctx, &mut report).await,
+            "failover" => failovers(&ctx, &mut report).await,
+            "idle" => idles(&ctx, &mut report).await,
+            _ => unreachable!("scenarios come from SCENARIOS"),
+        };
+        match outcome {
+            Ok(()) => eprintln!(
+                "bench: {scenario} took {:.0} s",
+                scenario_began.elapsed().as_secs_f64()
+            ),
+            Err(error) => {
+                eprintln!("bench: {scenario} failed: {error}");
+                report.error(scenario, &error.to_string());
+            }
+        }
+    }
+    report.finish(began.elapsed(), &ctx.logs);
+    print!("{}", report.table());
+    if let Some(path) = &ctx.options.json {
+        std::fs::write(path, report.json())?;
+        eprintln!("bench: figures written to {}", path.display());
+    }
+    Ok(if report.has_errors() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn drains(ctx: &Ctx, report: &mut report::Report) -> BenchResult<()> {
+    for &n in &ctx.plan.drain_workers {
+        let mut runs = Vec::new();
+        for i in 0..ctx.plan.drain_runs {
+            let run = drain::run_once(ctx, n, ctx.plan.drain_items, false).await?;
+            eprintln!(
+                "bench: drain, {n} worker(s), run {}/{}: {:.0} items/s ({:.2} s; {:.0} WAL bytes/item)",
+                i + 1,
+                ctx.plan.drain_runs,
+                run.rate,
+                run.seconds,
+                run.wal_bytes_per_item
+            );
+            runs.push(run);
+        }
+        report.drain(n, runs);
+    }
+    if let Some(items) = ctx.plan.drain_deep_items {
+        let n = report.best_drain_workers().unwrap_or(4);
+        let run = drain::run_once(ctx, n, items, true).await?;
+        eprintln!(
+            "bench: drain of {items} items, {n} worker(s): {:.0} items/s",
+            run.rate
+        );
+        report.drain_deep(run);
+    }
+    Ok(())
+}
+
+async fn renewals(ctx: &Ctx, report: &mut report::Report) -> BenchResult<()> {
+    let cold = renewal::run(ctx, false).await?;
+    report.renewal(cold);
+    if ctx.plan.renewal_warm_stats {
+        let warm = renewal::run(ctx, true).await?;
+        report.renewal(warm);
+    }
+    Ok(())
+}
+
+async fn failovers(ctx: &Ctx, report: &mut report::Report) -> BenchResult<()> {
+    let short = failover::run(ctx, true, ctx.plan.failover_runs).await?;
+    report.failover(true, short);
+    let defaults = failover::run(ctx, false, ctx.plan.failover_default_runs).await?;
+    report.failover(false, defaults);
+    Ok(())
+}
+
+async fn idles(ctx: &Ctx, report: &mut report::Report) -> BenchResult<()> {
+    let up = idle::run(ctx, true).await?;
+    report.idle(up);
+    let down = idle::run(ctx, false).await?;
+    report.idle(down);
+    Ok(())
+}

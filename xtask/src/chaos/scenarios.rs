@@ -1,0 +1,795 @@
+//! The fault scripts. Each starts its workers, enqueues its workload, applies its faults on a
+//! timeline (recording what each took away), and waits for the work to finish; the harness
+//! then drains, checks and reports.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use workpump_testdb::StopMode;
+
+use super::fleet::{scrape, Profile, WorkerSpec};
+use super::harness::{Fault, Harness};
+use super::proxy::Proxy;
+use super::report::Recovery;
+use super::store::{HoldBurst, Mix};
+use super::Result;
+
+/// Handlers per worker.
+const CONCURRENCY: usize = 16;
+
+pub(crate) async fn run(name: &str, h: &mut Harness<'_>) -> Result<()> {
+    match name {
+        "sigkill" => kill_loop(h, Profile::Short).await,
+        "sigkill-defaults" => kill_loop(h, Profile::Defaults).await,
+        "sigstop" => sigstop(h).await,
+        "sigstop-alone" => sigstop_alone(h).await,
+        "listener-kill" => listener_kill(h).await,
+        "pg-restart" => pg_restart(h).await,
+        "pool-exhaustion" => pool_exhaustion(h).await,
+        "partition" => partition(h).await,
+        "clock-skew" => clock_skew(h).await,
+        other => Err(format!("unknown scenario {other}").into()),
+    }
+}
+
+/// SIGKILL a random worker, repeatedly, each time starting a replacement; the last fault is
+/// a SIGTERM drain instead (its releases give the attempt back, which the history check
+/// accounts for).
+async fn kill_loop(h: &mut Harness<'_>, profile: Profile) -> Result<()> {
+    h.profile = profile;
+    let (items, spread_ms, faults, finish) = match (profile, h.quick) {
+        (Profile::Defaults, _) => (3_000, 20_000, 3, 300.0),
+        (Profile::Short, true) => (2_000, 10_000, 3, 90.0),
+        (Profile::Short, false) => (4_000, 16_000, 5, 120.0),
+    };
+    let t = h.timing();
+    let specs = (0..4).map(|_| h.direct(CONCURRENCY)).collect();
+    h.start_workers(specs).await?;
+    let mix = Mix::new(items, spread_ms);
+    h.enqueue(&mix).await?;
+    // With the defaults, scheduled items are promoted by the 5 s sweep: start once work runs.
+    let first = if profile == Profile::Defaults {
+        6.0
+    } else {
+        2.5
+    };
+    let gap = (spread_ms as f64 / 1000.0 - first + 2.5) / (faults as f64 + 0.5);
+    for k in 0..faults {
+        h.at(first + gap * k as f64).await;
+        if k == 1 {
+            h.cancel_some(mix.cancels).await?;
+        }
+        let Some(victim) = h.pick(&[]) else { break };
+        let name = h.fleet.procs[victim].name.clone();
+        if k + 1 == faults {
+            let at = h.db.now().await?;
+            let (instances, held) = h.leases_of(victim).await?;
+            h.say(&format!(
+                "SIGTERM {name} (a drain), holding {} leases",
+                held.len()
+            ));
+            let deadline = Instant::now() + Duration::from_secs_f64(t.shutdown_s + 15.0);
+            if !h.fleet.terminate(victim, deadline).await? {
+                h.violations.push(format!(
+                    "{name} did not drain within its shutdown timeout + 15 s"
+                ));
+            }
+            h.faults.push(Fault {
+                label: format!("drain {name}"),
+                at,
+                until: None,
+                procs: vec![name],
+                instances,
+                affected: held,
+                bound: t.shutdown_s + 2.0,
+                bound_why: format!(
+                    "leases released by the drain: shutdown timeout {} s + 2 s",
+                    t.shutdown_s
+                ),
+            });
+        } else {
+            let at = h.db.now().await?;
+            h.fleet.kill(victim).await?;
+            let (instances, held) = h.leases_of(victim).await?;
+            h.say(&format!("SIGKILL {name}, holding {} leases", held.len()));
+            h.faults.push(Fault {
+                label: format!("SIGKILL {name}"),
+                at,
+                until: None,
+                procs: vec![name],
+                instances,
+                affected: held,
+                bound: 2.0 * t.sweep_s + t.lock_grace_s + 3.0,
+                bound_why: format!(
+                    "lock grace {} s + 2 sweeps of {} s + 3 s",
+                    t.lock_grace_s, t.sweep_s
+                ),
+            });
+        }
+        let spec = h.direct(CONCURRENCY);
+        let index = h.start_worker(spec).await?;
+        let name = h.fleet.procs[index].name.clone();
+        h.say(&format!("replacement {name} ready"));
+    }
+    let by = h.finish_by(finish);
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// SIGSTOP a worker past its lease, then SIGCONT. In a full run a second pause outlasts
+/// `dead_after` too, so the paused instance is reaped and comes back evicted.
+async fn sigstop(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    // Past the lease; and (full run) past dead_after, so the paused instance is reaped.
+    let (items, spread_ms, pauses) = if h.quick {
+        (2_000, 12_000, vec![(3.0, t.lease_s + 4.0)])
+    } else {
+        (
+            4_000,
+            22_000,
+            vec![(3.0, t.lease_s + 4.0), (12.0, t.dead_after_s + 4.0)],
+        )
+    };
+    let specs = (0..4).map(|_| h.direct(CONCURRENCY)).collect();
+    h.start_workers(specs).await?;
+    let mix = Mix::new(items, spread_ms);
+    h.enqueue(&mix).await?;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    for (start, pause) in pauses {
+        h.at(start).await;
+        let Some(victim) = h.pick(&[]) else { break };
+        let name = h.fleet.procs[victim].name.clone();
+        let at = h.db.now().await?;
+        h.fleet.signal(victim, "STOP").await?;
+        let (instances, held) = h.leases_of(victim).await?;
+        h.say(&format!(
+            "SIGSTOP {name} for {pause:.0} s, holding {} leases",
+            held.len()
+        ));
+        h.at(start + pause).await;
+        h.fleet.signal(victim, "CONT").await?;
+        let until = h.db.now().await?;
+        h.say(&format!("SIGCONT {name}"));
+        h.faults.push(Fault {
+            label: format!("SIGSTOP {name} {pause:.0} s"),
+            at,
+            until: Some(until),
+            procs: vec![name.clone()],
+            instances,
+            affected: held,
+            bound: t.lease_s + t.poll_max_s + 2.0,
+            bound_why: format!(
+                "lease {} s + the longest claim poll wait {} s + 2 s",
+                t.lease_s, t.poll_max_s
+            ),
+        });
+        zombie_note(h, victim, "SIGCONT").await;
+    }
+    let by = h.finish_by(120.0);
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// SIGSTOP the only worker past its lease — a VM pause on a one-instance deployment, or on
+/// a quiet fleet whose peers are not polling — then SIGCONT. No peer reclaims meanwhile, so
+/// when it resumes every handler in flight finds its lease fence fired while the store still
+/// holds its lease (expired, unclaimed): whatever it records then lands. The work must still
+/// end as designed.
+async fn sigstop_alone(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let specs = vec![h.direct(2 * CONCURRENCY)];
+    h.start_workers(specs).await?;
+    let mut mix = Mix::new(2_000, 8_000);
+    mix.cancels = 5;
+    h.enqueue(&mix).await?;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    h.at(3.0).await;
+    let victim = 0;
+    let name = h.fleet.procs[victim].name.clone();
+    let at = h.db.now().await?;
+    h.fleet.signal(victim, "STOP").await?;
+    let (instances, held) = h.leases_of(victim).await?;
+    h.say(&format!(
+        "SIGSTOP {name}, the only worker, for 6 s, holding {} leases",
+        held.len()
+    ));
+    h.at(9.0).await;
+    h.fleet.signal(victim, "CONT").await?;
+    let until = h.db.now().await?;
+    h.say(&format!("SIGCONT {name}"));
+    h.faults.push(Fault {
+        label: format!("SIGSTOP {name} (alone) 6 s"),
+        at,
+        until: Some(until),
+        procs: vec![name],
+        instances,
+        affected: held,
+        bound: 6.0 + t.poll_max_s + 2.0,
+        bound_why: format!(
+            "the 6 s pause + the longest claim poll wait {} s + 2 s",
+            t.poll_max_s
+        ),
+    });
+    zombie_note(h, victim, "SIGCONT").await;
+    let by = h.finish_by(90.0);
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// Three seconds after a paused or partitioned worker came back: what its own metrics say
+/// about its handlers and its late writes.
+async fn zombie_note(h: &mut Harness<'_>, index: usize, after: &str) {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let proc = &h.fleet.procs[index];
+    let note = match scrape(proc.metrics).await {
+        Ok(m) => format!(
+            "{} 3 s after {after}: lease fence fired {} times, handlers cancelled for a lost \
+             lease {} / fence {} / eviction {}, outcome writes fenced out {}, evictions it \
+             noticed (log) {}",
+            proc.name,
+            m.sum("workpump_lease_fence_fired_total", &[]),
+            m.sum(
+                "workpump_handler_cancellations_total",
+                &["reason=\"lease_lost\""]
+            ),
+            m.sum(
+                "workpump_handler_cancellations_total",
+                &["reason=\"lease_fence\""]
+            ),
+            m.sum(
+                "workpump_handler_cancellations_total",
+                &["reason=\"evicted\""]
+            ),
+            m.sum("workpump_items_total", &["outcome=\"fenced_out\""]),
+            std::fs::read_to_string(&proc.log)
+                .map(|log| log.matches("instance evicted").count())
+                .unwrap_or(0),
+        ),
+        Err(e) => format!("{}: no metrics after {after}: {e}", proc.name),
+    };
+    h.notes.push(note);
+}
+
+/// Terminate every LISTEN session, repeatedly: claimers poll meanwhile and reconnect.
+async fn listener_kill(h: &mut Harness<'_>) -> Result<()> {
+    h.no_lapse = true;
+    h.no_eviction = true;
+    let (items, spread_ms, kills): (usize, u64, &[f64]) = if h.quick {
+        (2_000, 10_000, &[2.5, 6.0])
+    } else {
+        (3_000, 14_000, &[2.5, 6.0, 9.5])
+    };
+    let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
+    h.start_workers(specs).await?;
+    let mix = Mix::new(items, spread_ms);
+    h.enqueue(&mix).await?;
+    for (k, &when) in kills.iter().enumerate() {
+        h.at(when).await;
+        if k == 1 {
+            h.cancel_some(mix.cancels).await?;
+        }
+        let live = h.fleet.live().len() as i64;
+        let at = h.db.now().await?;
+        let killed = h.db.kill_listeners().await?;
+        let local = Instant::now();
+        h.say(&format!("pg_terminate_backend on {killed} LISTEN sessions"));
+        let deadline = local + Duration::from_secs(30);
+        let mut back = None;
+        while Instant::now() < deadline {
+            if let Ok((_, listening)) = h.db.sessions().await {
+                if listening >= live {
+                    back = Some(local.elapsed().as_secs_f64());
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep_until(local + Duration::from_secs(3)).await;
+        let during = h.db.completed_since(at).await?;
+        if during == 0 {
+            h.violations.push(format!(
+                "no item completed in the 3 s after LISTEN kill #{}",
+                k + 1
+            ));
+        }
+        if killed < live {
+            h.notes.push(format!(
+                "LISTEN kill #{}: found {killed} LISTEN sessions for {live} workers",
+                k + 1
+            ));
+        }
+        h.recovery.push(Recovery {
+            label: format!("LISTEN kill #{}", k + 1),
+            seconds: back,
+            bound: 5.0,
+            bound_why: "the listener reconnects at once (poll base 250 ms meanwhile); 5 s".into(),
+            detail: format!(
+                "{killed} sessions terminated; every worker listening again after {}; {during} \
+                 items completed in the 3 s after the kill",
+                back.map(|s| format!("{s:.2} s"))
+                    .unwrap_or_else(|| "never (30 s)".into())
+            ),
+        });
+        if back.is_none() {
+            h.violations.push(format!(
+                "LISTEN kill #{}: the workers did not all listen again within 30 s",
+                k + 1
+            ));
+        }
+    }
+    let by = h.finish_by(90.0);
+    h.wait_finished(by).await;
+    // The claimers' side: each fell back to polling (the NOTIFY gate went unavailable) and
+    // came back (healthy again), and is healthy now.
+    for i in h.fleet.live() {
+        let proc = &h.fleet.procs[i];
+        match scrape(proc.metrics).await {
+            Ok(m) => {
+                let healthy = m.sum("workpump_notify_gate_healthy", &[]);
+                h.notes.push(format!(
+                    "{}: NOTIFY gate went unavailable {} times and healthy {} times (start \
+                     included); catch-up polls on reconnect {}; gate healthy at the end: {}",
+                    proc.name,
+                    m.sum(
+                        "workpump_notify_gate_transitions_total",
+                        &["to=\"unavailable\""]
+                    ),
+                    m.sum(
+                        "workpump_notify_gate_transitions_total",
+                        &["to=\"healthy\""]
+                    ),
+                    m.sum("workpump_wake_signals_total", &["source=\"reconnect\""]),
+                    healthy == 1.0
+                ));
+                if healthy != 1.0 {
+                    h.violations.push(format!(
+                        "{}: its NOTIFY gate is not healthy at the end",
+                        proc.name
+                    ));
+                }
+            }
+            Err(e) => h.notes.push(format!("{}: no metrics: {e}", proc.name)),
+        }
+    }
+    Ok(())
+}
+
+/// Restart PostgreSQL mid-run: a fast restart, then an outage (fast stop, 5 s down — longer
+/// than the lease, so every handler's lease fence fires while nobody can reach the store),
+/// and in a full run an immediate stop (a crash, with recovery at start). Workers must
+/// reconnect, re-take their alive-locks, listen again and finish; nobody may be evicted.
+async fn pg_restart(h: &mut Harness<'_>) -> Result<()> {
+    h.no_eviction = true;
+    let (items, spread_ms, restarts): (usize, u64, &[(f64, StopMode, f64)]) = if h.quick {
+        (
+            2_000,
+            10_000,
+            &[(3.0, StopMode::Fast, 0.0), (7.0, StopMode::Fast, 5.0)],
+        )
+    } else {
+        (
+            3_000,
+            20_000,
+            &[
+                (3.0, StopMode::Fast, 0.0),
+                (7.0, StopMode::Fast, 5.0),
+                (16.0, StopMode::Immediate, 0.0),
+            ],
+        )
+    };
+    let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
+    h.start_workers(specs).await?;
+    let mix = Mix::new(items, spread_ms);
+    h.enqueue(&mix).await?;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    for &(when, mode, down_s) in restarts {
+        h.at(when).await;
+        let live = h.fleet.live().len() as i64;
+        let began = Instant::now();
+        let cluster = h.cluster;
+        let label = if down_s > 0.0 {
+            h.say(&format!("stopping PostgreSQL ({mode}) for {down_s:.0} s"));
+            tokio::task::block_in_place(|| cluster.stop())?;
+            tokio::time::sleep(Duration::from_secs_f64(down_s)).await;
+            tokio::task::block_in_place(|| cluster.start())?;
+            format!("outage ({mode} stop, {down_s:.0} s down)")
+        } else {
+            h.say(&format!("restarting PostgreSQL ({mode})"));
+            tokio::task::block_in_place(|| cluster.restart(mode))?;
+            format!("restart ({mode})")
+        };
+        let down = began.elapsed().as_secs_f64();
+        let up = Instant::now();
+        let deadline = up + Duration::from_secs(60);
+        let mut up_db = None;
+        let (mut locks_back, mut listen_back, mut work_back) = (None, None, None);
+        while Instant::now() < deadline {
+            if up_db.is_none() {
+                up_db = h.db.now().await.ok();
+            }
+            if let Ok((locks, listening)) = h.db.sessions().await {
+                let since = up.elapsed().as_secs_f64();
+                if locks >= live && locks_back.is_none() {
+                    locks_back = Some(since);
+                }
+                if listening >= live && listen_back.is_none() {
+                    listen_back = Some(since);
+                }
+            }
+            if let (Some(t), None) = (up_db, work_back) {
+                if h.db.completed_since(t).await.is_ok_and(|n| n > 0) {
+                    work_back = Some(up.elapsed().as_secs_f64());
+                }
+            }
+            if locks_back.is_some() && listen_back.is_some() && work_back.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let fmt = |s: Option<f64>| {
+            s.map(|s| format!("{s:.2} s"))
+                .unwrap_or_else(|| "never (60 s)".into())
+        };
+        h.say(&format!(
+            "server back after {down:.2} s; alive-locks {} / LISTEN {} / first completion {} later",
+            fmt(locks_back),
+            fmt(listen_back),
+            fmt(work_back)
+        ));
+        let all = match (locks_back, listen_back, work_back) {
+            (Some(a), Some(b), Some(c)) => Some(a.max(b).max(c)),
+            _ => {
+                h.violations.push(format!(
+                    "after the {label} the workers did not all come back within 60 s \
+                     (alive-locks {}, LISTEN {}, work {})",
+                    fmt(locks_back),
+                    fmt(listen_back),
+                    fmt(work_back)
+                ));
+                None
+            }
+        };
+        h.recovery.push(Recovery {
+            label,
+            seconds: all,
+            bound: 12.0,
+            bound_why: "reconnect backoff (250 ms doubling) after the outage; 12 s".into(),
+            detail: format!(
+                "server down {down:.2} s; then every alive-lock held again after {}, every \
+                 LISTEN after {}, first completion after {}",
+                fmt(locks_back),
+                fmt(listen_back),
+                fmt(work_back)
+            ),
+        });
+    }
+    let by = h.finish_by(120.0);
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// Handlers that sit on pool connections in open transactions, more of them than the pool
+/// has connections: renewals, heartbeats and outcomes compete for what is left.
+async fn pool_exhaustion(h: &mut Harness<'_>) -> Result<()> {
+    h.no_lapse = true;
+    h.no_eviction = true;
+    let specs = (0..3)
+        .map(|_| {
+            let mut spec = h.direct(CONCURRENCY);
+            spec.env
+                .push(("WORKPUMP_MAX_CONNECTIONS".into(), "4".into()));
+            spec.label = Some("pool of 4 connections, 16 handlers".into());
+            spec
+        })
+        .collect();
+    h.start_workers(specs).await?;
+    let mut mix = Mix::new(3_000, 15_000);
+    mix.hold = Some(HoldBurst {
+        count: 90,
+        ms: (2_000, 4_000),
+        window_ms: (3_000, 5_000),
+    });
+    h.enqueue(&mix).await?;
+    h.say(
+        "each worker: 16 handlers on a pool of 4; 90 items due at +3-5 s hold a connection \
+         in an open transaction for 2-4 s each, ignoring cancellation",
+    );
+    h.at(4.0).await;
+    h.cancel_some(mix.cancels).await?;
+    let by = h.finish_by(150.0);
+    h.wait_finished(by).await;
+    for i in h.fleet.live() {
+        let proc = &h.fleet.procs[i];
+        let note = match scrape(proc.metrics).await {
+            Ok(m) => format!(
+                "{}: heartbeats failed {} of {}, renewal calls abandoned {}, `lost` renewal \
+                 replies {} (a renewal racing its item's own outcome), lease fence fired {}, \
+                 handlers cancelled lease_lost {} / lease_fence {}, outcome writes fenced out {}",
+                proc.name,
+                m.sum("workpump_heartbeats_total", &["result=\"failed\""]),
+                m.sum("workpump_heartbeats_total", &[]),
+                m.sum("workpump_lease_renewal_abandoned_calls_total", &[]),
+                m.sum("workpump_lease_renewals_total", &["lost"]),
+                m.sum("workpump_lease_fence_fired_total", &[]),
+                m.sum(
+                    "workpump_handler_cancellations_total",
+                    &["reason=\"lease_lost\""]
+                ),
+                m.sum(
+                    "workpump_handler_cancellations_total",
+                    &["reason=\"lease_fence\""]
+                ),
+                m.sum("workpump_items_total", &["outcome=\"fenced_out\""]),
+            ),
+            Err(e) => format!("{}: no metrics: {e}", proc.name),
+        };
+        h.notes.push(note);
+    }
+    Ok(())
+}
+
+/// A worker behind a TCP proxy is frozen (connections stalled, not closed) past its lease,
+/// then thawed; in a full run a second freeze outlasts `dead_after` as well.
+async fn partition(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let proxy = Proxy::start(h.cluster.port()).await?;
+    let mut specs: Vec<WorkerSpec> = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
+    let mut behind = WorkerSpec::new(h.profile, proxy.port(), CONCURRENCY);
+    behind.label = Some(format!("behind the proxy on port {}", proxy.port()));
+    specs.push(behind);
+    h.proxy = Some(proxy);
+    h.start_workers(specs).await?;
+    let victim = h.fleet.procs.len() - 1;
+    let name = h.fleet.procs[victim].name.clone();
+    let mix = Mix::new(3_000, 22_000);
+    h.enqueue(&mix).await?;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    // Past the lease; then past dead_after too, so the frozen instance is reaped.
+    for (start, freeze) in [(3.0, t.lease_s + 5.0), (14.0, t.dead_after_s + 4.0)] {
+        h.at(start).await;
+        let at = h.db.now().await?;
+        if let Some(p) = &h.proxy {
+            p.set_frozen(true);
+        }
+        let (instances, held) = h.leases_of(victim).await?;
+        h.say(&format!(
+            "partition: {name}'s connections frozen for {freeze:.0} s, holding {} leases",
+            held.len()
+        ));
+        h.at(start + freeze).await;
+        if let Some(p) = &h.proxy {
+            p.set_frozen(false);
+        }
+        let until = h.db.now().await?;
+        h.say(&format!("partition healed: {name}'s held bytes flow again"));
+        h.faults.push(Fault {
+            label: format!("partition {name} {freeze:.0} s"),
+            at,
+            until: Some(until),
+            procs: vec![name.clone()],
+            instances,
+            affected: held,
+            bound: t.lease_s + t.poll_max_s + 2.0,
+            bound_why: format!(
+                "lease {} s + the longest claim poll wait {} s + 2 s",
+                t.lease_s, t.poll_max_s
+            ),
+        });
+        zombie_note(h, victim, "the thaw").await;
+    }
+    let by = h.finish_by(150.0);
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// Two workers whose process clock runs an hour ahead (libfaketime): one with an honest
+/// monotonic clock, one with the monotonic clock shifted too. Only the database clock
+/// decides, so nothing may change: no lease lapses, nobody is reaped, every item ends once.
+async fn clock_skew(h: &mut Harness<'_>) -> Result<()> {
+    h.no_lapse = true;
+    h.no_eviction = true;
+    let lib = match faketime_library().await {
+        Ok(lib) => lib,
+        Err(why) => {
+            h.skipped = Some(format!("clock-skew needs libfaketime: {why}"));
+            return Ok(());
+        }
+    };
+    let offset = match skew_of_date(&lib).await {
+        Ok(offset) if (offset - 3600.0).abs() < 60.0 => offset,
+        Ok(offset) => {
+            h.skipped = Some(format!(
+                "libfaketime ({}) loads, but shifts `date` by {offset:.0} s instead of +3600 s",
+                lib
+            ));
+            return Ok(());
+        }
+        Err(e) => {
+            h.skipped = Some(format!("libfaketime ({lib}) does not work here: {e}"));
+            return Ok(());
+        }
+    };
+    h.notes.push(format!(
+        "libfaketime {lib}: `date` under it reads {offset:+.0} s"
+    ));
+    let mut specs: Vec<WorkerSpec> = (0..2).map(|_| h.direct(CONCURRENCY)).collect();
+    for honest_monotonic in [true, false] {
+        let mut spec = h.direct(CONCURRENCY);
+        spec.env.push(("LD_PRELOAD".into(), lib.clone()));
+        spec.env.push(("FAKETIME".into(), "+1h".into()));
+        if honest_monotonic {
+            spec.env.push(("DONT_FAKE_MONOTONIC".into(), "1".into()));
+        }
+        spec.label = Some(format!(
+            "clock +1h, monotonic {}",
+            if honest_monotonic {
+                "honest"
+            } else {
+                "faked too"
+            }
+        ));
+        specs.push(spec);
+    }
+    h.start_workers(specs).await?;
+    let mix = Mix::new(3_000, 12_000);
+    h.enqueue(&mix).await?;
+    h.at(4.0).await;
+    h.cancel_some(mix.cancels).await?;
+    let by = h.finish_by(120.0);
+    h.wait_finished(by).await;
+
+    let per_proc: Vec<(String, i64)> =
+        sqlx::query_as("SELECT proc, count(*) FROM workpump_ledger GROUP BY proc ORDER BY proc")
+            .fetch_all(&h.db.pool)
+            .await?;
+    for proc in &h.fleet.procs {
+        let Some(label) = &proc.label else { continue };
+        let ran = per_proc
+            .iter()
+            .find(|(p, _)| *p == proc.name)
+            .map_or(0, |(_, n)| *n);
+        let measured = log_clock_offset(&proc.log, proc.spawned_at)
+            .map(|s| format!("{s:+.0} s"))
+            .unwrap_or_else(|| "unreadable".into());
+        h.notes.push(format!(
+            "{} ({label}): {ran} executions; its log's clock reads {measured} against the suite's",
+            proc.name
+        ));
+        if ran == 0 {
+            h.violations
+                .push(format!("{} ({label}) executed nothing", proc.name));
+        }
+    }
+    Ok(())
+}
+
+/// The preloadable libfaketime, installed with apt-get when missing.
+async fn faketime_library() -> Result<String, String> {
+    const PATHS: [&str; 3] = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ];
+    let found = || PATHS.iter().find(|p| std::path::Path::new(p).is_file());
+    if let Some(p) = found() {
+        return Ok((*p).to_owned());
+    }
+    println!(
+        "   libfaketime is missing; installing Debian's package (apt-get install libfaketime)"
+    );
+    let install = || async {
+        tokio::time::timeout(
+            Duration::from_secs(300),
+            tokio::process::Command::new("apt-get")
+                .args(["install", "-y", "-q", "libfaketime"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .status(),
+        )
+        .await
+    };
+    let first = install().await;
+    if found().is_none() {
+        // The package lists may be missing or stale.
+        let _ = tokio::time::timeout(
+            Duration::from_secs(300),
+            tokio::process::Command::new("apt-get")
+                .args(["update", "-q"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .status(),
+        )
+        .await;
+        let _ = install().await;
+    }
+    match found() {
+        Some(p) => Ok((*p).to_owned()),
+        None => Err(format!(
+            "not installed, and `apt-get install libfaketime` did not install it ({})",
+            match first {
+                Ok(Ok(s)) => s.to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "timed out".into(),
+            }
+        )),
+    }
+}
+
+/// What `date +%s` reads under libfaketime `+1h`, minus the real time.
+async fn skew_of_date(lib: &str) -> Result<f64> {
+    let out = tokio::process::Command::new("date")
+        .arg("+%s")
+        .env("LD_PRELOAD", lib)
+        .env("FAKETIME", "+1h")
+        .output()
+        .await?;
+    let faked: f64 = String::from_utf8_lossy(&out.stdout).trim().parse()?;
+    Ok(faked - unix_now())
+}
+
+pub(crate) fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The first timestamp in a worker's log (tracing writes RFC 3339 UTC) minus the suite's
+/// clock when it started that worker: the worker logs within a second of its start, so this
+/// is its process clock's offset, give or take that second.
+fn log_clock_offset(path: &std::path::Path, spawned_at: f64) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let stamp = text.lines().find_map(|line| {
+        let clean = strip_ansi(line);
+        let token = clean.split_whitespace().next()?.to_owned();
+        parse_rfc3339(&token)
+    })?;
+    Some(stamp - spawned_at)
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.frac]Z` as seconds since the epoch.
+fn parse_rfc3339(s: &str) -> Option<f64> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.split(':');
+    let (hh, mm) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
+    let ss: f64 = t.next()?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + hh * 3_600 + mm * 60) as f64 + ss)
+}

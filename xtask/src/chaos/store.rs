@@ -1,0 +1,445 @@
+//! One scenario's database: created fresh on the chaos cluster, migrated, given the suite's
+//! evidence tables, filled with the workload, watched while it runs, dropped at the end.
+//!
+//! The evidence tables (in `public`, where the workers' unqualified inserts land):
+//!
+//! - `workpump_ledger` — one row per handler execution, written by the worker before its
+//!   handler runs (`--ledger`): item, attempt, claim token, instance, and (by default) the
+//!   writing process's `application_name` and the database time.
+//! - `workpump_effects` — the `tx` items' business write. Deliberately without a primary key,
+//!   so that a second write would show as a second row instead of a failed insert; a trigger
+//!   stamps each row with the claim token the item holds inside the writing transaction.
+//! - `chaos_audit` — a trigger on `workpump.work` records every change of an item's state,
+//!   owner, claim token or attempt: before and after, the error entry it appended, which
+//!   process wrote it (`application_name`) and when (database clock).
+//! - `chaos_cancels` — the items the suite asked to cancel, and what `cancel_work` answered.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::types::Uuid;
+use sqlx::PgPool;
+use workpump_coordinator::{
+    migrate, EnqueueWorkParams, NewWork, PgCoordinator, WorkCoordinator, DEFAULT_SCHEMA,
+};
+use workpump_testdb::Cluster;
+
+use super::fleet::QUEUE;
+use super::{Result, Rng};
+
+/// The `application_name` of the suite's own connections.
+pub(crate) const SUITE_APP: &str = "chaos-suite";
+
+const SETUP_SQL: &str = r#"
+CREATE TABLE workpump_ledger (
+    item     bigint      NOT NULL,
+    attempt  int         NOT NULL,
+    token    bigint      NOT NULL,
+    instance uuid        NOT NULL,
+    proc     text        NOT NULL DEFAULT current_setting('application_name'),
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX workpump_ledger_item ON workpump_ledger (item);
+
+CREATE TABLE workpump_effects (
+    item  bigint      NOT NULL,
+    token bigint,
+    proc  text        NOT NULL DEFAULT current_setting('application_name'),
+    at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_effect_token() RETURNS trigger
+LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
+BEGIN
+    NEW.token := (SELECT w.claim_token FROM workpump.work w WHERE w.id = NEW.item);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER chaos_effect_token BEFORE INSERT ON workpump_effects
+    FOR EACH ROW EXECUTE FUNCTION chaos_effect_token();
+
+CREATE TABLE chaos_audit (
+    seq           bigserial   PRIMARY KEY,
+    item          bigint      NOT NULL,
+    from_state    text        NOT NULL,
+    to_state      text        NOT NULL,
+    from_instance uuid,
+    to_instance   uuid,
+    from_token    bigint,
+    to_token      bigint,
+    from_attempt  int         NOT NULL,
+    to_attempt    int         NOT NULL,
+    error         jsonb,
+    proc          text        NOT NULL DEFAULT current_setting('application_name'),
+    at            timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX chaos_audit_item ON chaos_audit (item);
+CREATE FUNCTION chaos_audit() RETURNS trigger
+LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
+BEGIN
+    INSERT INTO chaos_audit (item, from_state, to_state, from_instance, to_instance,
+                             from_token, to_token, from_attempt, to_attempt, error)
+    VALUES (NEW.id, OLD.state::text, NEW.state::text, OLD.instance_id, NEW.instance_id,
+            OLD.claim_token, NEW.claim_token, OLD.attempt, NEW.attempt,
+            CASE WHEN jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors)
+                 THEN NEW.errors -> -1 END);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER chaos_audit AFTER UPDATE ON workpump.work FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state
+          OR OLD.instance_id IS DISTINCT FROM NEW.instance_id
+          OR OLD.claim_token IS DISTINCT FROM NEW.claim_token
+          OR OLD.attempt IS DISTINCT FROM NEW.attempt)
+    EXECUTE FUNCTION chaos_audit();
+
+CREATE TABLE chaos_cancels (
+    item   bigint      NOT NULL,
+    result text        NOT NULL,
+    at     timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+"#;
+
+/// A scenario's database.
+pub(crate) struct Db {
+    pub(crate) name: String,
+    pub(crate) pool: PgPool,
+    admin: PgPool,
+}
+
+impl Db {
+    /// Creates `name` on the cluster, migrates it, adds the evidence tables and registers
+    /// the queue.
+    pub(crate) async fn create(cluster: &Cluster, name: &str) -> Result<Db> {
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&format!(
+                "{}?application_name={SUITE_APP}",
+                cluster.tcp_url("postgres")
+            ))
+            .await?;
+        let leftover: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(name)
+                .fetch_one(&admin)
+                .await?;
+        if leftover {
+            sqlx::query(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"))
+                .execute(&admin)
+                .await?;
+        }
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&admin)
+            .await?;
+        // The cluster is a test cluster (`synchronous_commit = off`), where a server crash
+        // (an immediate stop) may lose commits that were already acknowledged — the ledger row
+        // of an execution that then completed, say. Acknowledged commits must survive a crash
+        // for the checks to hold, as they do on a production server. (`fsync` stays off: the
+        // WAL reaches the OS at commit, and the OS does not crash here.)
+        sqlx::query(&format!(
+            "ALTER DATABASE \"{name}\" SET synchronous_commit = on"
+        ))
+        .execute(&admin)
+        .await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&format!(
+                "{}?application_name={SUITE_APP}",
+                cluster.tcp_url(name)
+            ))
+            .await?;
+        migrate(&pool, DEFAULT_SCHEMA).await?;
+        sqlx::raw_sql(SETUP_SQL).execute(&pool).await?;
+        sqlx::query("SELECT workpump.register_queue($1, 10)")
+            .bind(QUEUE)
+            .execute(&pool)
+            .await?;
+        Ok(Db {
+            name: name.to_owned(),
+            pool,
+            admin,
+        })
+    }
+
+    /// Closes the pools and drops the database (`keep`: only closes them).
+    pub(crate) async fn finish(self, keep: bool) -> Result<()> {
+        self.pool.close().await;
+        if !keep {
+            sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ))
+            .execute(&self.admin)
+            .await?;
+        }
+        self.admin.close().await;
+        Ok(())
+    }
+
+    /// The database clock, as seconds since the epoch.
+    pub(crate) async fn now(&self) -> Result<f64> {
+        Ok(
+            sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    pub(crate) async fn progress(&self) -> Result<Progress> {
+        let (total, finished, running): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*),
+                    count(*) FILTER (WHERE state IN ('completed', 'dead', 'cancelled')),
+                    count(*) FILTER (WHERE state = 'running')
+             FROM workpump.work",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Progress {
+            total,
+            finished,
+            running,
+        })
+    }
+
+    /// The instances a process has run as: the one it printed, those it claimed under (a
+    /// process evicted while paused registers a fresh one), and the one whose alive-lock its
+    /// sessions hold now.
+    pub(crate) async fn instances_of(
+        &self,
+        proc: &str,
+        printed: Option<Uuid>,
+    ) -> Result<Vec<Uuid>> {
+        let mut ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT DISTINCT to_instance FROM chaos_audit
+             WHERE proc = $1 AND to_token IS DISTINCT FROM from_token AND to_instance IS NOT NULL
+             UNION
+             SELECT i.instance_id FROM workpump.instances i
+             JOIN workpump.alive_lock_held_keys() h ON h.key = i.alive_lock_key
+             JOIN pg_stat_activity a ON a.pid = h.pid
+             WHERE a.application_name = $1",
+        )
+        .bind(proc)
+        .fetch_all(&self.pool)
+        .await?;
+        if let Some(id) = printed {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The leases `instances` hold now: (item, claim token).
+    pub(crate) async fn held_by(&self, instances: &[Uuid]) -> Result<Vec<(i64, i64)>> {
+        Ok(sqlx::query_as(
+            "SELECT id, claim_token FROM workpump.work
+             WHERE state = 'running' AND instance_id = ANY($1) ORDER BY id",
+        )
+        .bind(instances)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// How many of the workers' processes (by `application_name`) hold an alive-lock, and
+    /// how many have a LISTEN session.
+    pub(crate) async fn sessions(&self) -> Result<(i64, i64)> {
+        Ok(sqlx::query_as(
+            "SELECT
+                (SELECT count(DISTINCT a.application_name)
+                 FROM workpump.alive_lock_held_keys() h
+                 JOIN pg_stat_activity a ON a.pid = h.pid
+                 WHERE a.application_name LIKE 'chaos-w%'),
+                (SELECT count(DISTINCT a.application_name) FROM pg_stat_activity a
+                 WHERE a.datname = current_database() AND a.application_name LIKE 'chaos-w%'
+                   AND a.query LIKE 'LISTEN%')",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Terminates every worker's LISTEN session; how many.
+    pub(crate) async fn kill_listeners(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) FROM pg_stat_activity a
+             WHERE a.datname = current_database() AND a.application_name LIKE 'chaos-w%'
+               AND a.query LIKE 'LISTEN%' AND a.pid <> pg_backend_pid()",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Items completed since `since` (database seconds).
+    pub(crate) async fn completed_since(&self, since: f64) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM chaos_audit
+             WHERE to_state = 'completed' AND at > to_timestamp($1)",
+        )
+        .bind(since)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}
+
+/// Where the work stands.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Progress {
+    pub(crate) total: i64,
+    pub(crate) finished: i64,
+    pub(crate) running: i64,
+}
+
+/// `count` items that each hold a pool connection for `ms`, all due within `window_ms`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HoldBurst {
+    pub(crate) count: usize,
+    pub(crate) ms: (u64, u64),
+    pub(crate) window_ms: (u64, u64),
+}
+
+/// What a scenario enqueues.
+#[derive(Clone, Debug)]
+pub(crate) struct Mix {
+    pub(crate) items: usize,
+    /// Items become due uniformly over this window, so that faults hit running work.
+    pub(crate) spread_ms: u64,
+    /// The `sleep` items' range.
+    pub(crate) sleep_ms: (u64, u64),
+    /// A burst of `hold` items (pool exhaustion).
+    pub(crate) hold: Option<HoldBurst>,
+    /// Items the suite cancels part-way through.
+    pub(crate) cancels: usize,
+}
+
+impl Mix {
+    pub(crate) fn new(items: usize, spread_ms: u64) -> Mix {
+        Mix {
+            items,
+            spread_ms,
+            sleep_ms: (200, 2_500),
+            hold: None,
+            cancels: (items / 200).max(5),
+        }
+    }
+}
+
+/// The workload: payloads by share — designed dead letters (~0.5 %, at least 5), planned
+/// failures that retry then succeed (8 %), panics (2 %), transactional items (10 %),
+/// checkpointed long jobs (2 %), sleepers that renew their lease (22 %), no-ops for the rest,
+/// and a burst of `hold` items when asked.
+pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
+    let dead = (mix.items / 200).max(5);
+    let holds = mix.hold.map_or(0, |b| b.count);
+    let mut planned = Vec::with_capacity(mix.items);
+    for i in 0..mix.items {
+        if let (Some(burst), true) = (mix.hold, i >= dead && i < dead + holds) {
+            let payload = json!({ "kind": "hold", "ms": rng.range(burst.ms.0, burst.ms.1) });
+            planned.push((payload, rng.range(burst.window_ms.0, burst.window_ms.1)));
+            continue;
+        }
+        let payload = if i < dead {
+            json!({ "kind": "dead" })
+        } else {
+            match rng.unit() {
+                r if r < 0.08 => json!({ "kind": "fail", "times": rng.range(1, 2) }),
+                r if r < 0.10 => json!({ "kind": "panic", "times": 1 }),
+                r if r < 0.20 => json!({ "kind": "tx" }),
+                r if r < 0.22 => {
+                    json!({ "kind": "checkpoint", "units": 4, "unit_ms": rng.range(200, 600) })
+                }
+                r if r < 0.44 => {
+                    json!({ "kind": "sleep", "ms": rng.range(mix.sleep_ms.0, mix.sleep_ms.1) })
+                }
+                _ => json!({ "kind": "noop" }),
+            }
+        };
+        planned.push((payload, rng.range(0, mix.spread_ms)));
+    }
+    // Shuffle, so the designed dead letters are spread through the run.
+    for i in (1..planned.len()).rev() {
+        let j = rng.below(i + 1);
+        planned.swap(i, j);
+    }
+    planned
+}
+
+/// Enqueues the planned items in one call per 10 000; returns their ids.
+pub(crate) async fn enqueue(db: &Db, planned: Vec<(Value, u64)>) -> Result<Vec<i64>> {
+    let coordinator = PgCoordinator::new(db.pool.clone());
+    let mut ids = Vec::with_capacity(planned.len());
+    let mut planned = planned.into_iter().peekable();
+    while planned.peek().is_some() {
+        let items: Vec<NewWork> = planned
+            .by_ref()
+            .take(10_000)
+            .map(|(payload, after)| {
+                let item = NewWork::new(QUEUE, payload);
+                if after == 0 {
+                    item
+                } else {
+                    item.run_after(Duration::from_millis(after))
+                }
+            })
+            .collect();
+        let out = coordinator
+            .enqueue_work(EnqueueWorkParams { items })
+            .await?;
+        ids.extend(out.items.iter().map(|e| e.id));
+    }
+    Ok(ids)
+}
+
+/// Cancels `n` items through `workpump.cancel_work`: half of them sleepers (likely running,
+/// so the request travels in a renewal reply), the rest at random (likely waiting or done).
+/// Records each answer in `chaos_cancels`; a finished item's refusal is recorded as such.
+pub(crate) async fn cancel_some(db: &Db, rng: &mut Rng, n: usize) -> Result<Vec<(i64, String)>> {
+    let sleepers: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.work
+         WHERE payload->>'kind' = 'sleep' AND state IN ('running', 'available', 'scheduled')
+         ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    let all: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.work WHERE payload->>'kind' <> 'dead' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    let mut chosen: Vec<i64> = Vec::new();
+    for k in 0..n {
+        let pool = if k % 2 == 0 && !sleepers.is_empty() {
+            &sleepers
+        } else {
+            &all
+        };
+        if pool.is_empty() {
+            break;
+        }
+        let id = pool[rng.below(pool.len())];
+        if !chosen.contains(&id) {
+            chosen.push(id);
+        }
+    }
+    let mut answers = Vec::new();
+    for id in chosen {
+        let answer = match sqlx::query_scalar::<_, String>("SELECT workpump.cancel_work($1)")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+        {
+            Ok(answer) => answer,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("WP005") => {
+                "refused: finished".to_owned()
+            }
+            Err(e) => return Err(e.into()),
+        };
+        sqlx::query("INSERT INTO chaos_cancels (item, result) VALUES ($1, $2)")
+            .bind(id)
+            .bind(&answer)
+            .execute(&db.pool)
+            .await?;
+        answers.push((id, answer));
+    }
+    Ok(answers)
+}
