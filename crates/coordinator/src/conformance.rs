@@ -801,11 +801,17 @@ pub async fn a_lock_proven_instance_whose_lock_stays_gone_past_the_grace_is_reap
         .listen(ListenParams::default())
         .await
         .expect("listen");
-    assert_eq!(listener.next_event().await.expect("event"), ListenEvent::Connected);
+    assert_eq!(
+        listener.next_event().await.expect("event"),
+        ListenEvent::Connected
+    );
     // Its heartbeat is fresh: only the lock tells.
     h.kill_alive_lock_session(dead).await;
     wait_until_not_alive(h, dead).await;
-    assert!(sweep_with_grace(h).await.reaped.is_empty(), "first sight: within the grace");
+    assert!(
+        sweep_with_grace(h).await.reaped.is_empty(),
+        "first sight: within the grace"
+    );
     assert!(h.instance_registered(dead).await);
     h.age_lock_loss(dead, GRACE + Duration::from_secs(1)).await;
     let out = sweep_with_grace(h).await;
@@ -880,10 +886,18 @@ pub async fn a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock(h: &dyn H
         dead_after: Some(DEAD),
         lock_grace: Some(GRACE),
     };
-    let first = h.coordinator().record_heartbeat(params()).await.expect("beat");
+    let first = h
+        .coordinator()
+        .record_heartbeat(params())
+        .await
+        .expect("beat");
     assert_eq!(first.reaped, 0, "first sight");
     h.age_lock_loss(dead, GRACE * 2).await;
-    let second = h.coordinator().record_heartbeat(params()).await.expect("beat");
+    let second = h
+        .coordinator()
+        .record_heartbeat(params())
+        .await
+        .expect("beat");
     assert_eq!(second.reaped, 1);
     assert!(!h.instance_registered(dead).await);
 }
@@ -921,10 +935,18 @@ pub async fn maintenance_due_flags_exactly_the_steps_that_have_work(h: &dyn Harn
         }
     );
     let claimed = claim(h, me, &["q"], 3).await;
-    let by_id = |id| claimed.items.iter().find(|c| c.fence.id == id).expect("claimed").fence;
+    let by_id = |id| {
+        claimed
+            .items
+            .iter()
+            .find(|c| c.fence.id == id)
+            .expect("claimed")
+            .fence
+    };
     complete(h, me, vec![by_id(ids[1])]).await;
     h.age_finished(ids[1], Duration::from_secs(3601)).await;
-    h.set_lease_expiry(ids[2], chrono::Duration::seconds(-1)).await;
+    h.set_lease_expiry(ids[2], chrono::Duration::seconds(-1))
+        .await;
     let peer = instance(h).await;
     h.age_heartbeat(peer, STALE * 2).await;
     let flags = due().await;

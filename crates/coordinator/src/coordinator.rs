@@ -87,8 +87,7 @@ pub trait WorkCoordinator: Send + Sync + 'static {
 
     /// Which maintenance steps have work right now, in one cheap statement (an idle sweep
     /// costs one round trip).
-    async fn maintenance_due(&self, params: MaintenanceDueParams)
-        -> Result<MaintenanceDueOutcome>;
+    async fn maintenance_due(&self, params: MaintenanceDueParams) -> Result<MaintenanceDueOutcome>;
 
     /// Counts available, scheduled and running items per queue (for metrics); see
     /// `0019_queue_depth.sql` for its cost.

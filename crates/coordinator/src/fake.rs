@@ -1184,10 +1184,7 @@ impl WorkCoordinator for FakeCoordinator {
         })
     }
 
-    async fn maintenance_due(
-        &self,
-        params: MaintenanceDueParams,
-    ) -> Result<MaintenanceDueOutcome> {
+    async fn maintenance_due(&self, params: MaintenanceDueParams) -> Result<MaintenanceDueOutcome> {
         self.enter(Method::MaintenanceDue, 0).await?;
         params.validate()?;
         let now = self.now();

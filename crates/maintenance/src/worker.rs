@@ -12,10 +12,10 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, MaintenanceDueOutcome,
-    MaintenanceDueParams,
-    PromoteScheduledParams, PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth,
-    QueueDepthParams, WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
+    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error,
+    MaintenanceDueOutcome, MaintenanceDueParams, PromoteScheduledParams,
+    PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth, QueueDepthParams,
+    WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
 };
 
 use crate::metrics as m;
@@ -459,8 +459,11 @@ impl MaintenanceWorker {
                 dead_retention: Duration::from_millis(self.config.dead_retention_ms),
                 evicted_retention: Duration::from_millis(self.config.evicted_retention_ms),
             };
-            self.call(Step::MaintenanceDue, self.coordinator.maintenance_due(probe))
-                .await
+            self.call(
+                Step::MaintenanceDue,
+                self.coordinator.maintenance_due(probe),
+            )
+            .await
         } else {
             Ok(MaintenanceDueOutcome {
                 instances: true,

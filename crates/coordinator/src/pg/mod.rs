@@ -526,7 +526,10 @@ impl WorkCoordinator for PgCoordinator {
             .iter()
             .map(|f| {
                 items.get(f).copied().ok_or_else(|| {
-                    Error::database(ctx(), format!("renew_leases did not answer for item {}", f.id))
+                    Error::database(
+                        ctx(),
+                        format!("renew_leases did not answer for item {}", f.id),
+                    )
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -795,10 +798,7 @@ impl WorkCoordinator for PgCoordinator {
         })
     }
 
-    async fn maintenance_due(
-        &self,
-        params: MaintenanceDueParams,
-    ) -> Result<MaintenanceDueOutcome> {
+    async fn maintenance_due(&self, params: MaintenanceDueParams) -> Result<MaintenanceDueOutcome> {
         params.validate()?;
         let (instances, orphans, scheduled, finished, tombstones): (bool, bool, bool, bool, bool) =
             sqlx::query_as(&self.stmts.maintenance_due)
