@@ -21,6 +21,9 @@ use serde_json::json;
 use super::setup::{BenchDb, MARK};
 use super::{BenchResult, Ctx};
 
+/// The longest a pgbench run may take.
+const PGBENCH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Client counts pgbench runs with.
 pub(crate) const CLIENTS: [usize; 4] = [1, 4, 8, 16];
 
@@ -147,7 +150,13 @@ async fn one(
         command.args(["--time", &ctx.plan.ceiling_single_secs.to_string()]);
     }
     command.arg(db.url());
-    let output = tokio::task::spawn_blocking(move || command.output()).await??;
+    // pgbench is bounded by its transaction count or time; the deadline covers a server
+    // that stops answering.
+    let mut command = tokio::process::Command::from(command);
+    command.kill_on_drop(true);
+    let output = tokio::time::timeout(PGBENCH_DEADLINE, command.output())
+        .await
+        .map_err(|_| format!("pgbench {script} -c {clients} ran past {PGBENCH_DEADLINE:?}"))??;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     if !output.status.success() {
         return Err(format!(

@@ -91,8 +91,19 @@ async fn producers(
             Ok::<_, workpump_coordinator::Error>(())
         });
     }
-    while let Some(joined) = tasks.join_next().await {
-        joined??;
+    // A call that hangs must not hang the bench: the producers get the window and a minute.
+    let deadline = stop_at + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, tasks.join_next()).await {
+            Ok(Some(joined)) => joined??,
+            Ok(None) => break,
+            Err(_) => {
+                return Err(
+                    "enqueue: a producer did not finish within a minute of its window".into(),
+                )
+            }
+        }
     }
     let elapsed = started.elapsed().as_secs_f64();
     let items = done.load(Ordering::Relaxed) as f64;

@@ -91,7 +91,7 @@ impl Target {
                 .await?,
         )];
         let settings: Vec<(String, String)> = sqlx::query_as(
-            "SELECT name, setting || coalesce(unit, '') FROM pg_settings
+            "SELECT name, current_setting(name) FROM pg_settings
              WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'shared_buffers',
                             'max_wal_size', 'wal_level', 'shared_preload_libraries',
                             'track_functions', 'max_connections', 'checkpoint_timeout')
@@ -170,9 +170,11 @@ pub(crate) struct BenchDb {
 
 impl BenchDb {
     async fn setup(mut self) -> BenchResult<BenchDb> {
+        // No statement of the bench may hang it: every one is bounded.
         let options = self
             .url
             .parse::<PgConnectOptions>()?
+            .options([("statement_timeout", "300s")])
             .disable_statement_logging();
         let pool = PgPoolOptions::new()
             .max_connections(POOL_CONNECTIONS)
