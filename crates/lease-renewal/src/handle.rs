@@ -16,6 +16,8 @@ use crate::metrics;
 
 /// The shortest renewal tick a guard uses, so that an unvalidated zero interval cannot spin.
 const MIN_TICK: Duration = Duration::from_millis(1);
+/// How soon a renewal request that found the channel full is tried again.
+const CHANNEL_FULL_RETRY: Duration = Duration::from_millis(50);
 
 /// One renewal request on the worker's channel.
 pub(crate) struct RenewalRequest {
@@ -477,8 +479,15 @@ impl LeaseHandle {
                     return;
                 }
                 _ = sleep_until(next_tick) => {
-                    s.submit(Arc::downgrade(&self.shared), &self.tx);
+                    let queued = s.submit(Arc::downgrade(&self.shared), &self.tx);
                     let now = Instant::now();
+                    if !queued && self.tx.capacity() == 0 {
+                        // The channel is full (a burst of handles whose ticks coincide): try
+                        // again shortly instead of a whole interval later, while the lease
+                        // still has most of its time.
+                        next_tick = now + CHANNEL_FULL_RETRY.min(interval);
+                        continue;
+                    }
                     next_tick += interval;
                     if next_tick <= now {
                         // Ticks missed while the task was starved are not made up.

@@ -649,3 +649,30 @@ async fn a_second_concurrent_run_is_refused() {
     run.await.expect("run ends");
     assert_eq!(rig.worker.name(), "lease-renewal");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tick_that_finds_the_channel_full_tries_again_within_fifty_milliseconds() {
+    let rig = rig_with(LeaseConfig {
+        channel_capacity: 1,
+        ..LeaseConfig::default()
+    })
+    .await;
+    // Two handles whose renewal ticks coincide; the channel holds one request.
+    let a = rig.handle(LeaseSettings::default()).await;
+    let b = rig.handle(LeaseSettings::default()).await;
+    let (shutdown, run) = rig.start();
+    let interval = LeaseSettings::default().renewal_interval;
+    tokio::select! {
+        _ = a.guard() => panic!("a's lease fired"),
+        _ = b.guard() => panic!("b's lease fired"),
+        // The tick, the retry 50 ms later, and the coalescing window.
+        _ = sleep(interval + Duration::from_millis(50) + WINDOW + Duration::from_millis(10)) => {}
+    }
+    assert_eq!(
+        (a.renewals(), b.renewals()),
+        (1, 1),
+        "the refused request was queued again within the same interval"
+    );
+    shutdown.cancel();
+    run.await.expect("run ends");
+}
