@@ -1,5 +1,5 @@
 //! workpump's backstop: [`MaintenanceWorker`] keeps the store tidy and moving when nobody
-//! else does. Its one job is a periodic sweep (every 5 s) of SQL functions that each do one
+//! else does. Its one job is a periodic sweep (every 2 s) of SQL functions that each do one
 //! bounded thing across every queue: `cleanup_stale_instances` (reap dead peers, release their
 //! leases), `dead_letter_expired` (orphans with no attempts left become dead letters;
 //! cancel-requested orphans end cancelled), `promote_scheduled` (due delays and retries become
@@ -37,6 +37,9 @@
 //! With `skip_idle_steps` (the default) a sweep first asks `maintenance_due` — one cheap
 //! statement of index probes — which steps have work, and runs only those: every instance
 //! sweeps every few seconds, and an idle sweep then costs one round trip instead of five.
+//! When a sweep finds a lock-proven peer without its lock whose grace has not passed yet, the
+//! worker sweeps again right after the grace instead of waiting for the next interval, so a
+//! crashed peer's work is released about `lock_grace_ms` after a sweep first saw it gone.
 //!
 //! 1. `cleanup_stale_instances(stale_after_ms, dead_after_ms, lock_grace_ms)`: the backstop
 //!    for the heartbeat's opportunistic sweep, and what makes failover fast: a lock-proven
@@ -57,7 +60,7 @@
 //! | setting | default | meaning |
 //! | --- | --- | --- |
 //! | `enabled` | `true` | the killswitch |
-//! | `interval_ms` | 5 000 | sweep start to sweep start |
+//! | `interval_ms` | 2 000 | sweep start to sweep start |
 //! | `stale_after_ms` | 30 000 | stale cutoff for `cleanup_stale_instances` (use the heartbeat's) |
 //! | `dead_after_ms` | 300 000 | definitive-dead cutoff (use the heartbeat's) |
 //! | `lock_grace_ms` | 3 000 | a lock-proven instance whose lock stays gone this long is dead (use the heartbeat's); `None` = off |

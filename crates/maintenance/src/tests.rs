@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     ClaimWorkParams, CleanupStaleInstancesParams, CompleteWorkParams, EnqueueWorkParams,
     FakeCoordinator, InstanceId, Method, NewWork, RecordHeartbeatParams, RegisterQueueParams,
-    WorkCoordinator, WorkState, Worker, WorkerError,
+    TakeAliveLockParams, WorkCoordinator, WorkState, Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -25,6 +25,14 @@ use crate::{
 };
 
 // -- helpers ----------------------------------------------------------------------------------
+
+/// The cadence tests below were written for a 5 s sweep; the interval is a setting.
+fn five_seconds() -> MaintenanceConfig {
+    MaintenanceConfig {
+        interval_ms: 5_000,
+        ..MaintenanceConfig::default()
+    }
+}
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -219,7 +227,7 @@ impl Recorder for TestRecorder {
 #[tokio::test(start_paused = true)]
 async fn the_first_sweep_runs_at_start_then_one_every_five_seconds() {
     let fake = FakeCoordinator::new();
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
     tokio::time::sleep(Duration::from_millis(20_500)).await;
@@ -240,7 +248,7 @@ async fn the_first_sweep_runs_at_start_then_one_every_five_seconds() {
 #[tokio::test(start_paused = true)]
 async fn queue_depth_is_sampled_at_most_every_fifteen_seconds() {
     let fake = FakeCoordinator::new();
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
     tokio::time::sleep(Duration::from_millis(31_000)).await;
@@ -259,7 +267,7 @@ async fn a_depth_sample_interval_of_zero_never_samples() {
     let fake = FakeCoordinator::new();
     let config = MaintenanceConfig {
         depth_sample_interval_ms: 0,
-        ..MaintenanceConfig::default()
+        ..five_seconds()
     };
     let w = worker(&fake, config);
     let (shutdown, task) = spawn_run(&w);
@@ -274,7 +282,7 @@ async fn with_the_killswitch_off_run_makes_no_calls_and_returns_on_shutdown() {
     let fake = FakeCoordinator::new();
     let config = MaintenanceConfig {
         enabled: false,
-        ..MaintenanceConfig::default()
+        ..five_seconds()
     };
     let w = worker(&fake, config);
     let (shutdown, task) = spawn_run(&w);
@@ -289,7 +297,7 @@ async fn a_sweep_that_overruns_delays_the_next_instead_of_bunching() {
     let fake = FakeCoordinator::new();
     let config = MaintenanceConfig {
         call_timeout_ms: 7_000,
-        ..MaintenanceConfig::default()
+        ..five_seconds()
     };
     let w = worker(&fake, config);
     fake.hang_next(Method::CleanupStaleInstances, 1);
@@ -311,7 +319,7 @@ async fn a_sweep_that_overruns_delays_the_next_instead_of_bunching() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_during_a_hung_sweep_returns_at_once() {
     let fake = FakeCoordinator::new();
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     fake.hang_next(Method::CleanupStaleInstances, 1);
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
@@ -324,7 +332,7 @@ async fn shutdown_during_a_hung_sweep_returns_at_once() {
 #[tokio::test(start_paused = true)]
 async fn run_starts_again_after_a_shutdown() {
     let fake = FakeCoordinator::new();
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     for round in 1..=5 {
         let (shutdown, task) = spawn_run(&w);
         tokio::time::sleep(secs(1)).await;
@@ -340,7 +348,7 @@ async fn a_failed_sweep_is_counted_and_the_next_one_still_runs() {
     let recorder = TestRecorder::default();
     let _guard = ::metrics::set_default_local_recorder(&recorder);
     let fake = FakeCoordinator::new();
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     fake.fail_next(Method::PromoteScheduled, 1);
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
@@ -370,7 +378,7 @@ async fn run_once_reports_every_failed_step_with_what_the_others_did() {
     queue(&fake, "q", 10).await;
     enqueue_soon(&fake, "q", 3).await;
     tokio::time::advance(secs(2)).await;
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     fake.fail_next(Method::CleanupStaleInstances, 1);
     fake.fail_next(Method::QueueDepth, 1);
     let err = w.run_once().await.unwrap_err();
@@ -392,7 +400,7 @@ async fn a_hung_call_is_abandoned_after_the_call_timeout_and_the_sweep_goes_on()
     let fake = FakeCoordinator::new();
     let config = MaintenanceConfig {
         call_timeout_ms: 2_000,
-        ..MaintenanceConfig::default()
+        ..five_seconds()
     };
     let w = worker(&fake, config);
     fake.hang_next(Method::PromoteScheduled, 1);
@@ -418,7 +426,7 @@ async fn a_hung_call_is_abandoned_after_the_call_timeout_and_the_sweep_goes_on()
 #[tokio::test(start_paused = true)]
 async fn a_failed_depth_sample_waits_for_the_next_interval() {
     let fake = FakeCoordinator::new();
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     fake.fail_next(Method::QueueDepth, 1);
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
@@ -475,7 +483,7 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
     fake.age_heartbeat(gone, secs(31));
     tokio::time::advance(secs(2)).await;
 
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     let report = w.run_once().await.expect("sweep");
     assert_eq!(
         report,
@@ -490,6 +498,7 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
             pruned_cancelled: 0,
             pruned_tombstones: 0,
             depth: report.depth.clone(),
+            dead_peer_pending: false,
         }
     );
     assert!(!fake.instance_registered(gone));
@@ -557,7 +566,7 @@ async fn the_depth_gauges_follow_the_store_between_samples() {
         vec![NewWork::new("q", json!(3)).run_after(secs(3600))],
     )
     .await;
-    let w = worker(&fake, MaintenanceConfig::default());
+    let w = worker(&fake, five_seconds());
     let gauge = |s: &str| recorder.get(m::QUEUE_DEPTH, &["queue=q", &format!("state={s}")]);
     w.run_once().await.expect("sweep");
     assert_eq!(
@@ -591,12 +600,12 @@ async fn the_sweep_reaps_with_the_configured_stale_cutoff() {
         &fake,
         MaintenanceConfig {
             stale_after_ms: 60_000,
-            ..MaintenanceConfig::default()
+            ..five_seconds()
         },
     );
     assert_eq!(patient.run_once().await.expect("sweep").reaped_instances, 0);
     assert!(fake.instance_registered(quiet));
-    let default = worker(&fake, MaintenanceConfig::default());
+    let default = worker(&fake, five_seconds());
     assert_eq!(default.run_once().await.expect("sweep").reaped_instances, 1);
     assert!(!fake.instance_registered(quiet));
 }
@@ -660,7 +669,7 @@ async fn one_sweep_runs_at_most_max_batches_statements_of_each_kind() {
         MaintenanceConfig {
             batch_limit: LIMIT,
             max_batches_per_sweep: BATCHES,
-            ..MaintenanceConfig::default()
+            ..five_seconds()
         },
     );
     let kinds = [
@@ -714,7 +723,7 @@ async fn an_exactly_full_batch_is_followed_by_one_that_comes_back_empty() {
         &fake,
         MaintenanceConfig {
             batch_limit: 10,
-            ..MaintenanceConfig::default()
+            ..five_seconds()
         },
     );
     assert_eq!(w.run_once().await.expect("sweep").promoted, 20);
@@ -727,7 +736,7 @@ async fn an_exactly_full_batch_is_followed_by_one_that_comes_back_empty() {
 fn the_defaults_are_the_documented_ones() {
     let c = MaintenanceConfig::default();
     assert!(c.enabled);
-    assert_eq!(c.interval_ms, 5_000);
+    assert_eq!(c.interval_ms, 2_000);
     assert_eq!(c.stale_after_ms, 30_000);
     assert_eq!(c.dead_after_ms, 300_000);
     assert_eq!(c.completed_retention_ms, 24 * 3600 * 1000);
@@ -783,7 +792,7 @@ fn validation_names_every_refused_setting() {
     // Without a prefix the bare field is named.
     let bare = MaintenanceConfig {
         batch_limit: 0,
-        ..MaintenanceConfig::default()
+        ..five_seconds()
     };
     assert_eq!(bare.validate("")[0].setting, "batch_limit");
 }
@@ -800,7 +809,7 @@ fn the_section_reads_from_toml_with_defaults_for_what_is_missing() {
         MaintenanceConfig {
             interval_ms: 1_000,
             depth_sample_interval_ms: 0,
-            ..MaintenanceConfig::default()
+            ..five_seconds()
         }
     );
     let typo = figment::Figment::new()
@@ -815,7 +824,7 @@ fn the_section_reads_from_toml_with_defaults_for_what_is_missing() {
 #[tokio::test(start_paused = true)]
 async fn an_idle_sweep_is_one_probe_statement() {
     let fake = FakeCoordinator::new();
-    let w = probing_worker(&fake, MaintenanceConfig::default());
+    let w = probing_worker(&fake, five_seconds());
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
     tokio::time::sleep(Duration::from_millis(20_500)).await;
@@ -839,7 +848,7 @@ async fn the_probe_runs_only_the_steps_that_have_work() {
     queue(&fake, "q", 10).await;
     enqueue_soon(&fake, "q", 3).await;
     tokio::time::advance(secs(2)).await;
-    let w = probing_worker(&fake, MaintenanceConfig::default());
+    let w = probing_worker(&fake, five_seconds());
     let report = w.run_once().await.expect("sweep");
     assert_eq!(report.promoted, 3);
     assert_eq!(fake.calls_of(Method::PromoteScheduled).len(), 1);
@@ -850,4 +859,43 @@ async fn the_probe_runs_only_the_steps_that_have_work() {
     let err = w.run_once().await.unwrap_err();
     assert_eq!(err.failures[0].step, Step::MaintenanceDue);
     assert_eq!(fake.calls_of(Method::PromoteScheduled).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_seen_without_its_lock_is_swept_again_right_after_the_grace() {
+    let fake = FakeCoordinator::new();
+    let dead = InstanceId::new();
+    fake.record_heartbeat(RecordHeartbeatParams {
+        instance: dead,
+        host: "dead".into(),
+        metadata: serde_json::json!({}),
+        stale_after: secs(30),
+        dead_after: Some(secs(300)),
+        lock_grace: None,
+    })
+    .await
+    .unwrap();
+    let lock = fake
+        .take_alive_lock(TakeAliveLockParams { instance: dead })
+        .await
+        .unwrap();
+    assert!(lock.held);
+    let w = probing_worker(&fake, MaintenanceConfig::default());
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    // The process dies a little after the first sweep: its lock goes with its connection.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(fake.kill_alive_lock_session(dead));
+    // Sweeps every 2 s see it at 2 s (first sight: not reaped yet); the sweep at 4 s is still
+    // within the 3 s grace; one more right after the grace (5.1 s) reaps it, before the next
+    // regular sweep (6 s).
+    tokio::time::sleep_until(start + Duration::from_millis(5_500)).await;
+    assert!(!fake.instance_registered(dead), "reaped at 5.1 s");
+    tokio::time::sleep_until(start + Duration::from_millis(6_500)).await;
+    stop(shutdown, task).await;
+    assert_eq!(
+        call_times(&fake, Method::CleanupStaleInstances, start),
+        vec![secs(2), secs(4), Duration::from_millis(5_100)]
+    );
+    assert!(!fake.instance_registered(dead));
 }

@@ -202,6 +202,7 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
             pruned_cancelled: 0,
             pruned_tombstones: 0,
             depth: Some(depth.clone()),
+            dead_peer_pending: false,
         }
     );
     let states = s.states().await;
