@@ -1161,7 +1161,8 @@ async fn scrape(addr: SocketAddr, deadline: Instant) -> Result<Scraped> {
                     .then(|| value.parse::<f64>().ok())
                     .flatten()
             })
-            .sum()
+            // Not `.sum()`: an empty f64 sum is -0.0, which prints as "-0".
+            .fold(0.0, |total, v| total + v)
     };
     let highlights = vec![
         format!(
