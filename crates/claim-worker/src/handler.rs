@@ -146,8 +146,12 @@ impl JobError {
         }
     }
 
-    /// The handler stopped because it was cancelled; the item ends cancelled (unless the host
-    /// is draining, in which case its lease is released for a peer).
+    /// The handler stopped because it was cancelled. What is recorded depends on why its
+    /// token fired ([`Job::cancel_reason`]): an operator's cancel, or none (the handler's own
+    /// decision) — the item ends cancelled; the host draining — its lease is released for a
+    /// peer, without using up the attempt; the lease fence, `max_duration` or
+    /// `max_renewals` — a failed attempt naming the reason, retried with backoff; the lease
+    /// lost or the instance evicted — nothing (it would be fenced out).
     pub fn cancelled(message: impl fmt::Display) -> Self {
         JobError {
             kind: JobErrorKind::Cancelled,

@@ -803,9 +803,17 @@ async fn execute(
                 (_, Some(CancelReason::Shutdown)) => Outcome::Release {
                     consume_attempt: false,
                 },
-                // Stopped by its own lease fence, not by anyone's cancel: a failed attempt
-                // (retried), never a cancelled item.
-                (_, Some(r @ CancelReason::LeaseFence)) => Outcome::Fail {
+                // Stopped by its own lease fence or a limit, not by anyone's cancel: a failed
+                // attempt (retried) naming why, never a cancelled item — also when the handler
+                // answers its token with `JobError::cancelled`.
+                (
+                    _,
+                    Some(
+                        r @ (CancelReason::LeaseFence
+                        | CancelReason::MaxDuration { .. }
+                        | CancelReason::MaxRenewals { .. }),
+                    ),
+                ) => Outcome::Fail {
                     error: format!("the handler was stopped: {r}: {}", e.message),
                     disposition: FailDisposition::RetryAfter(backoff()),
                 },
@@ -815,13 +823,6 @@ async fn execute(
                         disposition: FailDisposition::Cancelled,
                     }
                 }
-                (
-                    _,
-                    Some(r @ (CancelReason::MaxDuration { .. } | CancelReason::MaxRenewals { .. })),
-                ) => Outcome::Fail {
-                    error: format!("the handler was stopped: {r}: {}", e.message),
-                    disposition: FailDisposition::RetryAfter(backoff()),
-                },
                 (JobErrorKind::Retry { after }, _) => Outcome::Fail {
                     error: e.message,
                     disposition: FailDisposition::RetryAfter(after.unwrap_or_else(backoff)),

@@ -12,16 +12,19 @@ use workpump_claim_worker::*;
 use workpump_coordinator::*;
 
 /// A lease tracker with only the local fence (no renewals): enough for loop timing.
-struct FenceOnly;
+/// Never renews: each lease's token fires at claim + lease − grace, with the reason given
+/// (`CancelReason::LeaseFence`: as when every renewal call fails).
+struct StopsAtFence(CancelReason);
 
 struct FenceOnlyLease {
     fence: Fence,
     token: CancellationToken,
     reason: Mutex<Option<CancelReason>>,
     fence_at: Instant,
+    fires: CancelReason,
 }
 
-impl LeaseTracker for FenceOnly {
+impl LeaseTracker for StopsAtFence {
     fn track(
         &self,
         _instance: InstanceId,
@@ -35,6 +38,7 @@ impl LeaseTracker for FenceOnly {
             token: parent.child_token(),
             reason: Mutex::new(None),
             fence_at: sent_at + settings.lease - settings.grace,
+            fires: self.0,
         })
     }
 }
@@ -60,7 +64,7 @@ impl TrackedLease for FenceOnlyLease {
     async fn guard(&self) {
         tokio::select! {
             _ = self.token.cancelled() => {}
-            _ = tokio::time::sleep_until(self.fence_at) => self.cancel(CancelReason::LeaseFence),
+            _ = tokio::time::sleep_until(self.fence_at) => self.cancel(self.fires),
         }
     }
     fn dispose(&self) {
@@ -100,7 +104,7 @@ async fn start(config: ClaimConfig, concurrency: usize, handler_hold: Option<Dur
     let worker = Arc::new(ClaimWorker::new(
         Arc::new(fake.clone()),
         None,
-        Arc::new(FenceOnly),
+        Arc::new(StopsAtFence(CancelReason::LeaseFence)),
         Identity::new(),
         handlers,
         config,
@@ -380,6 +384,26 @@ async fn a_full_batch_polls_again_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_handler_stopped_by_its_lease_fence_is_a_failed_attempt_not_a_cancelled_item() {
+    stopped_by_a_limit_is_a_failed_attempt(CancelReason::LeaseFence, "lease fence").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_stopped_at_max_duration_is_a_failed_attempt_naming_the_limit() {
+    let limit = Duration::from_secs(2);
+    stopped_by_a_limit_is_a_failed_attempt(CancelReason::MaxDuration { limit }, "max_duration")
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_stopped_at_max_renewals_is_a_failed_attempt_naming_the_limit() {
+    stopped_by_a_limit_is_a_failed_attempt(CancelReason::MaxRenewals { limit: 6 }, "max_renewals")
+        .await;
+}
+
+/// A handler that honours its cancellation token and says `cancelled` when `why` stops it:
+/// nobody asked to cancel the item, so it must be a failed attempt (retried) whose error
+/// names the reason, never a cancelled item.
+async fn stopped_by_a_limit_is_a_failed_attempt(why: CancelReason, named: &str) {
     let fake = FakeCoordinator::new();
     fake.register_queue(RegisterQueueParams::new("q"))
         .await
@@ -409,11 +433,11 @@ async fn a_handler_stopped_by_its_lease_fence_is_a_failed_attempt_not_a_cancelle
             },
         )
         .unwrap();
-    // FenceOnly never renews: the fence fires at claim + 2.5 s, as when every renewal fails.
+    // Never renewed: the token fires with `why` at claim + 2.5 s.
     let worker = Arc::new(ClaimWorker::new(
         Arc::new(fake.clone()),
         None,
-        Arc::new(FenceOnly),
+        Arc::new(StopsAtFence(why)),
         Identity::new(),
         handlers,
         tight(),
@@ -438,7 +462,7 @@ async fn a_handler_stopped_by_its_lease_fence_is_a_failed_attempt_not_a_cancelle
     assert_eq!(row.errors.len(), 1);
     assert_eq!(row.errors[0].kind, "failed");
     assert!(
-        row.errors[0].error.contains("lease fence"),
+        row.errors[0].error.contains(named),
         "{}",
         row.errors[0].error
     );
