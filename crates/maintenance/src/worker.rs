@@ -68,7 +68,8 @@ pub struct MaintenanceConfig {
     pub enabled: bool,
     /// The time from the start of one sweep to the start of the next; the first sweep runs
     /// when `run` starts. A sweep that overruns delays the next one instead of bunching them
-    /// (no catch-up). **Default: 5 000 ms (5 s).**
+    /// (no catch-up). A sweep that saw a lock-proven peer without its lock runs once more
+    /// right after `lock_grace_ms`. **Default: 2 000 ms (2 s).**
     pub interval_ms: u64,
     /// Passed to `cleanup_stale_instances`: an instance whose heartbeat is older than this is
     /// stale and reaped unless its alive-lock is held. Use the heartbeat worker's value.

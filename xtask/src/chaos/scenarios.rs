@@ -47,7 +47,8 @@ async fn kill_loop(h: &mut Harness<'_>, profile: Profile) -> Result<()> {
     h.start_workers(specs).await?;
     let mix = Mix::new(items, spread_ms);
     h.enqueue(&mix).await?;
-    // With the defaults, scheduled items are promoted by the 5 s sweep: start once work runs.
+    // With the defaults, scheduled items wait for a sweep (every 2 s) and the heartbeats are
+    // slow: start the faults once work runs.
     let first = if profile == Profile::Defaults {
         6.0
     } else {
