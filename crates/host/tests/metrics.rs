@@ -50,6 +50,16 @@ fn sum(body: &str, name: &str, label: &str) -> f64 {
         .sum()
 }
 
+/// Whether the store shows the item's lease renewed at least once.
+async fn renewed(pool: &sqlx::PgPool, id: i64) -> bool {
+    sqlx::query_scalar::<_, i32>("SELECT renewals FROM workpump.work WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("read the item's renewals")
+        > 0
+}
+
 #[tokio::test]
 async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_work() {
     let (db, pool) = database().await;
@@ -59,7 +69,8 @@ async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_wor
     let mut config = fast_config();
     config.metrics.enabled = true;
     config.metrics.listen = listen;
-    // A short lease, so the slow items are renewed a few times.
+    // A short lease (renewed every 0.5 s): each slow item is held until the store shows its
+    // lease renewed, so the renewal counters have something to count.
     config.queues.insert(
         "work".into(),
         QueueConfig {
@@ -71,19 +82,27 @@ async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_wor
     let host = Host::builder()
         .config(config)
         .database_url(db.url())
-        .handler(
-            "work",
-            handler_fn(|job: Job<serde_json::Value>| async move {
-                match job.payload()["kind"].as_str() {
-                    Some("slow") => tokio::time::sleep(Duration::from_millis(1_200)).await,
-                    Some("fail") if job.attempt() == 1 => {
-                        return Err(JobError::retry("planned failure"))
+        .handler("work", {
+            let pool = pool.clone();
+            handler_fn(move |job: Job<serde_json::Value>| {
+                let pool = pool.clone();
+                async move {
+                    match job.payload()["kind"].as_str() {
+                        Some("slow") => {
+                            wait_until(Duration::from_secs(10), "a slow item renewed", || {
+                                renewed(&pool, job.id())
+                            })
+                            .await
+                        }
+                        Some("fail") if job.attempt() == 1 => {
+                            return Err(JobError::retry("planned failure"))
+                        }
+                        _ => {}
                     }
-                    _ => {}
+                    Ok(())
                 }
-                Ok(())
-            }),
-        )
+            })
+        })
         .start()
         .await
         .expect("start (installs the recorder and serves it)");
