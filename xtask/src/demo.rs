@@ -33,7 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
@@ -42,7 +42,7 @@ use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout_at, Instant};
@@ -50,6 +50,7 @@ use workpump_coordinator::{
     migrate, EnqueueWorkParams, NewWork, PgCoordinator, WorkCoordinator, DEFAULT_SCHEMA,
 };
 
+use crate::procs::{self, free_port, tail};
 use crate::{usage_error, Outcome};
 
 /// The queue every worker serves.
@@ -1129,58 +1130,21 @@ struct Scraped {
     highlights: Vec<String>,
 }
 
-/// `GET /metrics` over a plain TCP connection, and a few sums from it.
+/// A few sums from a worker's Prometheus endpoint.
 async fn scrape(addr: SocketAddr, deadline: Instant) -> Result<Scraped> {
-    let deadline = deadline.min(Instant::now() + Duration::from_secs(10));
-    let body = timeout_at(deadline, async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        Ok::<_, std::io::Error>(response)
-    })
-    .await
-    .map_err(|_| format!("no answer from {addr} in time"))??;
-    let (head, body) = body.split_once("\r\n\r\n").unwrap_or((&body, ""));
-    if !head.starts_with("HTTP/1.") || !head.contains(" 200") {
-        return Err(format!(
-            "{addr} answered {:?}",
-            head.lines().next().unwrap_or_default()
-        )
-        .into());
-    }
-    let sum = |name: &str, label: Option<&str>| -> f64 {
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (key, value) = l.rsplit_once(' ')?;
-                let metric = key.split('{').next()?;
-                (metric == name && label.is_none_or(|lbl| key.contains(lbl)))
-                    .then(|| value.parse::<f64>().ok())
-                    .flatten()
-            })
-            // Not `.sum()`: an empty f64 sum is -0.0, which prints as "-0".
-            .fold(0.0, |total, v| total + v)
-    };
-    let highlights = vec![
-        format!(
-            "workpump_items_total{{outcome=\"completed\"}} = {}",
-            sum("workpump_items_total", Some("outcome=\"completed\""))
-        ),
-        format!(
-            "workpump_claimed_items_total{{kind=\"reclaimed\"}} = {}",
-            sum("workpump_claimed_items_total", Some("kind=\"reclaimed\""))
-        ),
-        format!(
-            "workpump_lease_renewals_total{{result=\"renewed\"}} = {}",
-            sum("workpump_lease_renewals_total", Some("result=\"renewed\""))
-        ),
-    ];
+    let within = deadline
+        .saturating_duration_since(Instant::now())
+        .min(Duration::from_secs(10));
+    let m = procs::scrape(addr, within).await?;
+    let highlight =
+        |name: &str, label: &str| format!("{name}{{{label}}} = {}", m.sum(name, &[label]));
     Ok(Scraped {
-        described: body.lines().filter(|l| l.starts_with("# HELP ")).count(),
-        highlights,
+        described: m.described,
+        highlights: vec![
+            highlight("workpump_items_total", "outcome=\"completed\""),
+            highlight("workpump_claimed_items_total", "kind=\"reclaimed\""),
+            highlight("workpump_lease_renewals_total", "result=\"renewed\""),
+        ],
     })
 }
 
@@ -1382,17 +1346,4 @@ impl Proc {
         }
         Ok(())
     }
-}
-
-/// A port on the loopback that is free now.
-fn free_port() -> Result<SocketAddr> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(listener.local_addr()?)
-}
-
-/// The last `n` lines of a log file.
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }

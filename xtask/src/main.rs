@@ -7,6 +7,7 @@ mod bench;
 mod chaos;
 mod demo;
 mod pg;
+mod procs;
 mod test;
 
 /// What a subcommand returns: its exit code, or an error that `main` prints (exit 1).

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::setup::{self, QUEUE};
 use super::BenchResult;
+use crate::procs::tail;
 
 /// Builds `workpump-worker` (`cargo build --release -p workpump-examples --bin
 /// workpump-worker`) and returns the executable's path, as cargo reports it.
@@ -174,7 +175,7 @@ impl Worker {
                         "worker {} {state} after {within:?}; its log: {}\n{}",
                         self.pid,
                         self.log.display(),
-                        tail(&self.log)
+                        tail(&self.log, 15)
                     )
                     .into());
                 }
@@ -215,7 +216,7 @@ impl Worker {
                 "worker {} exited unexpectedly; its log: {}\n{}",
                 self.pid,
                 self.log.display(),
-                tail(&self.log)
+                tail(&self.log, 15)
             )
             .into());
         }
@@ -297,11 +298,4 @@ pub(crate) async fn start_all(
         w.ready(Duration::from_secs(60)).await?;
     }
     Ok((workers, started.elapsed()))
-}
-
-/// The last lines of a log file.
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
 }

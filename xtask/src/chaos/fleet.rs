@@ -3,20 +3,20 @@
 //! `Drop` kills whatever still runs, and each worker also exits when its stdin (a pipe from
 //! the suite) closes, so a killed suite leaves nothing behind.
 
-use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use sqlx::types::Uuid;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{timeout_at, Instant};
 
 use super::Result;
+use crate::procs::{self, free_port, tail, Metrics};
 
 /// The queue every worker serves.
 pub(crate) const QUEUE: &str = "chaos";
@@ -389,61 +389,7 @@ impl Proc {
     }
 }
 
-/// A Prometheus text scrape: `name{labels}` → value.
-#[derive(Debug, Default)]
-pub(crate) struct Metrics(BTreeMap<String, f64>);
-
-impl Metrics {
-    /// The sum of every series of `name` whose labels contain all of `labels`
-    /// (`key="value"` fragments).
-    pub(crate) fn sum(&self, name: &str, labels: &[&str]) -> f64 {
-        self.0
-            .iter()
-            .filter(|(series, _)| {
-                let (n, rest) = series.split_once('{').unwrap_or((series.as_str(), ""));
-                n == name && labels.iter().all(|l| rest.contains(l))
-            })
-            .fold(0.0, |sum, (_, v)| sum + v)
-    }
-}
-
-/// Reads a worker's `/metrics` (plain HTTP/1.0 on loopback), within 3 s.
+/// Reads a worker's `/metrics` within 3 s.
 pub(crate) async fn scrape(addr: SocketAddr) -> Result<Metrics> {
-    let read = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .await?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body).await?;
-        Ok::<_, std::io::Error>(body)
-    };
-    let body = tokio::time::timeout(Duration::from_secs(3), read)
-        .await
-        .map_err(|_| format!("scraping {addr}: no answer within 3 s"))??;
-    let mut metrics = BTreeMap::new();
-    for line in body.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        if let Some((series, value)) = line.rsplit_once(' ') {
-            if let Ok(v) = value.parse::<f64>() {
-                metrics.insert(series.to_owned(), v);
-            }
-        }
-    }
-    Ok(Metrics(metrics))
-}
-
-/// A free loopback port (bound and released at once).
-pub(crate) fn free_port() -> Result<SocketAddr> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(listener.local_addr()?)
-}
-
-/// The last `n` lines of a log file.
-pub(crate) fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+    Ok(procs::scrape(addr, Duration::from_secs(3)).await?)
 }
