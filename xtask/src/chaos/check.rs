@@ -43,7 +43,7 @@ pub(crate) struct Item {
 }
 
 /// One audited change.
-#[derive(Clone)]
+#[derive(Clone, sqlx::FromRow)]
 pub(crate) struct Change {
     pub(crate) item: i64,
     pub(crate) from_state: String,
@@ -148,58 +148,13 @@ impl Evidence {
             },
         })
         .collect();
-        type Row = (
-            i64,
-            String,
-            String,
-            Option<Uuid>,
-            Option<Uuid>,
-            Option<i64>,
-            Option<i64>,
-            i32,
-            i32,
-            Option<Value>,
-            String,
-            f64,
-        );
-        let changes = sqlx::query_as::<_, Row>(
+        let changes = sqlx::query_as::<_, Change>(
             "SELECT item, from_state, to_state, from_instance, to_instance, from_token, to_token,
-                    from_attempt, to_attempt, error, proc, extract(epoch FROM at)::float8
+                    from_attempt, to_attempt, error, proc, extract(epoch FROM at)::float8 AS at
              FROM chaos_audit ORDER BY seq",
         )
         .fetch_all(pool)
-        .await?
-        .into_iter()
-        .map(
-            |(
-                item,
-                from_state,
-                to_state,
-                from_instance,
-                to_instance,
-                from_token,
-                to_token,
-                from_attempt,
-                to_attempt,
-                error,
-                proc,
-                at,
-            )| Change {
-                item,
-                from_state,
-                to_state,
-                from_instance,
-                to_instance,
-                from_token,
-                to_token,
-                from_attempt,
-                to_attempt,
-                error,
-                proc,
-                at,
-            },
-        )
-        .collect();
+        .await?;
         let execs = sqlx::query_as::<_, (i64, i32, i64, Uuid, String)>(
             "SELECT item, attempt, token, instance, proc FROM workpump_ledger ORDER BY at",
         )

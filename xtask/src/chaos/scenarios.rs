@@ -140,32 +140,7 @@ async fn sigstop(h: &mut Harness<'_>) -> Result<()> {
     for (start, pause) in pauses {
         h.at(start).await;
         let Some(victim) = h.pick(&[]) else { break };
-        let name = h.fleet.procs[victim].name.clone();
-        let at = h.db.now().await?;
-        h.fleet.signal(victim, "STOP").await?;
-        let (instances, held) = h.leases_of(victim).await?;
-        h.say(&format!(
-            "SIGSTOP {name} for {pause:.0} s, holding {} leases",
-            held.len()
-        ));
-        h.at(start + pause).await;
-        h.fleet.signal(victim, "CONT").await?;
-        let until = h.db.now().await?;
-        h.say(&format!("SIGCONT {name}"));
-        h.faults.push(Fault {
-            label: format!("SIGSTOP {name} {pause:.0} s"),
-            at,
-            until: Some(until),
-            procs: vec![name.clone()],
-            instances,
-            affected: held,
-            bound: t.lease_s + t.poll_max_s + 2.0,
-            bound_why: format!(
-                "lease {} s + the longest claim poll wait {} s + 2 s",
-                t.lease_s, t.poll_max_s
-            ),
-        });
-        zombie_note(h, victim, "SIGCONT").await;
+        freeze(h, victim, Freeze::Sigstop, start, pause).await?;
     }
     let by = h.finish_by(120.0);
     h.wait_finished(by).await;
@@ -216,6 +191,79 @@ async fn sigstop_alone(h: &mut Harness<'_>) -> Result<()> {
     zombie_note(h, victim, "SIGCONT").await;
     let by = h.finish_by(90.0);
     h.wait_finished(by).await;
+    Ok(())
+}
+
+/// How a worker is frozen: its process stopped, or its connections stalled by the proxy.
+#[derive(Clone, Copy)]
+enum Freeze {
+    Sigstop,
+    Partition,
+}
+
+/// Freezes `victim` from `start` for `secs` (seconds of the scenario), then thaws it, and
+/// records the fault: its leases must be running elsewhere (or ended) within the lease plus
+/// the longest claim poll wait, as nothing but the lease can tell a frozen process from a
+/// slow one.
+async fn freeze(
+    h: &mut Harness<'_>,
+    victim: usize,
+    how: Freeze,
+    start: f64,
+    secs: f64,
+) -> Result<()> {
+    let t = h.timing();
+    let name = h.fleet.procs[victim].name.clone();
+    let at = h.db.now().await?;
+    match how {
+        Freeze::Sigstop => h.fleet.signal(victim, "STOP").await?,
+        Freeze::Partition => {
+            if let Some(p) = &h.proxy {
+                p.set_frozen(true);
+            }
+        }
+    }
+    let (instances, held) = h.leases_of(victim).await?;
+    let held_n = held.len();
+    h.say(&match how {
+        Freeze::Sigstop => format!("SIGSTOP {name} for {secs:.0} s, holding {held_n} leases"),
+        Freeze::Partition => format!(
+            "partition: {name}'s connections frozen for {secs:.0} s, holding {held_n} leases"
+        ),
+    });
+    h.at(start + secs).await;
+    match how {
+        Freeze::Sigstop => h.fleet.signal(victim, "CONT").await?,
+        Freeze::Partition => {
+            if let Some(p) = &h.proxy {
+                p.set_frozen(false);
+            }
+        }
+    }
+    let until = h.db.now().await?;
+    let (label, thawed, after) = match how {
+        Freeze::Sigstop => ("SIGSTOP", format!("SIGCONT {name}"), "SIGCONT"),
+        Freeze::Partition => (
+            "partition",
+            format!("partition healed: {name}'s held bytes flow again"),
+            "the thaw",
+        ),
+    };
+    h.say(&thawed);
+    h.faults.push(Fault {
+        label: format!("{label} {name} {secs:.0} s"),
+        at,
+        until: Some(until),
+        procs: vec![name],
+        instances,
+        affected: held,
+        bound: t.lease_s + t.poll_max_s + 2.0,
+        bound_why: format!(
+            "lease {} s + the longest claim poll wait {} s + 2 s",
+            t.lease_s, t.poll_max_s
+        ),
+    });
+    zombie_note(h, victim, after).await;
     Ok(())
 }
 
@@ -573,43 +621,14 @@ async fn partition(h: &mut Harness<'_>) -> Result<()> {
     h.proxy = Some(proxy);
     h.start_workers(specs).await?;
     let victim = h.fleet.procs.len() - 1;
-    let name = h.fleet.procs[victim].name.clone();
     let mix = Mix::new(3_000, 22_000);
     h.enqueue(&mix).await?;
     h.at(2.0).await;
     h.cancel_some(mix.cancels).await?;
     // Past the lease; then past dead_after too, so the frozen instance is reaped.
-    for (start, freeze) in [(3.0, t.lease_s + 5.0), (14.0, t.dead_after_s + 4.0)] {
+    for (start, secs) in [(3.0, t.lease_s + 5.0), (14.0, t.dead_after_s + 4.0)] {
         h.at(start).await;
-        let at = h.db.now().await?;
-        if let Some(p) = &h.proxy {
-            p.set_frozen(true);
-        }
-        let (instances, held) = h.leases_of(victim).await?;
-        h.say(&format!(
-            "partition: {name}'s connections frozen for {freeze:.0} s, holding {} leases",
-            held.len()
-        ));
-        h.at(start + freeze).await;
-        if let Some(p) = &h.proxy {
-            p.set_frozen(false);
-        }
-        let until = h.db.now().await?;
-        h.say(&format!("partition healed: {name}'s held bytes flow again"));
-        h.faults.push(Fault {
-            label: format!("partition {name} {freeze:.0} s"),
-            at,
-            until: Some(until),
-            procs: vec![name.clone()],
-            instances,
-            affected: held,
-            bound: t.lease_s + t.poll_max_s + 2.0,
-            bound_why: format!(
-                "lease {} s + the longest claim poll wait {} s + 2 s",
-                t.lease_s, t.poll_max_s
-            ),
-        });
-        zombie_note(h, victim, "the thaw").await;
+        freeze(h, victim, Freeze::Partition, start, secs).await?;
     }
     let by = h.finish_by(150.0);
     h.wait_finished(by).await;
