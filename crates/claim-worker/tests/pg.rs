@@ -47,11 +47,7 @@ fn short_lease() -> LeaseSettings {
 async fn setup<H: Handler>(handler: H, settings: QueueSettings, config: ClaimConfig) -> Env {
     let server = workpump_testdb::server().await.expect("server");
     let db = server.create_database().await.expect("database");
-    let pool = PgPoolOptions::new()
-        .max_connections(10)
-        .connect(db.url())
-        .await
-        .expect("connect");
+    let pool = db.pool().await.expect("connect");
     migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
     let pg = PgCoordinator::new(pool.clone());
     pg.register_queue(RegisterQueueParams {

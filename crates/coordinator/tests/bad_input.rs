@@ -23,7 +23,7 @@ use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestCaseResult, TestRunner};
 use serde_json::{json, Number, Value};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use workpump_coordinator::conformance::ErrorEntry;
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
@@ -89,11 +89,7 @@ impl Store {
                     .await
                     .expect("a PostgreSQL server");
                 let db = server.create_database().await.expect("a fresh database");
-                let pool = PgPoolOptions::new()
-                    .max_connections(4)
-                    .connect(db.url())
-                    .await
-                    .expect("connect");
+                let pool = db.pool().await.expect("connect");
                 migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
                 Store {
                     kind,

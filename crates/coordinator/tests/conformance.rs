@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::Row;
 use workpump_coordinator::conformance::{ErrorEntry, Harness, WorkRow};
 use workpump_coordinator::*;
@@ -23,11 +23,7 @@ async fn pg() -> Arc<PgHarness> {
         .await
         .expect("a PostgreSQL server");
     let db = server.create_database().await.expect("a fresh database");
-    let pool = PgPoolOptions::new()
-        .max_connections(12)
-        .connect(db.url())
-        .await
-        .expect("connect");
+    let pool = db.pool().await.expect("connect");
     migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
     Arc::new(PgHarness {
         coordinator: PgCoordinator::new(pool.clone()),

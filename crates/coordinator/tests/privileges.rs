@@ -75,11 +75,7 @@ async fn a_runtime_role_with_only_the_documented_grants_runs_the_whole_api_and_c
         .create_database()
         .await
         .expect("a fresh database");
-    let admin = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(db.url())
-        .await
-        .expect("connect as the admin");
+    let admin = db.pool().await.expect("connect as the admin");
     assert!(
         creates_roles(&admin).await,
         "this test creates roles: run it as a user with CREATEROLE (or unset DATABASE_URL to \
@@ -606,11 +602,7 @@ async fn a_migrator_that_owns_an_existing_schema_needs_no_create_on_the_database
         .create_database()
         .await
         .expect("a fresh database");
-    let admin = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(db.url())
-        .await
-        .expect("connect as the admin");
+    let admin = db.pool().await.expect("connect as the admin");
     assert!(
         creates_roles(&admin).await,
         "this test creates roles: run it as a user with CREATEROLE (or unset DATABASE_URL)"

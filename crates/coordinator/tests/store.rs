@@ -15,11 +15,7 @@ async fn fresh() -> (TestDatabase, PgPool) {
         .await
         .expect("a PostgreSQL server");
     let db = server.create_database().await.expect("a fresh database");
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(db.url())
-        .await
-        .expect("connect");
+    let pool = db.pool().await.expect("connect");
     (db, pool)
 }
 

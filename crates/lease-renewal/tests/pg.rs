@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -32,11 +32,7 @@ async fn pg() -> Pg {
         .create_database()
         .await
         .expect("a fresh database");
-    let pool = PgPoolOptions::new()
-        .max_connections(6)
-        .connect(db.url())
-        .await
-        .expect("connect");
+    let pool = db.pool().await.expect("connect");
     migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
     let coordinator = Arc::new(PgCoordinator::new(pool.clone()));
     coordinator

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     migrate, ClaimWorkParams, EnqueueWorkParams, InstanceId, NewWork, PgCoordinator,
@@ -27,11 +27,7 @@ async fn store() -> Store {
         .create_database()
         .await
         .expect("a fresh database");
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(db.url())
-        .await
-        .expect("connect");
+    let pool = db.pool().await.expect("connect");
     migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
     Store {
         coordinator: Arc::new(PgCoordinator::new(pool.clone())),

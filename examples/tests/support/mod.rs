@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -78,11 +77,7 @@ pub async fn database() -> (TestDatabase, PgPool) {
         .create_database()
         .await
         .expect("a fresh database");
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(db.url())
-        .await
-        .expect("connect");
+    let pool = db.pool().await.expect("connect");
     migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
     sqlx::raw_sql(SETUP_SQL)
         .execute(&pool)

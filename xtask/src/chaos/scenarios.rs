@@ -13,6 +13,7 @@ use super::proxy::Proxy;
 use super::report::Recovery;
 use super::store::{HoldBurst, Mix};
 use super::Result;
+use crate::procs::Metrics;
 
 /// Handlers per worker.
 const CONCURRENCY: usize = 16;
@@ -164,6 +165,7 @@ async fn sigstop_alone(h: &mut Harness<'_>) -> Result<()> {
     h.at(3.0).await;
     let victim = 0;
     let name = h.fleet.procs[victim].name.clone();
+    let before = stopped_handlers_of(h, victim).await;
     let at = h.db.now().await?;
     h.fleet.signal(victim, "STOP").await?;
     let (instances, held) = h.leases_of(victim).await?;
@@ -188,7 +190,7 @@ async fn sigstop_alone(h: &mut Harness<'_>) -> Result<()> {
             t.poll_max_s
         ),
     });
-    zombie_note(h, victim, "SIGCONT").await;
+    zombie_note(h, victim, "SIGCONT", before).await;
     let by = h.finish_by(90.0);
     h.wait_finished(by).await;
     Ok(())
@@ -214,6 +216,7 @@ async fn freeze(
 ) -> Result<()> {
     let t = h.timing();
     let name = h.fleet.procs[victim].name.clone();
+    let before = stopped_handlers_of(h, victim).await;
     let at = h.db.now().await?;
     match how {
         Freeze::Sigstop => h.fleet.signal(victim, "STOP").await?,
@@ -263,26 +266,38 @@ async fn freeze(
             t.lease_s, t.poll_max_s
         ),
     });
-    zombie_note(h, victim, after).await;
+    zombie_note(h, victim, after, before).await;
     Ok(())
 }
 
-/// Once a paused or partitioned worker came back and its handlers stopped (its metrics count
-/// a handler cancelled by the fence, a lost lease or eviction), or 3 s after: what its own metrics say about its handlers and its
-/// late writes.
-async fn zombie_note(h: &mut Harness<'_>, index: usize, after: &str) {
+/// Handlers of a worker that its lease fence, a lost lease or an eviction stopped, so far.
+async fn stopped_handlers_of(h: &Harness<'_>, index: usize) -> f64 {
+    scrape(h.fleet.procs[index].metrics)
+        .await
+        .map_or(0.0, |m| stopped_handlers(&m))
+}
+
+fn stopped_handlers(m: &Metrics) -> f64 {
+    ["lease_fence", "lease_lost", "evicted"]
+        .iter()
+        .map(|r| {
+            m.sum(
+                "workpump_handler_cancellations_total",
+                &[&format!("reason=\"{r}\"")],
+            )
+        })
+        .sum()
+}
+
+/// Once a paused or partitioned worker came back and more of its handlers stopped than
+/// `before` the fault (fence, lost lease or eviction), or 3 s after: what its own metrics say
+/// about its handlers and its late writes.
+async fn zombie_note(h: &mut Harness<'_>, index: usize, after: &str, before: f64) {
     let back = Instant::now();
     let proc = &h.fleet.procs[index];
     let scraped = loop {
         let scraped = scrape(proc.metrics).await;
-        let stopped = scraped.as_ref().is_ok_and(|m| {
-            ["lease_fence", "lease_lost", "evicted"].iter().any(|r| {
-                m.sum(
-                    "workpump_handler_cancellations_total",
-                    &[&format!("reason=\"{r}\"")],
-                ) > 0.0
-            })
-        });
+        let stopped = scraped.as_ref().is_ok_and(|m| stopped_handlers(m) > before);
         if stopped || back.elapsed() >= Duration::from_secs(3) {
             break scraped;
         }

@@ -7,7 +7,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -52,11 +51,7 @@ pub async fn database() -> (TestDatabase, PgPool) {
         .create_database()
         .await
         .expect("a fresh database");
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(db.url())
-        .await
-        .expect("connect");
+    let pool = db.pool().await.expect("connect");
     migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
     sqlx::raw_sql(AUDIT_SQL)
         .execute(&pool)
