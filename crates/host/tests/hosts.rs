@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde_json::json;
 use sqlx::types::Uuid;
 use tokio_util::sync::CancellationToken;
-use workpump_coordinator::{CancelReason, WorkerError};
+use workpump_coordinator::{CancelReason, ConfigProblem, WorkerError};
 use workpump_host::{
     handler_fn, Host, HostConfig, HostError, HostHandle, Job, JobError, NewWork, QueueConfig,
     Worker,
@@ -289,18 +289,7 @@ async fn an_invalid_configuration_is_refused_with_every_violated_setting_named()
     config
         .queues
         .insert("ghosts".into(), QueueConfig::default()); // no handler
-    let result = Host::builder()
-        .config(config)
-        .database_url("postgres://nobody@127.0.0.1:1/nothing")
-        .handler(
-            "emails",
-            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
-        )
-        .start()
-        .await;
-    let Err(HostError::Config(problems)) = result else {
-        panic!("the host must refuse to start with a config error");
-    };
+    let problems = refused_at_start(config).await;
     let settings: BTreeSet<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
     for expected in [
         "max_connections",
@@ -351,18 +340,7 @@ async fn a_configuration_file_is_layered_and_refused_with_its_settings_named() {
         "the file's layer"
     );
     assert_eq!(config.lease.lease_ms, 60_000, "the defaults' layer");
-    let result = Host::builder()
-        .config(config)
-        .database_url("postgres://nobody@127.0.0.1:1/nothing")
-        .handler(
-            "emails",
-            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
-        )
-        .start()
-        .await;
-    let Err(HostError::Config(problems)) = result else {
-        panic!("the host must refuse to start with a config error");
-    };
+    let problems = refused_at_start(config).await;
     let settings: BTreeSet<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
     assert!(
         settings.contains("heartbeat.stale_after_ms")
@@ -550,4 +528,22 @@ async fn drain_with_a_handler_in_flight() -> (String, i32) {
     pool.close().await;
     db.drop_database().await.expect("drop");
     item
+}
+
+/// Starts a host with `config` and a handler for `emails` against a database nobody listens
+/// on: it must refuse the configuration before connecting. What it refused.
+async fn refused_at_start(config: HostConfig) -> Vec<ConfigProblem> {
+    let result = Host::builder()
+        .config(config)
+        .database_url("postgres://nobody@127.0.0.1:1/nothing")
+        .handler(
+            "emails",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+        )
+        .start()
+        .await;
+    let Err(HostError::Config(problems)) = result else {
+        panic!("the host must refuse to start with a config error");
+    };
+    problems
 }
