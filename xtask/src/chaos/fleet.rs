@@ -294,17 +294,7 @@ impl Fleet {
             self.signal(index, "CONT").await?;
         }
         self.signal(index, "TERM").await?;
-        let proc = &mut self.procs[index];
-        let clean = proc.wait_for_line("STOPPED", deadline).await.is_ok()
-            && timeout_at(deadline, proc.child.wait())
-                .await
-                .is_ok_and(|r| r.is_ok_and(|s| s.success()));
-        if !clean {
-            let _ = proc.child.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(10), proc.child.wait()).await;
-        }
-        proc.exited = true;
-        Ok(clean)
+        Ok(self.procs[index].drained_by(deadline).await)
     }
 
     /// Drains every worker still running (SIGCONT first where needed), in parallel, killing
@@ -318,16 +308,9 @@ impl Fleet {
         }
         let mut killed = Vec::new();
         for proc in self.procs.iter_mut().filter(|p| !p.exited) {
-            let clean = proc.wait_for_line("STOPPED", deadline).await.is_ok()
-                && timeout_at(deadline, proc.child.wait())
-                    .await
-                    .is_ok_and(|r| r.is_ok_and(|s| s.success()));
-            if !clean {
-                let _ = proc.child.start_kill();
-                let _ = tokio::time::timeout(Duration::from_secs(10), proc.child.wait()).await;
+            if !proc.drained_by(deadline).await {
                 killed.push(proc.name.clone());
             }
-            proc.exited = true;
         }
         killed
     }
@@ -358,6 +341,21 @@ impl Drop for Fleet {
 }
 
 impl Proc {
+    /// After a SIGTERM: waits until `deadline` for `STOPPED` and a clean exit, SIGKILLs it
+    /// otherwise. True when it drained on its own.
+    async fn drained_by(&mut self, deadline: Instant) -> bool {
+        let clean = self.wait_for_line("STOPPED", deadline).await.is_ok()
+            && timeout_at(deadline, self.child.wait())
+                .await
+                .is_ok_and(|r| r.is_ok_and(|s| s.success()));
+        if !clean {
+            let _ = self.child.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        }
+        self.exited = true;
+        clean
+    }
+
     /// Waits for a stdout line starting with `prefix`.
     pub(crate) async fn wait_for_line(
         &mut self,
