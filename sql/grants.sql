@@ -28,6 +28,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".instances TO :"runtime";
 --                      FOR UPDATE SKIP LOCKED: UPDATE).
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".evicted_instances TO :"runtime";
 
+--   liveness_floor: read by every liveness call (the floor of the cutoffs); only the owner
+--                   may change it.
+GRANT SELECT ON TABLE :"schema".liveness_floor TO :"runtime";
+
 -- nextval() on the id and claim-token sequences.
 GRANT USAGE ON SEQUENCE :"schema".work_id_seq, :"schema".claim_token_seq TO :"runtime";
 

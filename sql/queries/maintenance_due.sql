@@ -1,2 +1,2 @@
--- MaintenanceWorker: which steps have work ($1 stale after, $2 dead after, $3 lock grace, $4-$6 retentions).
-SELECT instances, orphans, scheduled, finished, tombstones FROM {schema}.maintenance_due($1, $2, $3, $4, $5, $6)
+-- MaintenanceWorker: which steps have work for judge $1 ($2 stale after, $3 dead after, $4 lock grace, $5-$7 retentions).
+SELECT instances, orphans, scheduled, finished, tombstones FROM {schema}.maintenance_due($1, $2, $3, $4, $5, $6, $7)

@@ -14,9 +14,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use workpump_coordinator::{
-    CancelReason, ClaimWorkParams, ClaimedWork, Error, FailDisposition, Fence, Identity,
-    InstanceId, LeaseTracker, ListenEvent, ListenParams, PgCoordinator, RecordHeartbeatParams,
-    TrackedLease, WorkCoordinator, Worker, WorkerError,
+    AliveLockReport, CancelReason, ClaimWorkParams, ClaimedWork, Error, FailDisposition, Fence,
+    Identity, InstanceId, LeaseTracker, ListenEvent, ListenParams, PgCoordinator,
+    RecordHeartbeatParams, TrackedLease, WorkCoordinator, Worker, WorkerError,
 };
 
 use crate::config::{ClaimConfig, QueueSettings};
@@ -401,6 +401,9 @@ async fn register_loop(run: Arc<Run>, stop: CancellationToken) {
                 stale_after: shared.registration.stale_after,
                 dead_after: shared.registration.dead_after,
                 lock_grace: shared.registration.lock_grace,
+                // The lock is the heartbeat worker's: this beat leaves it as it is.
+                alive_lock: AliveLockReport::Unreported,
+                registering: !shared.identity.is_registered(instance),
             })
             .await;
         match result {
@@ -409,6 +412,7 @@ async fn register_loop(run: Arc<Run>, stop: CancellationToken) {
                 continue;
             }
             Ok(_) => {
+                shared.identity.mark_registered(instance);
                 if waiting_logged {
                     tracing::info!("registered as instance {instance}; claiming");
                 }

@@ -117,6 +117,27 @@ pub trait Harness: Send + Sync {
     async fn age_eviction(&self, instance: InstanceId, by: Duration);
     /// Moves the first observation of an instance's lost alive-lock `by` into the past.
     async fn age_lock_loss(&self, instance: InstanceId, by: Duration);
+    /// Moves back `by` the moment `instance`'s alive-lock session took its lock
+    /// (`lock_since`): as if that session, and so the instance's watch of the store, were
+    /// older.
+    async fn age_watch(&self, instance: InstanceId, by: Duration);
+    /// Ends every session of the store, as a PostgreSQL restart, crash or failover does: the
+    /// alive-lock sessions, the listeners and every pooled connection.
+    async fn restart(&self);
+    /// Where [`judge`] keeps the harness's seasoned judge.
+    fn judge_slot(&self) -> &JudgeSlot;
+}
+
+/// The harness's judge: an instance that holds its alive-lock and has watched the store for
+/// longer than any cutoff the cases use, so that its sweeps may apply every rule. Kept for
+/// the harness's life (its lock session with it).
+#[derive(Default)]
+pub struct JudgeSlot(tokio::sync::Mutex<Option<(InstanceId, Box<dyn crate::AliveLockSession>)>>);
+
+impl std::fmt::Debug for JudgeSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JudgeSlot").finish_non_exhaustive()
+    }
 }
 
 /// Generates one `#[tokio::test]` per conformance case. `$make` is an async fn returning
@@ -148,6 +169,14 @@ macro_rules! conformance_suite {
             a_lock_taken_again_within_the_grace_keeps_the_instance,
             an_instance_that_never_held_its_lock_is_judged_by_staleness_alone,
             a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock,
+            a_restart_evicts_nobody_and_a_peer_that_never_comes_back_goes_by_staleness,
+            a_lock_blip_at_any_heartbeat_age_is_covered_by_the_grace,
+            the_liveness_check_credits_only_the_instances_own_lock_session,
+            a_sweep_never_reaps_its_caller,
+            a_judge_reaps_by_staleness_only_after_watching_for_longer_than_the_cutoff,
+            a_peer_is_judged_by_the_cutoffs_it_declared,
+            liveness_cutoffs_below_the_store_floor_are_refused,
+            server_status_reports_the_notification_queue_usage,
             maintenance_due_flags_exactly_the_steps_that_have_work,
             alive_lock_keys_that_hash_to_negative_values_work,
             killing_the_alive_lock_session_releases_the_lock,
@@ -197,6 +226,7 @@ macro_rules! conformance_suite {
 const LEASE: Duration = Duration::from_secs(60);
 const STALE: Duration = Duration::from_secs(30);
 const DEAD: Duration = Duration::from_secs(300);
+const GRACE: Duration = Duration::from_secs(3);
 
 // -- helpers ----------------------------------------------------------------------------------
 
@@ -216,18 +246,65 @@ async fn instance(h: &dyn Harness) -> InstanceId {
     id
 }
 
+/// A registration beat with the shipped cutoffs that says nothing about the lock.
 async fn heartbeat(h: &dyn Harness, id: InstanceId) -> RecordHeartbeatOutcome {
+    beat(h, id, AliveLockReport::Unreported, true).await
+}
+
+async fn beat(
+    h: &dyn Harness,
+    id: InstanceId,
+    alive_lock: AliveLockReport,
+    registering: bool,
+) -> RecordHeartbeatOutcome {
     h.coordinator()
-        .record_heartbeat(RecordHeartbeatParams {
-            instance: id,
-            host: "test-host".into(),
-            metadata: json!({"pid": 1}),
-            stale_after: STALE,
-            dead_after: Some(DEAD),
-            lock_grace: None,
-        })
+        .record_heartbeat(beat_params(id, alive_lock, registering))
         .await
         .expect("heartbeat")
+}
+
+fn beat_params(
+    id: InstanceId,
+    alive_lock: AliveLockReport,
+    registering: bool,
+) -> RecordHeartbeatParams {
+    RecordHeartbeatParams {
+        instance: id,
+        host: "test-host".into(),
+        metadata: json!({"pid": 1}),
+        stale_after: STALE,
+        dead_after: Some(DEAD),
+        lock_grace: Some(GRACE),
+        alive_lock,
+        registering,
+    }
+}
+
+/// Takes `id`'s alive-lock on a session of its own; panics unless it is held.
+async fn take_lock(h: &dyn Harness, id: InstanceId) -> TakeAliveLockOutcome {
+    let lock = h
+        .coordinator()
+        .take_alive_lock(TakeAliveLockParams { instance: id })
+        .await
+        .expect("take the alive-lock");
+    assert!(lock.held, "the alive-lock of {id} is free");
+    lock
+}
+
+/// The harness's judge (see [`JudgeSlot`]): registered, holding its lock, and watching the
+/// store for longer than the definitive-dead cutoff.
+pub async fn judge(h: &dyn Harness) -> InstanceId {
+    let mut slot = h.judge_slot().0.lock().await;
+    if let Some((id, session)) = slot.as_mut() {
+        if session.retake().await.unwrap_or(false) {
+            return *id;
+        }
+    }
+    let id = instance(h).await;
+    let lock = take_lock(h, id).await;
+    h.age_watch(id, DEAD * 2).await;
+    *slot = Some((id, lock.session));
+    id
 }
 
 async fn enqueue(h: &dyn Harness, items: Vec<NewWork>) -> Vec<WorkId> {
@@ -319,12 +396,24 @@ async fn fail(
         .state
 }
 
+/// A sweep by the harness's judge, without the lock-lost rule.
 async fn cleanup(h: &dyn Harness, dead_after: Option<Duration>) -> CleanupStaleInstancesOutcome {
+    let judge = judge(h).await;
+    sweep_by(h, Some(judge), dead_after, None).await
+}
+
+async fn sweep_by(
+    h: &dyn Harness,
+    judge: Option<InstanceId>,
+    dead_after: Option<Duration>,
+    lock_grace: Option<Duration>,
+) -> CleanupStaleInstancesOutcome {
     h.coordinator()
         .cleanup_stale_instances(CleanupStaleInstancesParams {
+            judge,
             stale_after: STALE,
             dead_after,
-            lock_grace: None,
+            lock_grace,
         })
         .await
         .expect("cleanup")
@@ -668,6 +757,9 @@ pub async fn heartbeat_sweeps_only_when_a_peer_is_stale_and_never_reaps_the_call
 ) {
     queue(h, "q", 10).await;
     let me = instance(h).await;
+    // `me` judges in its own beats: it holds its lock and has watched long enough.
+    let _me_lock = take_lock(h, me).await;
+    h.age_watch(me, DEAD * 2).await;
     let peer = instance(h).await;
     enqueue_n(h, "q", 3).await;
     claim(h, peer, &["q"], 3).await;
@@ -693,6 +785,15 @@ pub async fn heartbeat_from_an_evicted_instance_reports_eviction_and_writes_noth
     let late = heartbeat(h, gone).await;
     assert!(late.evicted);
     assert!(!h.instance_registered(gone).await);
+    // Without a tombstone too: a beat that is not the instance's first finds no row only
+    // because the instance was reaped (and its tombstone pruned since).
+    let stranger = InstanceId::new();
+    assert!(
+        beat(h, stranger, AliveLockReport::Unreported, false)
+            .await
+            .evicted
+    );
+    assert!(!h.instance_registered(stranger).await);
     let err = h
         .coordinator()
         .claim_work(claim_params(gone, &["q"], 1))
@@ -749,6 +850,12 @@ pub async fn cleanup_keeps_a_stale_instance_whose_alive_lock_is_held(h: &dyn Har
     assert!(h.instance_registered(slow).await);
     drop(lock);
     wait_until_not_alive(h, slow).await;
+    // It relied on its lock: the lock's absence must have been seen before it counts.
+    assert!(
+        cleanup(h, Some(DEAD)).await.reaped.is_empty(),
+        "first sight"
+    );
+    h.age_lock_loss(slow, Duration::from_secs(1)).await;
     assert_eq!(cleanup(h, Some(DEAD)).await.reaped.len(), 1);
 }
 
@@ -768,17 +875,10 @@ pub async fn cleanup_deletes_past_the_definitive_dead_cutoff_even_with_the_lock_
     assert_eq!(out.reaped[0].instance, zombie);
 }
 
-const GRACE: Duration = Duration::from_secs(3);
-
+/// A sweep by the harness's judge with every rule.
 async fn sweep_with_grace(h: &dyn Harness) -> CleanupStaleInstancesOutcome {
-    h.coordinator()
-        .cleanup_stale_instances(CleanupStaleInstancesParams {
-            stale_after: STALE,
-            dead_after: Some(DEAD),
-            lock_grace: Some(GRACE),
-        })
-        .await
-        .expect("cleanup")
+    let judge = judge(h).await;
+    sweep_by(h, Some(judge), Some(DEAD), Some(GRACE)).await
 }
 
 /// Failover in seconds: a dead process loses its lock at once; one sweep sees it gone, the
@@ -876,16 +976,11 @@ pub async fn a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock(h: &dyn H
         .await
         .expect("lock");
     let me = instance(h).await;
+    let _me_lock = take_lock(h, me).await;
+    h.age_watch(me, DEAD * 2).await;
     h.kill_alive_lock_session(dead).await;
     wait_until_not_alive(h, dead).await;
-    let params = || RecordHeartbeatParams {
-        instance: me,
-        host: "test-host".into(),
-        metadata: json!({}),
-        stale_after: STALE,
-        dead_after: Some(DEAD),
-        lock_grace: Some(GRACE),
-    };
+    let params = || beat_params(me, AliveLockReport::Unreported, false);
     let first = h
         .coordinator()
         .record_heartbeat(params())
@@ -902,9 +997,298 @@ pub async fn a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock(h: &dyn H
     assert!(!h.instance_registered(dead).await);
 }
 
+/// A restart (crash, failover) ends every session at once: every lock goes, the judge's
+/// included. None of that is evidence that a client died: nobody is reaped, whatever the
+/// beat ages, however long the locks stay away. A peer that never comes back goes by
+/// staleness once a judge has watched the new server for longer than the stale cutoff.
+pub async fn a_restart_evicts_nobody_and_a_peer_that_never_comes_back_goes_by_staleness(
+    h: &dyn Harness,
+) {
+    queue(h, "q", 10).await;
+    let judge = instance(h).await;
+    let judge_lock = take_lock(h, judge).await;
+    h.age_watch(judge, DEAD * 2).await;
+    let fresh = instance(h).await;
+    let mid = instance(h).await;
+    let late = instance(h).await;
+    let gone = instance(h).await;
+    let mut locks = Vec::new();
+    for id in [fresh, mid, late, gone] {
+        locks.push(take_lock(h, id).await);
+    }
+    enqueue_n(h, "q", 4).await;
+    for id in [fresh, mid, late, gone] {
+        claim_one(h, id, "q").await;
+    }
+    // At the slow cadence (60 s) a lock holder's beat is often older than the stale cutoff.
+    h.age_heartbeat(mid, Duration::from_secs(35)).await;
+    h.age_heartbeat(late, Duration::from_secs(55)).await;
+    h.age_heartbeat(gone, Duration::from_secs(55)).await;
+
+    h.restart().await;
+    drop(locks);
+    drop(judge_lock);
+    for id in [judge, fresh, mid, late, gone] {
+        wait_until_not_alive(h, id).await;
+    }
+    assert!(
+        sweep_by(h, Some(judge), Some(DEAD), Some(GRACE))
+            .await
+            .reaped
+            .is_empty(),
+        "the first sweep after the restart"
+    );
+    for id in [fresh, mid, late, gone] {
+        h.age_lock_loss(id, GRACE * 10).await;
+    }
+    assert!(
+        sweep_by(h, Some(judge), Some(DEAD), Some(GRACE))
+            .await
+            .reaped
+            .is_empty(),
+        "locks gone for longer than the grace, but since before the judge's watch began"
+    );
+    assert!(
+        sweep_by(h, None, Some(DEAD), Some(GRACE))
+            .await
+            .reaped
+            .is_empty(),
+        "an operator's sweep on a new connection"
+    );
+
+    // The living come back: each beats at once, then takes its lock again; so does the judge.
+    let mut back = Vec::new();
+    for id in [fresh, mid, late] {
+        assert!(!beat(h, id, AliveLockReport::NotHeld, false).await.evicted);
+        back.push(take_lock(h, id).await);
+    }
+    let _judge_lock = take_lock(h, judge).await;
+    assert!(sweep_by(h, Some(judge), Some(DEAD), Some(GRACE))
+        .await
+        .reaped
+        .is_empty());
+    // Once the judge has watched the new server for longer than the stale cutoff, the peer
+    // that never came back goes — and only it.
+    h.age_watch(judge, STALE * 2).await;
+    let out = sweep_by(h, Some(judge), Some(DEAD), Some(GRACE)).await;
+    assert_eq!(
+        out.reaped,
+        vec![ReapedInstance {
+            instance: gone,
+            released: 1
+        }]
+    );
+    for id in [judge, fresh, mid, late] {
+        assert!(h.instance_registered(id).await);
+    }
+}
+
+/// The lock session of a live instance is killed at any heartbeat age (at the slow cadence a
+/// beat may be 55 s old, past the 30 s stale cutoff): the first sweep does not reap it (the
+/// grace), and once the owner has beaten at once, saying it holds no lock, it is judged by
+/// that beat, however long its lock stays away.
+pub async fn a_lock_blip_at_any_heartbeat_age_is_covered_by_the_grace(h: &dyn Harness) {
+    judge(h).await;
+    for age in [0, 20, 35, 55] {
+        let me = instance(h).await;
+        let lock = take_lock(h, me).await;
+        h.age_heartbeat(me, Duration::from_secs(age)).await;
+        h.kill_alive_lock_session(me).await;
+        drop(lock);
+        wait_until_not_alive(h, me).await;
+        assert!(
+            sweep_with_grace(h).await.reaped.is_empty(),
+            "first sight of the lost lock at beat age {age} s"
+        );
+        assert!(!beat(h, me, AliveLockReport::NotHeld, false).await.evicted);
+        h.age_lock_loss(me, GRACE * 10).await;
+        assert!(
+            sweep_with_grace(h).await.reaped.is_empty(),
+            "lock away past the grace after a beat, beat age {age} s"
+        );
+        let again = take_lock(h, me).await;
+        assert!(sweep_with_grace(h).await.reaped.is_empty());
+        assert!(h.instance_registered(me).await, "beat age {age} s");
+        drop(again);
+        h.coordinator()
+            .deregister_instance(DeregisterInstanceParams { instance: me })
+            .await
+            .expect("deregister");
+    }
+}
+
+/// Only the instance's own session proves it alive: a beat naming a session that does not
+/// hold the lock (the lock is held by a former, half-open session) is not credited, so when
+/// that former session ends the instance is not reaped as a lock holder. A beat naming the
+/// session that holds the lock is credited.
+pub async fn the_liveness_check_credits_only_the_instances_own_lock_session(h: &dyn Harness) {
+    judge(h).await;
+    let me = instance(h).await;
+    let former = take_lock(h, me).await;
+    let mut current = h
+        .coordinator()
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("open a second session");
+    assert!(!current.held, "the former session holds the lock");
+    let current_id = current.session.session_id().expect("a session id");
+    beat(h, me, AliveLockReport::Session(current_id), false).await;
+    h.kill_alive_lock_session(me).await;
+    drop(former);
+    wait_until_not_alive(h, me).await;
+    assert!(sweep_with_grace(h).await.reaped.is_empty());
+    h.age_lock_loss(me, GRACE * 10).await;
+    assert!(
+        sweep_with_grace(h).await.reaped.is_empty(),
+        "the lock of a former session is not the instance's"
+    );
+    assert!(h.instance_registered(me).await);
+
+    // Now its own session holds the lock and a beat says so: it relies on it.
+    assert!(current.session.retake().await.expect("retake"));
+    beat(h, me, AliveLockReport::Session(current_id), false).await;
+    h.kill_alive_lock_session(me).await;
+    drop(current);
+    wait_until_not_alive(h, me).await;
+    assert!(sweep_with_grace(h).await.reaped.is_empty(), "first sight");
+    h.age_lock_loss(me, GRACE + Duration::from_secs(1)).await;
+    let out = sweep_with_grace(h).await;
+    assert_eq!(out.reaped.len(), 1);
+    assert_eq!(out.reaped[0].instance, me);
+}
+
+/// A sweep never reaps the instance that runs it (a lone instance whose own row went stale
+/// during a partition must not evict itself when it heals); another judge does.
+pub async fn a_sweep_never_reaps_its_caller(h: &dyn Harness) {
+    let me = instance(h).await;
+    let _lock = take_lock(h, me).await;
+    h.age_watch(me, DEAD * 4).await;
+    h.age_heartbeat(me, DEAD * 2).await;
+    assert!(sweep_by(h, Some(me), Some(DEAD), Some(GRACE))
+        .await
+        .reaped
+        .is_empty());
+    assert!(h.instance_registered(me).await);
+    let out = sweep_with_grace(h).await;
+    assert_eq!(out.reaped.len(), 1, "past the definitive-dead cutoff");
+    assert_eq!(out.reaped[0].instance, me);
+}
+
+/// A judge reaps by staleness (and by the definitive-dead cutoff) only once it has itself
+/// watched the store for longer than the cutoff: only then could the peer have beaten.
+pub async fn a_judge_reaps_by_staleness_only_after_watching_for_longer_than_the_cutoff(
+    h: &dyn Harness,
+) {
+    let peer = instance(h).await;
+    h.age_heartbeat(peer, STALE * 2).await;
+    let young = instance(h).await;
+    let _lock = take_lock(h, young).await;
+    assert!(
+        sweep_by(h, Some(young), Some(DEAD), Some(GRACE))
+            .await
+            .reaped
+            .is_empty(),
+        "a judge that has watched for seconds"
+    );
+    h.age_watch(young, STALE * 2).await;
+    let out = sweep_by(h, Some(young), Some(DEAD), Some(GRACE)).await;
+    assert_eq!(out.reaped.len(), 1);
+    assert_eq!(out.reaped[0].instance, peer);
+}
+
+/// Each instance declares the cutoffs it is judged by; a sweep with smaller ones cannot
+/// shorten them.
+pub async fn a_peer_is_judged_by_the_cutoffs_it_declared(h: &dyn Harness) {
+    judge(h).await;
+    let patient = InstanceId::new();
+    h.coordinator()
+        .record_heartbeat(RecordHeartbeatParams {
+            stale_after: Duration::from_secs(90),
+            ..beat_params(patient, AliveLockReport::NotHeld, true)
+        })
+        .await
+        .expect("beat");
+    h.age_heartbeat(patient, Duration::from_secs(60)).await;
+    assert!(
+        sweep_with_grace(h).await.reaped.is_empty(),
+        "stale by the sweep's 30 s, not by its own 90 s"
+    );
+    h.age_heartbeat(patient, Duration::from_secs(40)).await;
+    let out = sweep_with_grace(h).await;
+    assert_eq!(out.reaped.len(), 1);
+    assert_eq!(out.reaped[0].instance, patient);
+}
+
+/// The store holds a floor for every cutoff (`liveness_floor`): a caller cannot reap its
+/// peers with a cutoff of a microsecond, nor declare one for itself.
+pub async fn liveness_cutoffs_below_the_store_floor_are_refused(h: &dyn Harness) {
+    let tiny = Duration::from_micros(1);
+    let c = h.coordinator();
+    let refused = |e: Error, what: &str| {
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains(what) && m.contains("floor")),
+            "{e}"
+        );
+    };
+    for (stale, dead, grace, what) in [
+        (tiny, Some(DEAD), Some(GRACE), "stale_after"),
+        (STALE, Some(tiny), Some(GRACE), "dead_after"),
+        (STALE, Some(DEAD), Some(tiny), "lock_grace"),
+    ] {
+        let err = c
+            .cleanup_stale_instances(CleanupStaleInstancesParams {
+                judge: None,
+                stale_after: stale,
+                dead_after: dead,
+                lock_grace: grace,
+            })
+            .await
+            .unwrap_err();
+        refused(err, what);
+        let err = c
+            .record_heartbeat(RecordHeartbeatParams {
+                stale_after: stale,
+                dead_after: dead,
+                lock_grace: grace,
+                ..beat_params(InstanceId::new(), AliveLockReport::NotHeld, true)
+            })
+            .await
+            .unwrap_err();
+        refused(err, what);
+        let err = c
+            .maintenance_due(MaintenanceDueParams {
+                judge: None,
+                stale_after: stale,
+                dead_after: dead,
+                lock_grace: grace,
+                completed_retention: DAY,
+                dead_retention: DAY,
+                evicted_retention: DAY,
+            })
+            .await
+            .unwrap_err();
+        refused(err, what);
+    }
+}
+
+/// The NOTIFY queue's usage is a share between 0 and 1; a quiet store uses next to none.
+pub async fn server_status_reports_the_notification_queue_usage(h: &dyn Harness) {
+    let status = h
+        .coordinator()
+        .server_status(ServerStatusParams {})
+        .await
+        .expect("status");
+    assert!(
+        (0.0..0.5).contains(&status.notification_queue_usage),
+        "{status:?}"
+    );
+}
+
 /// The one-statement probe behind an idle sweep: each flag turns on with its kind of work.
 pub async fn maintenance_due_flags_exactly_the_steps_that_have_work(h: &dyn Harness) {
+    let judge = judge(h).await;
     let params = MaintenanceDueParams {
+        judge: Some(judge),
         stale_after: STALE,
         dead_after: Some(DEAD),
         lock_grace: Some(GRACE),
@@ -998,6 +1382,7 @@ pub async fn alive_lock_keys_that_hash_to_negative_values_work(h: &dyn Harness) 
 
 /// Killing the lock's session releases the lock; the stale instance is then reaped.
 pub async fn killing_the_alive_lock_session_releases_the_lock(h: &dyn Harness) {
+    judge(h).await;
     let me = instance(h).await;
     let mut lock = h
         .coordinator()
@@ -1009,6 +1394,11 @@ pub async fn killing_the_alive_lock_session_releases_the_lock(h: &dyn Harness) {
     wait_until_not_alive(h, me).await;
     assert!(lock.session.retake().await.is_err(), "the session is gone");
     h.age_heartbeat(me, STALE * 2).await;
+    assert!(
+        cleanup(h, Some(DEAD)).await.reaped.is_empty(),
+        "first sight"
+    );
+    h.age_lock_loss(me, Duration::from_secs(1)).await;
     assert_eq!(cleanup(h, Some(DEAD)).await.reaped.len(), 1);
 }
 

@@ -40,14 +40,15 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     /// Saves a checkpoint (fenced); [`crate::Error::FencedOut`] when the claim lost the item.
     async fn checkpoint_work(&self, params: CheckpointWorkParams) -> Result<CheckpointWorkOutcome>;
 
-    /// Refreshes the instance's heartbeat and, when a peer is stale, sweeps stale instances.
+    /// Refreshes the instance's heartbeat (and what it knows of its alive-lock) and, when a
+    /// peer may be dead, sweeps with the instance as the judge; see `0026_liveness.sql`.
     async fn record_heartbeat(
         &self,
         params: RecordHeartbeatParams,
     ) -> Result<RecordHeartbeatOutcome>;
 
-    /// Deletes stale instances (alive-lock guard, definitive-dead bypass) and releases their
-    /// leases.
+    /// Deletes dead instances by the liveness rule of `0026_liveness.sql` (judged only on what
+    /// the judge saw while connected; the judge is never reaped) and releases their leases.
     async fn cleanup_stale_instances(
         &self,
         params: CleanupStaleInstancesParams,
@@ -92,6 +93,10 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     /// Counts available, scheduled and running items per queue (for metrics); see
     /// `0019_queue_depth.sql` for its cost.
     async fn queue_depth(&self, params: QueueDepthParams) -> Result<QueueDepthOutcome>;
+
+    /// Reads the state of the server that workpump depends on (the NOTIFY queue's usage);
+    /// see `server_status` in `0026_liveness.sql`.
+    async fn server_status(&self, params: ServerStatusParams) -> Result<ServerStatusOutcome>;
 
     /// An operator cancels an item: available or scheduled → cancelled now; running → cancel
     /// requested (delivered in the next renewal reply). A finished item is refused with

@@ -47,6 +47,7 @@ pub enum Method {
     PruneEvictedInstances,
     MaintenanceDue,
     QueueDepth,
+    ServerStatus,
     CancelWork,
     RetryDeadWork,
     DiscardWork,
@@ -103,6 +104,35 @@ struct State {
     fail_next: HashMap<Method, usize>,
     hang_next: HashMap<Method, usize>,
     unreachable: bool,
+    /// Since when the store has been up without a restart: the start of the oldest
+    /// connection a sweep could be running on (`judge_watch`'s second term).
+    server_since: DateTime<Utc>,
+    /// The store's floor of the liveness cutoffs (`liveness_floor`).
+    floor: Floor,
+    /// What `server_status` reports.
+    notification_queue_usage: f64,
+}
+
+/// The floor of every liveness cutoff, as in `liveness_floor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Floor {
+    /// Smallest `stale_after` accepted.
+    pub stale_after: Duration,
+    /// Smallest `dead_after` accepted.
+    pub dead_after: Duration,
+    /// Smallest `lock_grace` accepted.
+    pub lock_grace: Duration,
+}
+
+impl Default for Floor {
+    /// The migration's defaults: 1 s, 2 s, 500 ms.
+    fn default() -> Self {
+        Floor {
+            stale_after: Duration::from_secs(1),
+            dead_after: Duration::from_secs(2),
+            lock_grace: Duration::from_millis(500),
+        }
+    }
 }
 
 struct QueueRow {
@@ -112,10 +142,20 @@ struct QueueRow {
 
 struct InstanceRow {
     last_heartbeat_at: DateTime<Utc>,
-    /// Lock-proven: judged dead soon after its alive-lock goes.
+    /// It relies on its lock (its last report came from a session holding it): judged dead
+    /// soon after the lock goes.
     alive_lock: bool,
     /// When a sweep first saw the lock gone.
     lock_lost_at: Option<DateTime<Utc>>,
+    /// The session it holds its lock with, and when that session took it.
+    lock_session: Option<u64>,
+    lock_since: Option<DateTime<Utc>>,
+    /// The last time its own session was seen holding the lock.
+    lock_seen_at: Option<DateTime<Utc>>,
+    /// The cutoffs it declared.
+    stale_after: Duration,
+    dead_after: Option<Duration>,
+    lock_grace: Option<Duration>,
 }
 
 #[derive(Clone)]
@@ -232,6 +272,7 @@ impl FakeCoordinator {
                     next_id: 1,
                     next_token: 1,
                     next_session: 1,
+                    server_since: Utc::now(),
                     ..State::default()
                 }),
                 base_wall: Utc::now(),
@@ -391,6 +432,50 @@ impl FakeCoordinator {
         if let Some(at) = self.state().evicted.get_mut(&instance) {
             *at -= chrono::Duration::from_std(by).unwrap_or_default();
         }
+    }
+
+    /// Restarts the store: every session ends (alive-locks, listeners), and every connection a
+    /// sweep could run on is new from now on, as after a PostgreSQL restart, crash or failover.
+    pub fn restart(&self) {
+        let now = self.now();
+        {
+            let mut st = self.state();
+            let sessions: Vec<u64> = st.alive_locks.drain().map(|(_, s)| s).collect();
+            st.killed_sessions.extend(sessions);
+            st.server_since = now;
+        }
+        self.inner.sessions_changed.notify_waiters();
+        self.inner.listeners.send_modify(|c| c.epoch += 1);
+    }
+
+    /// Moves back `by` the moment `instance`'s lock session took its lock (`lock_since`), as
+    /// if the instance had watched the store that much longer.
+    pub fn age_watch(&self, instance: InstanceId, by: Duration) {
+        let by = chrono::Duration::from_std(by).unwrap_or_default();
+        let mut st = self.state();
+        if let Some(since) = st
+            .instances
+            .get_mut(&instance)
+            .and_then(|i| i.lock_since.as_mut())
+        {
+            *since -= by;
+        }
+    }
+
+    /// Moves back `by` the start of the store's connections (the watch of a judge without
+    /// its lock).
+    pub fn age_connections(&self, by: Duration) {
+        self.state().server_since -= chrono::Duration::from_std(by).unwrap_or_default();
+    }
+
+    /// Sets the store's floor of the liveness cutoffs.
+    pub fn set_liveness_floor(&self, floor: Floor) {
+        self.state().floor = floor;
+    }
+
+    /// Sets what `server_status` reports as the NOTIFY queue's usage.
+    pub fn set_notification_queue_usage(&self, usage: f64) {
+        self.state().notification_queue_usage = usage;
     }
 
     /// Moves the first observation of an instance's lost alive-lock `by` into the past.
@@ -591,26 +676,112 @@ fn take_lease(
     }
 }
 
-/// The fake's cleanup_stale_instances: the same three rules as the SQL (lock lost for longer
-/// than the grace, stale without the lock, definitively dead). The fake has no server
-/// restarts, so the restart allowance never applies. Returns the reaped instances and the
-/// queues whose leases were released (to wake their claimers).
-fn cleanup(
-    st: &mut State,
+/// `judge_watch`: since when `judge` has seen the store without interruption — the earlier of
+/// its lock session's `lock_since` (while that session holds its lock) and the start of the
+/// store's connections.
+fn judge_watch(st: &State, judge: Option<InstanceId>, now: DateTime<Utc>) -> DateTime<Utc> {
+    let lock_since = judge.and_then(|j| {
+        let row = st.instances.get(&j)?;
+        let holder = st.alive_locks.get(&j)?;
+        if row.lock_session == Some(*holder) {
+            row.lock_since
+        } else {
+            None
+        }
+    });
+    [lock_since, Some(st.server_since), Some(now)]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(now)
+}
+
+/// `check_liveness_cutoffs`: refuses cutoffs below the store's floor.
+fn check_floor(
+    st: &State,
+    caller: &str,
+    stale_after: Duration,
+    dead_after: Option<Duration>,
+    lock_grace: Option<Duration>,
+) -> Result<()> {
+    let f = st.floor;
+    let below = |name: &str, floor: Duration, got: Duration| {
+        Error::InvalidArgument(format!(
+            "{caller}: {name} must be at least {floor:?} (the store's floor, liveness_floor), got {got:?}"
+        ))
+    };
+    if stale_after < f.stale_after {
+        return Err(below("stale_after", f.stale_after, stale_after));
+    }
+    if let Some(d) = dead_after.filter(|d| *d < f.dead_after) {
+        return Err(below("dead_after", f.dead_after, d));
+    }
+    if let Some(g) = lock_grace.filter(|g| *g < f.lock_grace) {
+        return Err(below("lock_grace", f.lock_grace, g));
+    }
+    Ok(())
+}
+
+/// The effective cutoffs for one peer: the larger of the caller's and the peer's own; a rule
+/// that either side turned off stays off.
+fn effective(
+    i: &InstanceRow,
+    stale_after: Duration,
+    dead_after: Option<Duration>,
+    lock_grace: Option<Duration>,
+) -> (Duration, Option<Duration>, Option<Duration>) {
+    let both = |a: Option<Duration>, b: Option<Duration>| Some(a?.max(b?));
+    (
+        stale_after.max(i.stale_after),
+        both(dead_after, i.dead_after),
+        both(lock_grace, i.lock_grace),
+    )
+}
+
+fn ago(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    now - chrono::Duration::from_std(d).unwrap_or_default()
+}
+
+/// `peers_may_be_dead`: whether a sweep by `judge` could find anything to do.
+fn peers_may_be_dead(
+    st: &State,
+    judge: Option<InstanceId>,
     now: DateTime<Utc>,
     stale_after: Duration,
     dead_after: Option<Duration>,
     lock_grace: Option<Duration>,
+) -> bool {
+    st.instances.iter().any(|(id, i)| {
+        if Some(*id) == judge {
+            return false;
+        }
+        let (s, d, _) = effective(i, stale_after, dead_after, lock_grace);
+        if st.alive_locks.contains_key(id) {
+            i.lock_lost_at.is_some() || d.is_some_and(|d| i.last_heartbeat_at < ago(now, d))
+        } else {
+            i.alive_lock || i.last_heartbeat_at < ago(now, s)
+        }
+    })
+}
+
+/// The fake's cleanup_stale_instances: the rule of `0026_liveness.sql` (lock lost within the
+/// judge's watch and for longer than the grace; stale while the judge watched; definitively
+/// dead while the judge watched; never the judge). Returns the reaped instances and the
+/// queues whose leases were released (to wake their claimers).
+fn cleanup(
+    st: &mut State,
+    now: DateTime<Utc>,
+    judge: Option<InstanceId>,
+    stale_after: Duration,
+    dead_after: Option<Duration>,
+    lock_grace: Option<Duration>,
 ) -> (Vec<ReapedInstance>, Vec<String>) {
-    let ago = |d: Duration| now - chrono::Duration::from_std(d).unwrap_or_default();
-    let stale_cutoff = ago(stale_after);
-    let dead_cutoff = dead_after.map(ago);
-    let grace_cutoff = lock_grace.map(ago);
-    if lock_grace.is_some() {
+    let watch = judge_watch(st, judge, now);
+    {
         let locks = &st.alive_locks;
         for (id, i) in st.instances.iter_mut() {
             let held = locks.contains_key(id);
-            if i.alive_lock && !held && i.lock_lost_at.is_none() {
+            if i.alive_lock && !held && i.lock_lost_at.is_none() && Some(*id) != judge {
                 i.lock_lost_at = Some(now);
             } else if held {
                 i.lock_lost_at = None;
@@ -621,13 +792,21 @@ fn cleanup(
         .instances
         .iter()
         .filter(|(id, i)| {
+            if Some(**id) == judge {
+                return false;
+            }
             let held = st.alive_locks.contains_key(id);
-            dead_cutoff.is_some_and(|c| i.last_heartbeat_at < c)
-                || (!held
-                    && (i.last_heartbeat_at < stale_cutoff
-                        || grace_cutoff.is_some_and(|c| {
-                            i.alive_lock && i.lock_lost_at.is_some_and(|t| t < c)
-                        })))
+            let (s, d, g) = effective(i, stale_after, dead_after, lock_grace);
+            let lost_for = |g: Duration| i.lock_lost_at.is_some_and(|t| t < ago(now, g));
+            let dead = d.is_some_and(|d| i.last_heartbeat_at < ago(now, d) && watch < ago(now, d));
+            let stale = !held
+                && i.last_heartbeat_at < ago(now, s)
+                && watch < ago(now, s)
+                && (!i.alive_lock || lost_for(g.unwrap_or_default()));
+            let lock_lost = g.is_some_and(|g| {
+                i.alive_lock && !held && lost_for(g) && i.lock_seen_at.is_some_and(|t| t >= watch)
+            });
+            dead || stale || lock_lost
         })
         .map(|(id, _)| *id)
         .collect();
@@ -969,36 +1148,69 @@ impl WorkCoordinator for FakeCoordinator {
         validate::validate_heartbeat(&params)?;
         let now = self.now();
         let mut st = self.state();
-        if !st.instances.contains_key(&params.instance) && st.evicted.contains_key(&params.instance)
+        check_floor(
+            &st,
+            "record_heartbeat",
+            params.stale_after,
+            params.dead_after,
+            params.lock_grace,
+        )?;
+        let me = params.instance;
+        if !st.instances.contains_key(&me) && (!params.registering || st.evicted.contains_key(&me))
         {
             return Ok(RecordHeartbeatOutcome {
                 evicted: true,
                 ..Default::default()
             });
         }
-        let lock_held = st.alive_locks.contains_key(&params.instance);
-        st.instances.insert(
-            params.instance,
-            InstanceRow {
-                last_heartbeat_at: now,
-                alive_lock: lock_held,
-                lock_lost_at: None,
-            },
-        );
-        let stale_cutoff = now - chrono::Duration::from_std(params.stale_after).unwrap_or_default();
-        let peer_may_be_dead = st.instances.iter().any(|(id, i)| {
-            *id != params.instance
-                && (i.last_heartbeat_at < stale_cutoff
-                    || (params.lock_grace.is_some()
-                        && i.alive_lock
-                        && !st.alive_locks.contains_key(id)))
+        // Only the instance's own session counts: the one it names, holding its lock.
+        let holder = st.alive_locks.get(&me).copied();
+        let own = match params.alive_lock {
+            AliveLockReport::Session(sid) => {
+                holder.is_some_and(|h| i32::try_from(h).ok() == Some(sid))
+            }
+            _ => false,
+        };
+        let row = st.instances.entry(me).or_insert(InstanceRow {
+            last_heartbeat_at: now,
+            alive_lock: false,
+            lock_lost_at: None,
+            lock_session: None,
+            lock_since: None,
+            lock_seen_at: None,
+            stale_after: params.stale_after,
+            dead_after: params.dead_after,
+            lock_grace: params.lock_grace,
         });
+        row.last_heartbeat_at = now;
+        row.stale_after = params.stale_after;
+        row.dead_after = params.dead_after;
+        row.lock_grace = params.lock_grace;
+        if params.alive_lock != AliveLockReport::Unreported {
+            row.alive_lock = own;
+        }
+        if own {
+            row.lock_seen_at = Some(now);
+            row.lock_lost_at = None;
+            if row.lock_session != holder || row.lock_since.is_none() {
+                row.lock_since = Some(now);
+            }
+            row.lock_session = holder;
+        }
         let mut outcome = RecordHeartbeatOutcome::default();
         let mut woken = Vec::new();
-        if peer_may_be_dead {
+        if peers_may_be_dead(
+            &st,
+            Some(me),
+            now,
+            params.stale_after,
+            params.dead_after,
+            params.lock_grace,
+        ) {
             let (reaped, queues) = cleanup(
                 &mut st,
                 now,
+                Some(me),
                 params.stale_after,
                 params.dead_after,
                 params.lock_grace,
@@ -1023,13 +1235,23 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::CleanupStaleInstances, 0).await?;
         validate::validate_stale(params.stale_after, params.dead_after, params.lock_grace)?;
         let now = self.now();
+        let mut st = self.state();
+        check_floor(
+            &st,
+            "cleanup_stale_instances",
+            params.stale_after,
+            params.dead_after,
+            params.lock_grace,
+        )?;
         let (reaped, woken) = cleanup(
-            &mut self.state(),
+            &mut st,
             now,
+            params.judge,
             params.stale_after,
             params.dead_after,
             params.lock_grace,
         );
+        drop(st);
         for q in woken {
             let _ = self.inner.wake.send(q);
         }
@@ -1190,16 +1412,21 @@ impl WorkCoordinator for FakeCoordinator {
         let now = self.now();
         let ago = |d: Duration| now - chrono::Duration::from_std(d).unwrap_or_default();
         let st = self.state();
-        let instances = st.instances.iter().any(|(id, i)| {
-            let held = st.alive_locks.contains_key(id);
-            params
-                .dead_after
-                .is_some_and(|d| i.last_heartbeat_at < ago(d))
-                || (!held
-                    && (i.last_heartbeat_at < ago(params.stale_after)
-                        || (params.lock_grace.is_some() && i.alive_lock)))
-                || (i.lock_lost_at.is_some() && held)
-        });
+        check_floor(
+            &st,
+            "maintenance_due",
+            params.stale_after,
+            params.dead_after,
+            params.lock_grace,
+        )?;
+        let instances = peers_may_be_dead(
+            &st,
+            params.judge,
+            now,
+            params.stale_after,
+            params.dead_after,
+            params.lock_grace,
+        );
         let orphans = st
             .work
             .values()
@@ -1223,6 +1450,13 @@ impl WorkCoordinator for FakeCoordinator {
             scheduled,
             finished,
             tombstones,
+        })
+    }
+
+    async fn server_status(&self, _params: ServerStatusParams) -> Result<ServerStatusOutcome> {
+        self.enter(Method::ServerStatus, 0).await?;
+        Ok(ServerStatusOutcome {
+            notification_queue_usage: self.state().notification_queue_usage,
         })
     }
 
@@ -1392,10 +1626,12 @@ struct FakeAliveLock {
 }
 
 impl FakeAliveLock {
-    fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
+    fn with_state<T>(&self, f: impl FnOnce(&mut State, DateTime<Utc>) -> T) -> Option<T> {
         let inner = self.fake.upgrade()?;
+        let elapsed = Instant::now().saturating_duration_since(inner.base_instant);
+        let now = inner.base_wall + chrono::Duration::from_std(elapsed).unwrap_or_default();
         let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
-        Some(f(&mut st))
+        Some(f(&mut st, now))
     }
 }
 
@@ -1403,18 +1639,31 @@ impl FakeAliveLock {
 impl AliveLockSession for FakeAliveLock {
     async fn retake(&mut self) -> Result<bool> {
         let (instance, session) = (self.instance, self.session_id);
-        let outcome = self.with_state(|st| {
+        let outcome = self.with_state(|st, now| {
             if st.unreachable || st.killed_sessions.contains(&session) {
                 return Err(Error::database(
                     "taking the alive-lock",
                     "the fake session is gone",
                 ));
             }
+            let fresh = !st.alive_locks.contains_key(&instance);
             let holder = *st.alive_locks.entry(instance).or_insert(session);
             if holder == session {
                 if let Some(row) = st.instances.get_mut(&instance) {
-                    row.alive_lock = true;
-                    row.lock_lost_at = None;
+                    let changed = fresh
+                        || !row.alive_lock
+                        || row.lock_lost_at.is_some()
+                        || row.lock_session != Some(session)
+                        || row.lock_since.is_none();
+                    if changed {
+                        if fresh || row.lock_session != Some(session) || row.lock_since.is_none() {
+                            row.lock_since = Some(now);
+                        }
+                        row.alive_lock = true;
+                        row.lock_lost_at = None;
+                        row.lock_seen_at = Some(now);
+                        row.lock_session = Some(session);
+                    }
                 }
             }
             Ok(holder == session)
@@ -1450,7 +1699,7 @@ impl AliveLockSession for FakeAliveLock {
 impl Drop for FakeAliveLock {
     fn drop(&mut self) {
         let (instance, session) = (self.instance, self.session_id);
-        self.with_state(|st| {
+        self.with_state(|st, _| {
             if st.alive_locks.get(&instance) == Some(&session) {
                 st.alive_locks.remove(&instance);
             }

@@ -1,6 +1,6 @@
 //! [`Identity`]: which instance this process currently is.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
@@ -17,6 +17,8 @@ use crate::types::InstanceId;
 #[derive(Clone, Debug)]
 pub struct Identity {
     tx: Arc<watch::Sender<Generation>>,
+    /// The id whose first heartbeat the store recorded (see [`Identity::mark_registered`]).
+    registered: Arc<Mutex<Option<InstanceId>>>,
 }
 
 /// One incarnation of the process in the store: an id and how many evictions came before it.
@@ -46,7 +48,10 @@ impl Identity {
             instance,
             evictions: 0,
         });
-        Identity { tx: Arc::new(tx) }
+        Identity {
+            tx: Arc::new(tx),
+            registered: Arc::new(Mutex::new(None)),
+        }
     }
 
     /// The current instance id.
@@ -62,6 +67,18 @@ impl Identity {
     /// Watches for evictions (each one changes the value).
     pub fn subscribe(&self) -> watch::Receiver<Generation> {
         self.tx.subscribe()
+    }
+
+    /// Records that the store has recorded a heartbeat of `instance` (its row exists, or did).
+    /// From then on a heartbeat for it is not a registration: a missing row means it was
+    /// reaped (`RecordHeartbeatParams::registering`).
+    pub fn mark_registered(&self, instance: InstanceId) {
+        *self.registered.lock().unwrap_or_else(|p| p.into_inner()) = Some(instance);
+    }
+
+    /// Whether the store has recorded a heartbeat of `instance` (the current id, normally).
+    pub fn is_registered(&self, instance: InstanceId) -> bool {
+        *self.registered.lock().unwrap_or_else(|p| p.into_inner()) == Some(instance)
     }
 
     /// Records that `instance` was evicted and mints a new id, unless the identity already
@@ -83,6 +100,17 @@ impl Identity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_id_whose_beat_was_recorded_is_registered() {
+        let identity = Identity::new();
+        let first = identity.current();
+        assert!(!identity.is_registered(first));
+        identity.mark_registered(first);
+        assert!(identity.clone().is_registered(first));
+        let second = identity.evicted(first);
+        assert!(!identity.is_registered(second));
+    }
 
     #[test]
     fn an_eviction_mints_a_new_id_once() {

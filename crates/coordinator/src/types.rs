@@ -473,6 +473,30 @@ pub struct RecordHeartbeatParams {
     /// A lock-proven peer whose alive-lock has been gone this long is dead (failover in
     /// seconds). **Default: 3 s.** `None` disables the rule: death then waits for staleness.
     pub lock_grace: Option<Duration>,
+    /// What this beat says about the instance's alive-lock (only its own session counts).
+    pub alive_lock: AliveLockReport,
+    /// This is the instance's first beat: a missing row is inserted. After the first recorded
+    /// beat, a missing row can only mean the instance was reaped, so the store answers
+    /// `evicted` (also after the eviction's tombstone was pruned).
+    pub registering: bool,
+}
+
+/// What a heartbeat reports about the instance's alive-lock. The stored cutoffs, the stale
+/// rule and the store's sweep are described in `sql/migrations/0026_liveness.sql`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AliveLockReport {
+    /// Nothing: the store keeps what it knew (a beat from a part of the process that does not
+    /// hold the lock, such as the claim loop registering the instance).
+    #[default]
+    Unreported,
+    /// The instance holds no lock session now, so it does not rely on the lock: peers judge
+    /// it by its beats until its lock is taken again.
+    NotHeld,
+    /// The instance holds its lock with this session
+    /// ([`AliveLockSession::session_id`](crate::AliveLockSession::session_id)): credited only
+    /// when that very session holds the lock, never another holder (a half-open former
+    /// session is not a proof of life).
+    Session(i32),
 }
 
 /// The result of `record_heartbeat`.
@@ -490,6 +514,11 @@ pub struct RecordHeartbeatOutcome {
 /// Deletes stale instances and releases their leases.
 #[derive(Clone, Copy, Debug)]
 pub struct CleanupStaleInstancesParams {
+    /// The sweeping instance: it is never reaped, and it judges only on what it could see
+    /// while its own sessions stayed connected (`judge_watch` in
+    /// `sql/migrations/0026_liveness.sql`). `None`: an operator's sweep, watched by the
+    /// calling session alone.
+    pub judge: Option<InstanceId>,
     /// See [`RecordHeartbeatParams::stale_after`].
     pub stale_after: Duration,
     /// See [`RecordHeartbeatParams::dead_after`].
@@ -608,6 +637,8 @@ impl DeadLetterExpiredOutcome {
 #[derive(Clone, Copy, Debug)]
 pub struct MaintenanceDueParams {
     /// As in [`CleanupStaleInstancesParams`].
+    pub judge: Option<InstanceId>,
+    /// As in [`CleanupStaleInstancesParams`].
     pub stale_after: Duration,
     /// As in [`CleanupStaleInstancesParams`].
     pub dead_after: Option<Duration>,
@@ -713,6 +744,19 @@ impl QueueDepthOutcome {
             .find(|d| d.queue == queue && d.state == state)
             .map_or(0, |d| d.items)
     }
+}
+
+/// Reads the state of the server that workpump depends on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServerStatusParams {}
+
+/// The result of `server_status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ServerStatusOutcome {
+    /// The share of the server's NOTIFY queue in use, 0 to 1
+    /// (`pg_notification_queue_usage()`). One LISTEN session anywhere on the server that stops
+    /// reading pins the queue; when it is full every enqueue fails at commit.
+    pub notification_queue_usage: f64,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -249,6 +249,8 @@ fn heartbeat(instance: InstanceId, metadata: Value) -> RecordHeartbeatParams {
         stale_after: STALE,
         dead_after: Some(Duration::from_secs(300)),
         lock_grace: None,
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
     }
 }
 
@@ -1552,21 +1554,33 @@ fn cutoff_ok(d: Duration) -> bool {
     d.as_micros() >= 1 && d <= MAX_SCHEDULE_AHEAD
 }
 
+/// The store's floor of each cutoff (`liveness_floor`, as migrated).
+const FLOOR: [(&str, Duration); 3] = [
+    ("stale_after", Duration::from_secs(1)),
+    ("dead_after", Duration::from_secs(2)),
+    ("lock_grace", Duration::from_millis(500)),
+];
+
 async fn cutoffs(
     store: Store,
     (stale_after, dead_after, lock_grace): (Duration, Option<Duration>, Option<Duration>),
 ) -> TestCaseResult {
-    let valid = cutoff_ok(stale_after)
-        && dead_after.is_none_or(cutoff_ok)
-        && lock_grace.is_none_or(cutoff_ok);
-    // Name the first bad one, in the order the parameters are checked.
-    let named = if !cutoff_ok(stale_after) {
-        "stale_after"
-    } else if !dead_after.is_none_or(cutoff_ok) {
-        "dead_after"
-    } else {
-        "lock_grace"
-    };
+    let given = [Some(stale_after), dead_after, lock_grace];
+    // The range is checked first (by the coordinator), then the store's floor; name the
+    // first bad one, in the order the parameters are checked.
+    let out_of_range = FLOOR
+        .iter()
+        .zip(given)
+        .find(|(_, d)| !d.is_none_or(cutoff_ok))
+        .map(|((name, _), _)| (*name, "between 1 µs and 100 years"));
+    let below_floor = FLOOR
+        .iter()
+        .zip(given)
+        .find(|((_, floor), d)| d.is_some_and(|d| d < *floor))
+        .map(|((name, _), _)| (*name, "the store's floor"));
+    let problem = out_of_range.or(below_floor);
+    let valid = problem.is_none();
+    let (named, reason) = problem.unwrap_or(("", ""));
     let me = InstanceId::new();
     let r = store
         .c
@@ -1580,11 +1594,7 @@ async fn cutoffs(
     if valid {
         accepted("record_heartbeat", r)?;
     } else {
-        refused(
-            "record_heartbeat",
-            r,
-            &[named, "between 1 µs and 100 years"],
-        )?;
+        refused("record_heartbeat", r, &[named, reason])?;
         let registered = store.instance_registered(me).await;
         ensure(!registered, || {
             "a refused heartbeat registered the instance".into()
@@ -1593,6 +1603,7 @@ async fn cutoffs(
     let r = store
         .c
         .cleanup_stale_instances(CleanupStaleInstancesParams {
+            judge: Some(me),
             stale_after,
             dead_after,
             lock_grace,
@@ -1601,16 +1612,13 @@ async fn cutoffs(
     if valid {
         accepted("cleanup_stale_instances", r)?;
     } else {
-        refused(
-            "cleanup_stale_instances",
-            r,
-            &[named, "between 1 µs and 100 years"],
-        )?;
+        refused("cleanup_stale_instances", r, &[named, reason])?;
     }
     let day = Duration::from_secs(86_400);
     let r = store
         .c
         .maintenance_due(MaintenanceDueParams {
+            judge: Some(me),
             stale_after,
             dead_after,
             lock_grace,
@@ -1622,7 +1630,7 @@ async fn cutoffs(
     if valid {
         accepted("maintenance_due", r)?;
     } else {
-        refused("maintenance_due", r, &[named, "between 1 µs and 100 years"])?;
+        refused("maintenance_due", r, &[named, reason])?;
     }
     Ok(())
 }
@@ -1870,6 +1878,7 @@ async fn huge_cutoffs(store: Store) {
         let r = store
             .c
             .cleanup_stale_instances(CleanupStaleInstancesParams {
+                judge: None,
                 stale_after,
                 dead_after,
                 lock_grace,

@@ -7,15 +7,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::PgPool;
+use sqlx::Connection;
 use sqlx::Row;
-use workpump_coordinator::conformance::{ErrorEntry, Harness, WorkRow};
+use workpump_coordinator::conformance::{ErrorEntry, Harness, JudgeSlot, WorkRow};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
 struct PgHarness {
     coordinator: PgCoordinator,
     pool: PgPool,
-    _db: TestDatabase,
+    judge: JudgeSlot,
+    db: TestDatabase,
 }
 
 async fn pg() -> Arc<PgHarness> {
@@ -28,7 +30,8 @@ async fn pg() -> Arc<PgHarness> {
     Arc::new(PgHarness {
         coordinator: PgCoordinator::new(pool.clone()),
         pool,
-        _db: db,
+        judge: JudgeSlot::default(),
+        db,
     })
 }
 
@@ -247,6 +250,62 @@ impl Harness for PgHarness {
         .expect("age the lock loss");
     }
 
+    async fn age_watch(&self, instance: InstanceId, by: Duration) {
+        sqlx::query(
+            "UPDATE workpump.instances SET lock_since = lock_since - $2
+             WHERE instance_id = $1 AND lock_since IS NOT NULL",
+        )
+        .bind(instance.0)
+        .bind(interval(chrono::Duration::from_std(by).expect("age")))
+        .execute(&self.pool)
+        .await
+        .expect("age the watch");
+    }
+
+    async fn restart(&self) {
+        // From a connection outside the pool, which then closes too: afterwards no session
+        // of this database is older than the "restart".
+        let mut admin = sqlx::PgConnection::connect(self.db.url())
+            .await
+            .expect("connect");
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .expect("list sessions");
+        for pid in &pids {
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&mut admin)
+                .await
+                .expect("terminate");
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY ($1)")
+                    .bind(&pids)
+                    .fetch_one(&mut admin)
+                    .await
+                    .expect("count sessions");
+            if left == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{left} terminated sessions still there"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        admin.close().await.expect("close");
+    }
+
+    fn judge_slot(&self) -> &JudgeSlot {
+        &self.judge
+    }
+
     async fn alive_lock_key(&self, instance: InstanceId) -> Option<i64> {
         Some(
             sqlx::query_scalar("SELECT workpump.alive_lock_key($1)")
@@ -258,10 +317,10 @@ impl Harness for PgHarness {
     }
 }
 
-struct FakeHarness(FakeCoordinator);
+struct FakeHarness(FakeCoordinator, JudgeSlot);
 
 async fn fake() -> Arc<FakeHarness> {
-    Arc::new(FakeHarness(FakeCoordinator::new()))
+    Arc::new(FakeHarness(FakeCoordinator::new(), JudgeSlot::default()))
 }
 
 #[async_trait]
@@ -311,6 +370,15 @@ impl Harness for FakeHarness {
     }
     async fn age_lock_loss(&self, instance: InstanceId, by: Duration) {
         self.0.age_lock_loss(instance, by)
+    }
+    async fn age_watch(&self, instance: InstanceId, by: Duration) {
+        self.0.age_watch(instance, by)
+    }
+    async fn restart(&self) {
+        self.0.restart()
+    }
+    fn judge_slot(&self) -> &JudgeSlot {
+        &self.1
     }
 }
 

@@ -261,6 +261,8 @@ fn heartbeat(instance: InstanceId) -> RecordHeartbeatParams {
         stale_after: STALE,
         dead_after: Some(Duration::from_secs(300)),
         lock_grace: Some(Duration::from_secs(3)),
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
     }
 }
 
@@ -302,7 +304,13 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("take_alive_lock");
     assert!(lock.held, "the alive-lock is held");
-    let beat = c.record_heartbeat(heartbeat(me)).await.expect("heartbeat");
+    let beat = c
+        .record_heartbeat(RecordHeartbeatParams {
+            alive_lock: AliveLockReport::Session(lock.session.session_id().expect("a pid")),
+            ..heartbeat(me)
+        })
+        .await
+        .expect("heartbeat");
     assert!(!beat.evicted);
     assert!(
         c.is_instance_alive(IsInstanceAliveParams { instance: me })
@@ -529,8 +537,28 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
     .execute(admin)
     .await
     .expect("age the peer");
+    // `me` judges: it holds its lock, and has watched the store for an hour.
+    let aged = sqlx::query(
+        "UPDATE workpump.instances SET lock_since = lock_since - interval '1 hour'
+         WHERE instance_id = $1 AND lock_since IS NOT NULL",
+    )
+    .bind(me.0)
+    .execute(admin)
+    .await
+    .expect("age the judge's watch");
+    assert_eq!(
+        aged.rows_affected(),
+        1,
+        "the heartbeat credited the lock session"
+    );
+    let status = c
+        .server_status(ServerStatusParams {})
+        .await
+        .expect("server_status");
+    assert!(status.notification_queue_usage < 0.5, "{status:?}");
     let due = c
         .maintenance_due(MaintenanceDueParams {
+            judge: Some(me),
             stale_after: STALE,
             dead_after: Some(Duration::from_secs(300)),
             lock_grace: Some(Duration::from_secs(3)),
@@ -543,6 +571,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
     assert!(due.instances, "{due:?}");
     let reaped = c
         .cleanup_stale_instances(CleanupStaleInstancesParams {
+            judge: Some(me),
             stale_after: STALE,
             dead_after: Some(Duration::from_secs(300)),
             lock_grace: Some(Duration::from_secs(3)),

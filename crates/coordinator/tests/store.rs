@@ -38,6 +38,8 @@ async fn registered(c: &PgCoordinator) -> InstanceId {
         stale_after: Duration::from_secs(30),
         dead_after: Some(Duration::from_secs(300)),
         lock_grace: None,
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
     })
     .await
     .expect("heartbeat");

@@ -13,7 +13,7 @@ use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    AliveLockSession, ConfigProblem, Identity, InstanceId, RecordHeartbeatOutcome,
+    AliveLockReport, AliveLockSession, ConfigProblem, Identity, InstanceId, RecordHeartbeatOutcome,
     RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator, Worker, WorkerError,
 };
 
@@ -524,6 +524,11 @@ impl Worker for HeartbeatWorker {
         let _stopped = Stopped(&self.status);
         let mut lock = AliveLock::new();
         let mut identity = self.identity.subscribe();
+        let use_lock = self.config.liveness == LivenessMode::AdvisoryLockWhenAvailable;
+        // Failed beats in a row (their retry backoff), and when the lock was last lost (the
+        // quick retries of the lock after the beat at once, for the length of the grace).
+        let mut failures: u32 = 0;
+        let mut lost_at: Option<Instant> = None;
         'beats: loop {
             identity.mark_unchanged();
             let beat = tokio::select! {
@@ -531,26 +536,50 @@ impl Worker for HeartbeatWorker {
                 _ = shutdown.cancelled() => break 'beats,
                 beat = self.run_once(&mut lock) => beat,
             };
-            let (wait, registered) = match beat {
-                Ok(beat) => (self.cadence(beat.lock_held), Some(beat.instance)),
+            let now = Instant::now();
+            let (wait, registered, lock_held) = match beat {
+                Ok(beat) => {
+                    failures = 0;
+                    (
+                        self.cadence(beat.lock_held),
+                        Some(beat.instance),
+                        beat.lock_held,
+                    )
+                }
                 Err(e) => {
+                    failures = failures.saturating_add(1);
+                    let wait = self.retry_delay(failures);
                     warn!(
                         error = %e,
-                        consecutive_failures = self.status.borrow().consecutive_failures,
-                        "heartbeat failed; the next beat follows at the fast cadence"
+                        consecutive_failures = failures,
+                        retry_in = ?wait,
+                        "heartbeat failed; beating again soon"
                     );
-                    (self.config.fast_interval(), None)
+                    (wait, None, lock.is_held())
                 }
             };
             self.status.send_modify(|s| s.cadence = Some(wait));
             metrics::gauge!(m::CADENCE_SECONDS).set(wait.as_secs_f64());
-            let next = Instant::now() + wait;
+            let next = now + wait;
             let mut watching = registered.is_some();
-            // After the lock's session drops, take the lock again at once and keep retrying
-            // quickly for the length of the lock grace (peers reap a lock-proven instance whose
-            // lock stays gone longer than that).
-            let mut retry: Option<(Instant, Duration, Instant)> = None;
-            let use_lock = self.config.liveness == LivenessMode::AdvisoryLockWhenAvailable;
+            // After a lost lock and a recorded beat: take the lock again quickly (100 ms,
+            // doubling up to 1 s) for the length of the grace; later beats keep trying at the
+            // fast cadence.
+            let grace = self
+                .config
+                .lock_grace()
+                .unwrap_or_else(|| self.config.fast_interval());
+            let mut retry = match lost_at {
+                Some(at) if use_lock && !lock_held && registered.is_some() && now < at + grace => {
+                    Some((now + RETRY_FIRST_DELAY, RETRY_FIRST_DELAY, at + grace))
+                }
+                _ => None,
+            };
+            // While the lock is held, its session is checked every fast interval between the
+            // (slow) beats: a connection the server closed while the network was down shows
+            // only when it is used, and peers judge a lock-relying instance by its lock.
+            let fast = self.config.fast_interval();
+            let mut check_at = (use_lock && lock_held && fast < wait).then(|| now + fast);
             loop {
                 let retry_at = retry.map(|(at, _, _)| at);
                 tokio::select! {
@@ -567,19 +596,35 @@ impl Worker for HeartbeatWorker {
                     }
                     _ = lock.lost(), if use_lock && lock.is_held() => {
                         metrics::counter!(m::ALIVE_LOCK_ERRORS_TOTAL).increment(1);
-                        warn!("the alive-lock session closed; taking the lock again at once");
+                        warn!(
+                            "the alive-lock session closed; beating at once (saying the lock is \
+                             not held) and taking the lock again"
+                        );
                         lock.release();
-                        let now = Instant::now();
-                        let until = now + self.config.lock_grace().unwrap_or(self.config.fast_interval());
-                        retry = Some((now, Duration::from_millis(100), until));
+                        lost_at = Some(Instant::now());
+                        break;
+                    }
+                    _ = sleep_until_opt(check_at) => {
+                        let held = self.keep_alive_lock(&mut lock, self.identity.current()).await;
+                        metrics::gauge!(m::ALIVE_LOCK_HELD).set(if held { 1.0 } else { 0.0 });
+                        self.status.send_modify(|s| s.lock_held = held);
+                        if held {
+                            check_at = Some(Instant::now() + fast);
+                        } else {
+                            metrics::counter!(m::ALIVE_LOCK_ERRORS_TOTAL).increment(1);
+                            warn!("the alive-lock is no longer held; beating at once");
+                            lost_at = Some(Instant::now());
+                            break;
+                        }
                     }
                     _ = sleep_until_opt(retry_at) => {
                         let held = self.keep_alive_lock(&mut lock, self.identity.current()).await;
                         metrics::gauge!(m::ALIVE_LOCK_HELD).set(if held { 1.0 } else { 0.0 });
                         self.status.send_modify(|s| s.lock_held = held);
                         retry = match retry {
-                            Some((_, delay, until)) if !held && Instant::now() < until => {
-                                Some((Instant::now() + delay, (delay * 2).min(Duration::from_secs(1)), until))
+                            Some((_, delay, until)) if !held => {
+                                let at = Instant::now() + delay;
+                                (at < until).then(|| (at, (delay * 2).min(RETRY_MAX_DELAY), until))
                             }
                             _ => None,
                         };
@@ -590,6 +635,12 @@ impl Worker for HeartbeatWorker {
         Ok(())
     }
 }
+
+/// The first retry of a failed beat, and of the lock after a lost one, follows this long after
+/// the attempt before it; each next one twice as long, up to [`RETRY_MAX_DELAY`].
+const RETRY_FIRST_DELAY: Duration = Duration::from_millis(100);
+/// The longest wait between two retries (of a failed beat, or of the lock within the grace).
+const RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
 
 /// Marks the status stopped when a run ends.
 struct Stopped<'a>(&'a watch::Sender<HeartbeatStatus>);
@@ -623,7 +674,7 @@ impl HeartbeatWorker {
         let mut instance = self.identity.current();
         let mut evicted = None;
         let recorded = loop {
-            match self.record(instance).await {
+            match self.record(instance, lock).await {
                 Ok(out) if out.evicted => {
                     let fresh = self.on_evicted(instance, lock);
                     if evicted.is_some() {
@@ -692,6 +743,15 @@ impl HeartbeatWorker {
 
     // -- helpers ----------------------------------------------------------------------------
 
+    /// The wait after the `failures`-th failed beat in a row: 100 ms, doubling, up to 1 s (or
+    /// the fast interval, when shorter). A store that comes back (a restart, a failover) gets
+    /// this instance's beat within about a second: peers that judge it need that beat.
+    fn retry_delay(&self, failures: u32) -> Duration {
+        let cap = RETRY_MAX_DELAY.min(self.config.fast_interval());
+        let doublings = failures.saturating_sub(1).min(16);
+        (RETRY_FIRST_DELAY * 2u32.pow(doublings)).min(cap)
+    }
+
     /// The wait after a recorded beat.
     fn cadence(&self, lock_held: bool) -> Duration {
         match self.config.liveness {
@@ -705,7 +765,20 @@ impl HeartbeatWorker {
         self.config.fast_interval()
     }
 
-    async fn record(&self, instance: InstanceId) -> Result<RecordHeartbeatOutcome, Error> {
+    async fn record(
+        &self,
+        instance: InstanceId,
+        lock: &AliveLock,
+    ) -> Result<RecordHeartbeatOutcome, Error> {
+        // Only this instance's own session may vouch for it: name it, or say there is none.
+        let alive_lock = match (self.config.liveness, lock.instance(), lock.session_id()) {
+            (LivenessMode::AdvisoryLockWhenAvailable, Some(held_for), Some(sid))
+                if held_for == instance && lock.is_held() =>
+            {
+                AliveLockReport::Session(sid)
+            }
+            _ => AliveLockReport::NotHeld,
+        };
         let params = RecordHeartbeatParams {
             instance,
             host: self.host_name.clone(),
@@ -713,10 +786,17 @@ impl HeartbeatWorker {
             stale_after: self.config.stale_after(),
             dead_after: self.config.dead_after(),
             lock_grace: self.config.lock_grace(),
+            alive_lock,
+            registering: !self.identity.is_registered(instance),
         };
         let after = self.call_timeout();
         match timeout(after, self.coordinator.record_heartbeat(params)).await {
-            Ok(Ok(out)) => Ok(out),
+            Ok(Ok(out)) => {
+                if !out.evicted {
+                    self.identity.mark_registered(instance);
+                }
+                Ok(out)
+            }
             Ok(Err(source)) => Err(Error::Heartbeat { instance, source }),
             Err(_) => Err(Error::TimedOut { instance, after }),
         }

@@ -13,9 +13,10 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams, FakeCoordinator, Identity,
-    InstanceId, IsInstanceAliveParams, Method, NewWork, RecordHeartbeatParams, RegisterQueueParams,
-    TakeAliveLockParams, WorkCoordinator, Worker, WorkerError,
+    AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams,
+    FakeCoordinator, Identity, InstanceId, IsInstanceAliveParams, Method, NewWork,
+    RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockParams, WorkCoordinator, Worker,
+    WorkerError,
 };
 
 use crate::metrics as m;
@@ -31,9 +32,21 @@ fn offsets(v: &[u64]) -> Vec<Duration> {
     v.iter().copied().map(secs).collect()
 }
 
+fn millis(v: &[u64]) -> Vec<Duration> {
+    v.iter().copied().map(Duration::from_millis).collect()
+}
+
 /// When each call of `method` happened, measured from `t0`.
 fn calls_at(fake: &FakeCoordinator, method: Method, t0: Instant) -> Vec<Duration> {
     fake.calls_of(method).iter().map(|c| c.at - t0).collect()
+}
+
+/// A fake store that has been up for an hour: a sweep may judge by every rule (a judge must
+/// have watched the store for longer than the cutoff it applies).
+fn store() -> FakeCoordinator {
+    let fake = FakeCoordinator::new();
+    fake.age_connections(secs(3600));
+    fake
 }
 
 fn table_only() -> HeartbeatConfig {
@@ -158,7 +171,7 @@ fn plain(name: &str) -> String {
 async fn the_first_beat_is_at_start_and_beats_are_60_s_apart_while_the_lock_is_held() {
     let recorder = TestRecorder::default();
     let _recorder = metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let me = identity.current();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -205,7 +218,7 @@ async fn the_first_beat_is_at_start_and_beats_are_60_s_apart_while_the_lock_is_h
 async fn beats_are_10_s_apart_while_another_session_holds_the_lock_and_slow_once_it_is_ours() {
     let recorder = TestRecorder::default();
     let _recorder = metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let me = identity.current();
     let t0 = Instant::now();
@@ -249,7 +262,7 @@ async fn beats_are_10_s_apart_while_another_session_holds_the_lock_and_slow_once
 
 #[tokio::test(start_paused = true)]
 async fn heartbeat_table_only_beats_every_10_s_and_never_takes_the_lock() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let worker = worker(&fake, &identity, table_only());
     let t0 = Instant::now();
@@ -272,10 +285,10 @@ async fn heartbeat_table_only_beats_every_10_s_and_never_takes_the_lock() {
 // -- the alive-lock's session -----------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-async fn after_the_lock_session_is_killed_the_lock_is_taken_again_at_once() {
+async fn a_killed_lock_session_makes_the_worker_beat_at_once_and_take_the_lock_again() {
     let recorder = TestRecorder::default();
     let _recorder = metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let me = identity.current();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -284,9 +297,14 @@ async fn after_the_lock_session_is_killed_the_lock_is_taken_again_at_once() {
 
     sleep_until(t0 + secs(1)).await;
     assert!(fake.kill_alive_lock_session(me));
-    // The worker waits on its session: the loss is noticed and the lock taken again at once,
-    // without waiting for the next beat (peers would reap it after the lock grace).
+    // The worker waits on its session: the loss is noticed at once, and without waiting for
+    // the next beat it beats (saying it holds no lock: peers judge it by that beat from now
+    // on, not by its lock) and takes the lock again on a new session.
     sleep_until(t0 + secs(1) + Duration::from_millis(1)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        offsets(&[0, 1])
+    );
     assert_eq!(calls_at(&fake, Method::TakeAliveLock, t0), offsets(&[0, 1]));
     assert!(alive(&fake, me).await);
     assert!(worker.status().lock_held);
@@ -296,18 +314,18 @@ async fn after_the_lock_session_is_killed_the_lock_is_taken_again_at_once() {
         2
     );
 
-    // The beats keep their cadence.
+    // With the lock held again, the slow cadence resumes from that beat.
     sleep_until(t0 + secs(125)).await;
     assert_eq!(
         calls_at(&fake, Method::RecordHeartbeat, t0),
-        offsets(&[0, 60, 120])
+        offsets(&[0, 1, 61, 121])
     );
     run.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn while_a_former_session_still_holds_the_lock_the_cadence_is_fast_until_it_is_ours_again() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let me = identity.current();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -327,7 +345,7 @@ async fn while_a_former_session_still_holds_the_lock_the_cadence_is_fast_until_i
     sleep_until(t0 + secs(85)).await;
     assert_eq!(
         calls_at(&fake, Method::RecordHeartbeat, t0),
-        offsets(&[0, 60, 70, 80])
+        offsets(&[0, 1, 11, 21, 31, 41, 51, 61, 71, 81])
     );
     assert!(!worker.status().lock_held);
     drop(lingering);
@@ -335,10 +353,10 @@ async fn while_a_former_session_still_holds_the_lock_the_cadence_is_fast_until_i
     sleep_until(t0 + secs(155)).await;
     assert_eq!(
         calls_at(&fake, Method::RecordHeartbeat, t0),
-        offsets(&[0, 60, 70, 80, 90, 150])
+        offsets(&[0, 1, 11, 21, 31, 41, 51, 61, 71, 81, 91, 151])
     );
     // The lingering session's take at 1, then the worker's new session at once; that session
-    // was re-checked at 60, 70, 80 and 90 (and retried quickly for the lock grace after 1).
+    // was tried again quickly for the lock grace after 1, and at every beat.
     assert_eq!(
         calls_at(&fake, Method::TakeAliveLock, t0),
         offsets(&[0, 1, 1])
@@ -349,8 +367,8 @@ async fn while_a_former_session_still_holds_the_lock_the_cadence_is_fast_until_i
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_store_outage_fails_beats_at_the_fast_cadence_and_the_lock_is_retaken_after_it() {
-    let fake = FakeCoordinator::new();
+async fn a_store_outage_is_retried_every_second_and_the_first_beat_after_it_comes_within_one() {
+    let fake = store();
     let identity = Identity::new();
     let me = identity.current();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -360,27 +378,27 @@ async fn a_store_outage_fails_beats_at_the_fast_cadence_and_the_lock_is_retaken_
     sleep_until(t0 + secs(1)).await;
     fake.set_unreachable(true);
     sleep_until(t0 + secs(75)).await;
+    // The lock session's loss makes the worker beat at once (at 1); that fails, and so do the
+    // retries: after 100 ms, doubling, then every second.
+    let beats = calls_at(&fake, Method::RecordHeartbeat, t0);
+    assert_eq!(
+        beats[..7],
+        millis(&[0, 1000, 1100, 1300, 1700, 2500, 3500])[..]
+    );
+    assert_eq!(beats.last(), Some(&Duration::from_millis(74_500)));
     let status = worker.status();
-    assert_eq!(status.consecutive_failures, 2);
+    assert_eq!(status.consecutive_failures, beats.len() as u32 - 1);
     assert!(!status.lock_held);
     assert_eq!(status.last_success, Some(t0));
+    assert_eq!(status.cadence, Some(secs(1)));
     fake.set_unreachable(false);
 
-    sleep_until(t0 + secs(145)).await;
+    sleep_until(t0 + secs(140)).await;
+    let beats = calls_at(&fake, Method::RecordHeartbeat, t0);
     assert_eq!(
-        calls_at(&fake, Method::RecordHeartbeat, t0),
-        offsets(&[0, 60, 70, 80, 140])
-    );
-    // 1: the session is gone; new ones are tried at once and then quickly for the length of
-    // the lock grace (3 s); then with the beats: 60 and 70 fail, 80 reconnects.
-    let ms = |v: &[u64]| {
-        v.iter()
-            .map(|m| Duration::from_millis(*m))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        calls_at(&fake, Method::TakeAliveLock, t0),
-        ms(&[0, 1000, 1100, 1300, 1700, 2500, 3500, 4500, 60_000, 70_000, 80_000])
+        beats[beats.len() - 3..],
+        millis(&[74_500, 75_500, 135_500])[..],
+        "the first beat after the outage, then the slow cadence with the lock"
     );
     let status = worker.status();
     assert_eq!(status.consecutive_failures, 0);
@@ -391,7 +409,7 @@ async fn a_store_outage_fails_beats_at_the_fast_cadence_and_the_lock_is_retaken_
 
 #[tokio::test(start_paused = true)]
 async fn a_lock_session_that_cannot_be_opened_makes_the_next_beat_fast() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     fake.fail_next(Method::TakeAliveLock, 1);
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -418,10 +436,10 @@ async fn a_lock_session_that_cannot_be_opened_makes_the_next_beat_fast() {
 // -- failed beats -----------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-async fn a_failed_heartbeat_is_counted_and_the_next_beat_comes_at_the_fast_cadence() {
+async fn a_failed_heartbeat_is_counted_and_retried_after_100_ms() {
     let recorder = TestRecorder::default();
     let _recorder = metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
     let t0 = Instant::now();
@@ -429,29 +447,32 @@ async fn a_failed_heartbeat_is_counted_and_the_next_beat_comes_at_the_fast_caden
 
     sleep_until(t0 + secs(1)).await;
     fake.fail_next(Method::RecordHeartbeat, 1);
-    sleep_until(t0 + secs(65)).await;
+    sleep_until(t0 + secs(60) + Duration::from_millis(50)).await;
     let status = worker.status();
     assert_eq!(status.consecutive_failures, 1);
     assert_eq!(status.last_success, Some(t0));
-    assert_eq!(status.cadence, Some(secs(10)));
+    assert_eq!(status.cadence, Some(Duration::from_millis(100)));
     assert!(status.lock_held, "the lock was still checked");
     assert_eq!(recorder.counter(&beats(m::FAILED)), 1);
 
     sleep_until(t0 + secs(135)).await;
     assert_eq!(
         calls_at(&fake, Method::RecordHeartbeat, t0),
-        offsets(&[0, 60, 70, 130])
+        millis(&[0, 60_000, 60_100, 120_100])
     );
     let status = worker.status();
     assert_eq!(status.consecutive_failures, 0);
-    assert_eq!(status.last_success, Some(t0 + secs(130)));
+    assert_eq!(
+        status.last_success,
+        Some(t0 + Duration::from_millis(120_100))
+    );
     assert_eq!(recorder.counter(&beats(m::OK)), 3);
     run.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_heartbeat_is_abandoned_after_the_fast_interval_and_counts_as_failed() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
     let t0 = Instant::now();
@@ -459,14 +480,14 @@ async fn a_hung_heartbeat_is_abandoned_after_the_fast_interval_and_counts_as_fai
 
     sleep_until(t0 + secs(1)).await;
     fake.hang_next(Method::RecordHeartbeat, 1);
-    sleep_until(t0 + secs(75)).await;
+    sleep_until(t0 + secs(70) + Duration::from_millis(50)).await;
     assert_eq!(worker.status().consecutive_failures, 1);
 
     sleep_until(t0 + secs(145)).await;
-    // 60 hangs, abandoned at 70, then the fast cadence: 80; then slow again.
+    // 60 hangs, abandoned at 70, retried 100 ms later; then slow again.
     assert_eq!(
         calls_at(&fake, Method::RecordHeartbeat, t0),
-        offsets(&[0, 60, 80, 140])
+        millis(&[0, 60_000, 70_100, 130_100])
     );
     assert_eq!(worker.status().consecutive_failures, 0);
     run.stop().await;
@@ -474,7 +495,7 @@ async fn a_hung_heartbeat_is_abandoned_after_the_fast_interval_and_counts_as_fai
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_during_a_hung_heartbeat_returns_at_once_and_releases_the_lock() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let me = identity.current();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -502,7 +523,7 @@ async fn shutdown_during_a_hung_heartbeat_returns_at_once_and_releases_the_lock(
 async fn an_evicted_instance_mints_a_new_id_and_registers_it_at_once_with_its_own_lock() {
     let recorder = TestRecorder::default();
     let _recorder = metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let old = identity.current();
     let generations = identity.subscribe();
@@ -517,6 +538,7 @@ async fn an_evicted_instance_mints_a_new_id_and_registers_it_at_once_with_its_ow
     fake.age_heartbeat(old, secs(301));
     let swept = fake
         .cleanup_stale_instances(CleanupStaleInstancesParams {
+            judge: None,
             stale_after: secs(30),
             dead_after: Some(secs(300)),
             lock_grace: None,
@@ -565,7 +587,7 @@ async fn an_evicted_instance_mints_a_new_id_and_registers_it_at_once_with_its_ow
 
 #[tokio::test(start_paused = true)]
 async fn run_once_reports_the_eviction_and_the_fresh_instance() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let old = identity.current();
     let worker = worker(&fake, &identity, table_only());
@@ -576,6 +598,7 @@ async fn run_once_reports_the_eviction_and_the_fresh_instance() {
     fake.age_heartbeat(old, secs(31));
     let swept = fake
         .cleanup_stale_instances(CleanupStaleInstancesParams {
+            judge: None,
             stale_after: secs(30),
             dead_after: Some(secs(300)),
             lock_grace: None,
@@ -595,7 +618,7 @@ async fn run_once_reports_the_eviction_and_the_fresh_instance() {
 
 #[tokio::test(start_paused = true)]
 async fn an_identity_change_made_elsewhere_is_registered_at_once() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let old = identity.current();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -636,6 +659,8 @@ async fn peer_with_leases(fake: &FakeCoordinator, items: usize) -> InstanceId {
         stale_after: secs(30),
         dead_after: Some(secs(300)),
         lock_grace: None,
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
     })
     .await
     .expect("peer beat");
@@ -666,7 +691,7 @@ async fn peer_with_leases(fake: &FakeCoordinator, items: usize) -> InstanceId {
 async fn the_sweep_counts_reaped_peers_and_released_leases() {
     let recorder = TestRecorder::default();
     let _recorder = metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let peer = peer_with_leases(&fake, 2).await;
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -683,7 +708,7 @@ async fn the_sweep_counts_reaped_peers_and_released_leases() {
 
 #[tokio::test(start_paused = true)]
 async fn the_configured_stale_cutoff_is_the_one_the_sweep_uses() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let peer = peer_with_leases(&fake, 1).await;
     let config = HeartbeatConfig {
@@ -703,7 +728,7 @@ async fn the_configured_stale_cutoff_is_the_one_the_sweep_uses() {
 
 #[tokio::test(start_paused = true)]
 async fn the_configured_dead_cutoff_decides_whether_a_lock_holder_is_reaped() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let zombie = InstanceId::new();
     fake.record_heartbeat(RecordHeartbeatParams {
         instance: zombie,
@@ -712,6 +737,8 @@ async fn the_configured_dead_cutoff_decides_whether_a_lock_holder_is_reaped() {
         stale_after: secs(30),
         dead_after: Some(secs(300)),
         lock_grace: None,
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
     })
     .await
     .expect("beat");
@@ -745,7 +772,7 @@ async fn the_configured_dead_cutoff_decides_whether_a_lock_holder_is_reaped() {
 
 #[tokio::test(start_paused = true)]
 async fn with_the_killswitch_off_run_touches_nothing_and_waits_for_shutdown() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let worker = worker(
         &fake,
@@ -769,7 +796,7 @@ async fn with_the_killswitch_off_run_touches_nothing_and_waits_for_shutdown() {
 
 #[tokio::test(start_paused = true)]
 async fn run_refuses_an_invalid_config_naming_the_setting_and_touches_nothing() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let worker = worker(
         &fake,
         &Identity::new(),
@@ -789,7 +816,7 @@ async fn run_refuses_an_invalid_config_naming_the_setting_and_touches_nothing() 
 
 #[tokio::test(start_paused = true)]
 async fn fifty_starts_and_stops_leave_no_task_and_no_lock_behind() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let identity = Identity::new();
     let me = identity.current();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());

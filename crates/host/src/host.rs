@@ -18,7 +18,7 @@ use workpump_coordinator::{
 };
 use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
 use workpump_lease_renewal::LeaseRenewalWorker;
-use workpump_maintenance::MaintenanceWorker;
+use workpump_maintenance::{MaintenanceStatus, MaintenanceWorker};
 
 use crate::config::HostConfig;
 use crate::supervise::{supervise, GaveUp};
@@ -296,12 +296,19 @@ async fn start(
             (Arc::new(w), Some(status), Some(waker))
         }
     };
-    let maintenance_worker: Arc<dyn Worker> = match maintenance {
-        Some(w) => w,
-        None => Arc::new(MaintenanceWorker::new(
-            coordinator.clone(),
-            config.maintenance_config(),
-        )),
+    let (maintenance_worker, maintenance_status): (
+        Arc<dyn Worker>,
+        Option<watch::Receiver<MaintenanceStatus>>,
+    ) = match maintenance {
+        Some(w) => (w, None),
+        None => {
+            // It sweeps as this instance: never reaping it, and judging only on what this
+            // instance could see while connected.
+            let w = MaintenanceWorker::new(coordinator.clone(), config.maintenance_config())
+                .with_judge(identity.clone());
+            let status = w.subscribe_status();
+            (Arc::new(w), Some(status))
+        }
     };
 
     let shutdown = CancellationToken::new();
@@ -317,6 +324,7 @@ async fn start(
         schema_ready,
         heartbeat_status,
         claim_status,
+        maintenance_status,
         heartbeat_config: config.heartbeat.clone(),
         workers: Default::default(),
     });
@@ -514,6 +522,7 @@ struct Inner {
     schema_ready: watch::Receiver<bool>,
     heartbeat_status: Option<watch::Receiver<HeartbeatStatus>>,
     claim_status: Option<watch::Receiver<ClaimStatus>>,
+    maintenance_status: Option<watch::Receiver<MaintenanceStatus>>,
     heartbeat_config: workpump_heartbeat_worker::HeartbeatConfig,
     workers: std::sync::Mutex<Vec<(String, watch::Receiver<bool>)>>,
 }
@@ -685,6 +694,10 @@ impl HostHandle {
             heartbeat_fresh,
             alive_lock_held,
             listener_healthy,
+            notification_queue_usage: i
+                .maintenance_status
+                .as_ref()
+                .and_then(|s| s.borrow().notification_queue_usage),
             stopping,
             workers,
         }

@@ -102,7 +102,7 @@ fn list(problems: &[workpump_coordinator::ConfigProblem]) -> String {
 }
 
 /// A readiness and liveness summary (see [`HostHandle::health`]).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Health {
     /// The instance id the host runs as now.
     pub instance: InstanceId,
@@ -119,6 +119,12 @@ pub struct Health {
     pub alive_lock_held: bool,
     /// LISTEN/NOTIFY delivers wake signals.
     pub listener_healthy: bool,
+    /// The server's NOTIFY queue usage, 0 to 1, as the maintenance sweep last sampled it
+    /// (`None` before the first sample, or with sampling off). Server-wide, not this
+    /// instance's: one LISTEN session anywhere that stops reading fills it, and at 1 every
+    /// enqueue fails at commit. Alert from 0.5 (the metric
+    /// `workpump_notification_queue_usage_ratio`; docs/store.md).
+    pub notification_queue_usage: Option<f64>,
     /// A drain has begun.
     pub stopping: bool,
     /// Each worker and whether a run of it is in progress.

@@ -19,7 +19,9 @@ use workpump_host::{
     Worker,
 };
 
-use support::{count_state, database, fast_config, outcome_writers, recorded_twice, wait_until};
+use support::{
+    count_state, database, fast_config, outcome_writers, recorded_twice, seasoned_judge, wait_until,
+};
 
 /// Handlers that were cancelled: (item, why).
 type Cancelled = Arc<Mutex<Vec<(i64, Option<CancelReason>)>>>;
@@ -396,6 +398,7 @@ async fn an_evicted_host_cancels_its_handlers_records_nothing_for_them_and_regis
     // definitive-dead cutoff, and the sweep runs in the same transaction (so no beat of the
     // host's can refresh the row in between). Its leases are released, its row deleted, a
     // tombstone written.
+    let (_judge_session, judge) = seasoned_judge(db.url()).await;
     let mut tx = pool.begin().await.expect("begin");
     sqlx::query(
         "UPDATE workpump.instances SET last_heartbeat_at = now() - interval '1 hour'
@@ -406,8 +409,9 @@ async fn an_evicted_host_cancels_its_handlers_records_nothing_for_them_and_regis
     .await
     .expect("age the heartbeat");
     let reaped: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT instance_id FROM workpump.cleanup_stale_instances(interval '30 seconds', interval '5 minutes')",
+        "SELECT instance_id FROM workpump.cleanup_stale_instances($1, interval '30 seconds', interval '5 minutes', NULL)",
     )
+    .bind(judge)
     .fetch_all(&mut *tx)
     .await
     .expect("the sweep");
@@ -454,10 +458,12 @@ async fn an_evicted_host_cancels_its_handlers_records_nothing_for_them_and_regis
             "item {item} was completed by the new id"
         );
     }
-    let registered: Vec<Uuid> = sqlx::query_scalar("SELECT instance_id FROM workpump.instances")
-        .fetch_all(&pool)
-        .await
-        .expect("instances");
+    let registered: Vec<Uuid> =
+        sqlx::query_scalar("SELECT instance_id FROM workpump.instances WHERE instance_id <> $1")
+            .bind(judge)
+            .fetch_all(&pool)
+            .await
+            .expect("instances");
     assert_eq!(
         registered,
         vec![after.0],

@@ -9,8 +9,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    ClaimWorkParams, EnqueueWorkParams, FakeCoordinator, Fence, InstanceId, Method, NewWork,
-    RecordHeartbeatParams, RegisterQueueParams, WorkCoordinator, Worker,
+    AliveLockReport, ClaimWorkParams, EnqueueWorkParams, FakeCoordinator, Fence, InstanceId,
+    Method, NewWork, RecordHeartbeatParams, RegisterQueueParams, WorkCoordinator, Worker,
 };
 use workpump_lease_renewal::{
     CancelReason, LeaseConfig, LeaseHandle, LeaseRenewalWorker, LeaseSettings, Leases,
@@ -44,6 +44,8 @@ async fn rig_with(config: LeaseConfig) -> Rig {
         stale_after: Duration::from_secs(30),
         dead_after: None,
         lock_grace: None,
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
     })
     .await
     .expect("heartbeat");
@@ -265,6 +267,8 @@ async fn a_renewal_reported_lost_fires_the_token_within_the_same_flush() {
             stale_after: Duration::from_secs(30),
             dead_after: None,
             lock_grace: None,
+            alive_lock: AliveLockReport::Unreported,
+            registering: true,
         })
         .await
         .expect("heartbeat");

@@ -10,9 +10,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    migrate, ClaimWorkParams, ClaimedWork, CompleteWorkParams, EnqueueWorkParams, InstanceId,
-    NewWork, PgCoordinator, RecordHeartbeatParams, RegisterQueueParams, WorkCoordinator, Worker,
-    DEFAULT_SCHEMA,
+    migrate, AliveLockReport, ClaimWorkParams, ClaimedWork, CompleteWorkParams, EnqueueWorkParams,
+    InstanceId, NewWork, PgCoordinator, RecordHeartbeatParams, RegisterQueueParams,
+    WorkCoordinator, Worker, DEFAULT_SCHEMA,
 };
 use workpump_lease_renewal::{CancelReason, LeaseConfig, LeaseHandle, LeaseRenewalWorker};
 use workpump_testdb::TestDatabase;
@@ -68,6 +68,8 @@ impl Pg {
                 stale_after: Duration::from_secs(30),
                 dead_after: None,
                 lock_grace: None,
+                alive_lock: AliveLockReport::Unreported,
+                registering: true,
             })
             .await
             .expect("heartbeat");

@@ -43,6 +43,12 @@ pub const PRUNED_TOMBSTONES_TOTAL: &str = "workpump_maintenance_pruned_tombstone
 /// (not `sum`) across instances.
 pub const QUEUE_DEPTH: &str = "workpump_queue_depth";
 
+/// The server's NOTIFY queue usage, 0 to 1, as last sampled (`pg_notification_queue_usage()`).
+/// One LISTEN session anywhere on the server that stops reading pins the queue; at 1 every
+/// transaction that notifies — every enqueue — fails at commit. Alert from 0.5 (PostgreSQL's
+/// own log warning starts there). Server-wide: aggregate with `max`.
+pub const NOTIFICATION_QUEUE_USAGE: &str = "workpump_notification_queue_usage_ratio";
+
 /// The label of [`SWEEPS_TOTAL`].
 pub const RESULT: &str = "result";
 /// [`RESULT`]: every step succeeded.
@@ -107,6 +113,10 @@ pub fn describe() {
         PRUNED_TOMBSTONES_TOTAL,
         Unit::Count,
         "Eviction tombstones deleted past their retention"
+    );
+    describe_gauge!(
+        NOTIFICATION_QUEUE_USAGE,
+        "Share of the server's NOTIFY queue in use (0 to 1), as last sampled; enqueues fail at 1"
     );
     describe_gauge!(
         QUEUE_DEPTH,

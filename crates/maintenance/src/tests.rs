@@ -14,9 +14,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    ClaimWorkParams, CleanupStaleInstancesParams, CompleteWorkParams, EnqueueWorkParams,
-    FakeCoordinator, InstanceId, Method, NewWork, RecordHeartbeatParams, RegisterQueueParams,
-    TakeAliveLockParams, WorkCoordinator, WorkState, Worker, WorkerError,
+    AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, CompleteWorkParams,
+    EnqueueWorkParams, FakeCoordinator, InstanceId, Method, NewWork, RecordHeartbeatParams,
+    RegisterQueueParams, TakeAliveLockParams, WorkCoordinator, WorkState, Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -36,6 +36,14 @@ fn five_seconds() -> MaintenanceConfig {
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
+}
+
+/// A fake store that has been up for an hour: a sweep may judge by every rule (a judge must
+/// have watched the store for longer than the cutoff it applies).
+fn store() -> FakeCoordinator {
+    let fake = FakeCoordinator::new();
+    fake.age_connections(secs(3600));
+    fake
 }
 
 /// A worker that runs every step every sweep (`skip_idle_steps = false`), so the tests
@@ -97,6 +105,8 @@ async fn instance(fake: &FakeCoordinator) -> InstanceId {
         stale_after: secs(30),
         dead_after: Some(secs(300)),
         lock_grace: None,
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
     })
     .await
     .expect("heartbeat");
@@ -226,7 +236,7 @@ impl Recorder for TestRecorder {
 
 #[tokio::test(start_paused = true)]
 async fn the_first_sweep_runs_at_start_then_one_every_five_seconds() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let w = worker(&fake, five_seconds());
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
@@ -247,7 +257,7 @@ async fn the_first_sweep_runs_at_start_then_one_every_five_seconds() {
 
 #[tokio::test(start_paused = true)]
 async fn queue_depth_is_sampled_at_most_every_fifteen_seconds() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let w = worker(&fake, five_seconds());
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
@@ -264,7 +274,7 @@ async fn queue_depth_is_sampled_at_most_every_fifteen_seconds() {
 
 #[tokio::test(start_paused = true)]
 async fn a_depth_sample_interval_of_zero_never_samples() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let config = MaintenanceConfig {
         depth_sample_interval_ms: 0,
         ..five_seconds()
@@ -279,7 +289,7 @@ async fn a_depth_sample_interval_of_zero_never_samples() {
 
 #[tokio::test(start_paused = true)]
 async fn with_the_killswitch_off_run_makes_no_calls_and_returns_on_shutdown() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let config = MaintenanceConfig {
         enabled: false,
         ..five_seconds()
@@ -294,7 +304,7 @@ async fn with_the_killswitch_off_run_makes_no_calls_and_returns_on_shutdown() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sweep_that_overruns_delays_the_next_instead_of_bunching() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let config = MaintenanceConfig {
         call_timeout_ms: 7_000,
         ..five_seconds()
@@ -318,7 +328,7 @@ async fn a_sweep_that_overruns_delays_the_next_instead_of_bunching() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_during_a_hung_sweep_returns_at_once() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let w = worker(&fake, five_seconds());
     fake.hang_next(Method::CleanupStaleInstances, 1);
     let start = Instant::now();
@@ -331,7 +341,7 @@ async fn shutdown_during_a_hung_sweep_returns_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn run_starts_again_after_a_shutdown() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let w = worker(&fake, five_seconds());
     for round in 1..=5 {
         let (shutdown, task) = spawn_run(&w);
@@ -347,7 +357,7 @@ async fn run_starts_again_after_a_shutdown() {
 async fn a_failed_sweep_is_counted_and_the_next_one_still_runs() {
     let recorder = TestRecorder::default();
     let _guard = ::metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let w = worker(&fake, five_seconds());
     fake.fail_next(Method::PromoteScheduled, 1);
     let start = Instant::now();
@@ -374,7 +384,7 @@ async fn a_failed_sweep_is_counted_and_the_next_one_still_runs() {
 
 #[tokio::test(start_paused = true)]
 async fn run_once_reports_every_failed_step_with_what_the_others_did() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     queue(&fake, "q", 10).await;
     enqueue_soon(&fake, "q", 3).await;
     tokio::time::advance(secs(2)).await;
@@ -397,7 +407,7 @@ async fn run_once_reports_every_failed_step_with_what_the_others_did() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_call_is_abandoned_after_the_call_timeout_and_the_sweep_goes_on() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let config = MaintenanceConfig {
         call_timeout_ms: 2_000,
         ..five_seconds()
@@ -425,7 +435,7 @@ async fn a_hung_call_is_abandoned_after_the_call_timeout_and_the_sweep_goes_on()
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_depth_sample_waits_for_the_next_interval() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let w = worker(&fake, five_seconds());
     fake.fail_next(Method::QueueDepth, 1);
     let start = Instant::now();
@@ -444,7 +454,7 @@ async fn a_failed_depth_sample_waits_for_the_next_interval() {
 async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
     let recorder = TestRecorder::default();
     let _guard = ::metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     queue(&fake, "q", 1).await;
     queue(&fake, "other", 1).await;
     // Due soon: promoted.
@@ -498,6 +508,7 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
             pruned_cancelled: 0,
             pruned_tombstones: 0,
             depth: report.depth.clone(),
+            notification_queue_usage: Some(0.0),
             dead_peer_pending: false,
         }
     );
@@ -554,7 +565,7 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
 async fn the_depth_gauges_follow_the_store_between_samples() {
     let recorder = TestRecorder::default();
     let _guard = ::metrics::set_default_local_recorder(&recorder);
-    let fake = FakeCoordinator::new();
+    let fake = store();
     queue(&fake, "q", 10).await;
     enqueue(
         &fake,
@@ -593,7 +604,7 @@ async fn the_depth_gauges_follow_the_store_between_samples() {
 
 #[tokio::test(start_paused = true)]
 async fn the_sweep_reaps_with_the_configured_stale_cutoff() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let quiet = instance(&fake).await;
     fake.age_heartbeat(quiet, secs(45));
     let patient = worker(
@@ -615,7 +626,7 @@ async fn one_sweep_runs_at_most_max_batches_statements_of_each_kind() {
     const LIMIT: u32 = 10;
     const BATCHES: u32 = 3;
     const ITEMS: usize = 35;
-    let fake = FakeCoordinator::new();
+    let fake = store();
     queue(&fake, "later", 10).await;
     queue(&fake, "last", 1).await;
     queue(&fake, "done", 10).await;
@@ -651,6 +662,7 @@ async fn one_sweep_runs_at_most_max_batches_statements_of_each_kind() {
     }
     let out = fake
         .cleanup_stale_instances(CleanupStaleInstancesParams {
+            judge: None,
             stale_after: secs(30),
             dead_after: Some(secs(300)),
             lock_grace: None,
@@ -715,7 +727,7 @@ async fn one_sweep_runs_at_most_max_batches_statements_of_each_kind() {
 
 #[tokio::test(start_paused = true)]
 async fn an_exactly_full_batch_is_followed_by_one_that_comes_back_empty() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     queue(&fake, "q", 10).await;
     enqueue_soon(&fake, "q", 20).await;
     tokio::time::advance(secs(2)).await;
@@ -823,7 +835,7 @@ fn the_section_reads_from_toml_with_defaults_for_what_is_missing() {
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_sweep_is_one_probe_statement() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let w = probing_worker(&fake, five_seconds());
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
@@ -837,14 +849,19 @@ async fn an_idle_sweep_is_one_probe_statement() {
         .calls()
         .iter()
         .map(|c| c.method)
-        .filter(|m| !matches!(m, Method::MaintenanceDue | Method::QueueDepth))
+        .filter(|m| {
+            !matches!(
+                m,
+                Method::MaintenanceDue | Method::QueueDepth | Method::ServerStatus
+            )
+        })
         .collect();
     assert!(others.is_empty(), "{others:?}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_probe_runs_only_the_steps_that_have_work() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     queue(&fake, "q", 10).await;
     enqueue_soon(&fake, "q", 3).await;
     tokio::time::advance(secs(2)).await;
@@ -863,7 +880,7 @@ async fn the_probe_runs_only_the_steps_that_have_work() {
 
 #[tokio::test(start_paused = true)]
 async fn a_peer_seen_without_its_lock_is_swept_again_right_after_the_grace() {
-    let fake = FakeCoordinator::new();
+    let fake = store();
     let dead = InstanceId::new();
     fake.record_heartbeat(RecordHeartbeatParams {
         instance: dead,
@@ -871,7 +888,9 @@ async fn a_peer_seen_without_its_lock_is_swept_again_right_after_the_grace() {
         metadata: serde_json::json!({}),
         stale_after: secs(30),
         dead_after: Some(secs(300)),
-        lock_grace: None,
+        lock_grace: Some(secs(3)),
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
     })
     .await
     .unwrap();
@@ -898,4 +917,49 @@ async fn a_peer_seen_without_its_lock_is_swept_again_right_after_the_grace() {
         vec![secs(2), secs(4), Duration::from_millis(5_100)]
     );
     assert!(!fake.instance_registered(dead));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sweep_never_reaps_the_instance_it_runs_as_and_judges_by_its_watch() {
+    let fake = FakeCoordinator::new();
+    let me = instance(&fake).await;
+    let peer = instance(&fake).await;
+    let identity = workpump_coordinator::Identity::with_instance(me);
+    let w = MaintenanceWorker::new(Arc::new(fake.clone()), five_seconds()).with_judge(identity);
+    fake.age_heartbeat(me, secs(3600));
+    fake.age_heartbeat(peer, secs(3600));
+    // The store (and so every connection a sweep could use) is seconds old: a peer that has
+    // not beaten for an hour had no chance to beat; nobody is judged stale yet.
+    let report = w.run_once().await.expect("sweep");
+    assert_eq!(report.reaped_instances, 0);
+    // Once the judge has watched long enough, the peer goes; the judge never does, however
+    // stale its own row.
+    fake.age_connections(secs(3600));
+    let report = w.run_once().await.expect("sweep");
+    assert_eq!(report.reaped_instances, 1);
+    assert!(!fake.instance_registered(peer));
+    assert!(fake.instance_registered(me));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_notify_queue_usage_is_sampled_with_the_depth_and_published() {
+    let recorder = TestRecorder::default();
+    let _recorder = ::metrics::set_default_local_recorder(&recorder);
+    let fake = store();
+    fake.set_notification_queue_usage(0.62);
+    let w = worker(&fake, five_seconds());
+    let mut status = w.subscribe_status();
+    assert_eq!(status.borrow().notification_queue_usage, None);
+    let report = w.run_once().await.expect("sweep");
+    assert_eq!(report.notification_queue_usage, Some(0.62));
+    assert!(status.has_changed().expect("the worker lives"));
+    assert_eq!(
+        status.borrow_and_update().notification_queue_usage,
+        Some(0.62)
+    );
+    assert_eq!(recorder.get(m::NOTIFICATION_QUEUE_USAGE, &[]), Some(0.62));
+    // Sampled with the depth: not again within depth_sample_interval_ms.
+    let again = w.run_once().await.expect("sweep");
+    assert_eq!(again.notification_queue_usage, None);
+    assert_eq!(fake.calls_of(Method::ServerStatus).len(), 1);
 }

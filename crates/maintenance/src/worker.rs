@@ -8,14 +8,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error,
+    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, Identity,
     MaintenanceDueOutcome, MaintenanceDueParams, PromoteScheduledParams,
     PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth, QueueDepthParams,
-    WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
+    ServerStatusParams, WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
 };
 
 use crate::metrics as m;
@@ -281,6 +282,8 @@ pub enum Step {
     QueueDepth,
     /// `maintenance_due`: which of the steps above have work (one statement).
     MaintenanceDue,
+    /// `server_status`: sample the server's NOTIFY queue usage.
+    ServerStatus,
 }
 
 impl Step {
@@ -295,6 +298,7 @@ impl Step {
             Step::PruneEvictedInstances => "prune_evicted_instances",
             Step::QueueDepth => "queue_depth",
             Step::MaintenanceDue => "maintenance_due",
+            Step::ServerStatus => "server_status",
         }
     }
 }
@@ -306,7 +310,7 @@ impl fmt::Display for Step {
 }
 
 /// What one sweep did. When a step failed, its counts are what its completed statements did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SweepReport {
     /// Stale instances reaped.
     pub reaped_instances: u64,
@@ -328,6 +332,8 @@ pub struct SweepReport {
     pub pruned_tombstones: u64,
     /// The queue depth, when this sweep sampled it.
     pub depth: Option<Vec<QueueDepth>>,
+    /// The server's NOTIFY queue usage (0 to 1), when this sweep sampled it.
+    pub notification_queue_usage: Option<f64>,
     /// An instance looked dead (a lock-proven peer without its lock) but was not reaped yet,
     /// because its lock grace had not passed: sweep again once it has.
     pub dead_peer_pending: bool,
@@ -368,10 +374,23 @@ fn describe_failures(failures: &[StepFailure]) -> String {
 // ---------------------------------------------------------------------------------------------
 // the worker
 
+/// What the host can read about the sweeps at any time ([`MaintenanceWorker::subscribe_status`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MaintenanceStatus {
+    /// The server's NOTIFY queue usage, 0 to 1, as last sampled (with the queue depth, every
+    /// `depth_sample_interval_ms`); `None` before the first sample. PostgreSQL warns in its
+    /// log from 0.5 on; at 1 every transaction that notifies (every enqueue) fails at commit.
+    pub notification_queue_usage: Option<f64>,
+}
+
 /// The backstop sweep: see the crate docs. Safe to run on every instance at once.
 pub struct MaintenanceWorker {
     coordinator: Arc<dyn WorkCoordinator>,
+    /// The instance whose sweeps these are (`with_judge`): never reaped by them, and its
+    /// connected time is what the sweeps may judge by.
+    judge: Option<Identity>,
     config: MaintenanceConfig,
+    status: watch::Sender<MaintenanceStatus>,
     /// When the queue depth was last sampled (rate limit across sweeps and restarts).
     last_depth_sample: Mutex<Option<Instant>>,
     /// The (queue, state) gauges published so far, so one that vanished is set back to 0.
@@ -393,15 +412,36 @@ impl MaintenanceWorker {
     pub fn new(coordinator: Arc<dyn WorkCoordinator>, config: MaintenanceConfig) -> Self {
         MaintenanceWorker {
             coordinator,
+            judge: None,
             config,
+            status: watch::Sender::new(MaintenanceStatus::default()),
             last_depth_sample: Mutex::new(None),
             published_depths: Mutex::new(HashSet::new()),
         }
     }
 
+    /// Sweeps as the instance `identity` currently is: `cleanup_stale_instances` never reaps
+    /// it, and judges only on what that instance could see while its sessions (its alive-lock
+    /// session above all) stayed connected. Without a judge a sweep is an operator's: its
+    /// watch is the calling connection's alone (see `sql/migrations/0026_liveness.sql`). The
+    /// host passes the identity its heartbeat beats for.
+    pub fn with_judge(mut self, identity: Identity) -> Self {
+        self.judge = Some(identity);
+        self
+    }
+
     /// The config it runs with.
     pub fn config(&self) -> &MaintenanceConfig {
         &self.config
+    }
+
+    /// Watches what the sweeps sampled.
+    pub fn subscribe_status(&self) -> watch::Receiver<MaintenanceStatus> {
+        self.status.subscribe()
+    }
+
+    fn judge(&self) -> Option<workpump_coordinator::InstanceId> {
+        self.judge.as_ref().map(Identity::current)
     }
 }
 
@@ -466,6 +506,10 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
+/// The NOTIFY queue usage from which a sweep logs a warning (PostgreSQL's own log warning
+/// starts here too); the suggested alert threshold in `docs/store.md`.
+pub const NOTIFICATION_QUEUE_WARN: f64 = 0.5;
+
 /// How long after the lock grace the follow-up sweep runs (the grace is measured on the
 /// database clock from a sweep's first sight; this covers the round trips).
 const FOLLOW_UP_MARGIN: Duration = Duration::from_millis(100);
@@ -484,6 +528,7 @@ impl MaintenanceWorker {
         // One probe says which steps have work: an idle sweep is one statement.
         let due = if self.config.skip_idle_steps {
             let probe = MaintenanceDueParams {
+                judge: self.judge(),
                 stale_after: Duration::from_millis(self.config.stale_after_ms),
                 dead_after: Some(Duration::from_millis(self.config.dead_after_ms)),
                 lock_grace: self.config.lock_grace_ms.map(Duration::from_millis),
@@ -560,6 +605,7 @@ impl MaintenanceWorker {
 
     async fn reap(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
         let params = CleanupStaleInstancesParams {
+            judge: self.judge(),
             stale_after: Duration::from_millis(self.config.stale_after_ms),
             dead_after: Some(Duration::from_millis(self.config.dead_after_ms)),
             lock_grace: self.config.lock_grace_ms.map(Duration::from_millis),
@@ -698,8 +744,9 @@ impl MaintenanceWorker {
         failures.extend(result.failure);
     }
 
-    /// Samples the queue depth when sampling is on and the last sample is at least
-    /// `depth_sample_interval_ms` old, and publishes it as gauges.
+    /// Samples the server's NOTIFY queue usage and the queue depth when sampling is on and
+    /// the last sample is at least `depth_sample_interval_ms` old, and publishes them as
+    /// gauges (and the usage in [`MaintenanceStatus`]).
     async fn sample_depth(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
         if self.config.depth_sample_interval_ms == 0 {
             return;
@@ -716,6 +763,30 @@ impl MaintenanceWorker {
             }
             // Counted from the attempt, so a failing sample is not retried every sweep.
             *last = Some(now);
+        }
+        let step = Step::ServerStatus;
+        match self
+            .call(step, self.coordinator.server_status(ServerStatusParams {}))
+            .await
+        {
+            Ok(out) => {
+                let usage = out.notification_queue_usage;
+                metrics::gauge!(m::NOTIFICATION_QUEUE_USAGE).set(usage);
+                if usage >= NOTIFICATION_QUEUE_WARN {
+                    warn!(
+                        worker = NAME,
+                        usage,
+                        "the server's NOTIFY queue is {:.0} % full: a LISTEN session somewhere \
+                         is not reading (a frozen process, or one stuck in a long transaction); \
+                         at 100 % every enqueue fails at commit",
+                        usage * 100.0
+                    );
+                }
+                self.status
+                    .send_modify(|s| s.notification_queue_usage = Some(usage));
+                report.notification_queue_usage = Some(usage);
+            }
+            Err(error) => failures.push(StepFailure { step, error }),
         }
         let step = Step::QueueDepth;
         match self

@@ -8,8 +8,9 @@ use serde_json::json;
 use sqlx::postgres::PgPool;
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    migrate, ClaimWorkParams, EnqueueWorkParams, InstanceId, NewWork, PgCoordinator,
-    RecordHeartbeatParams, RegisterQueueParams, WorkCoordinator, Worker, DEFAULT_SCHEMA,
+    migrate, AliveLockReport, ClaimWorkParams, EnqueueWorkParams, Identity, InstanceId, NewWork,
+    PgCoordinator, RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockOutcome,
+    TakeAliveLockParams, WorkCoordinator, Worker, DEFAULT_SCHEMA,
 };
 use workpump_maintenance::{MaintenanceConfig, MaintenanceWorker, SweepReport};
 use workpump_testdb::TestDatabase;
@@ -69,10 +70,33 @@ impl Store {
                 stale_after: Duration::from_secs(30),
                 dead_after: Some(Duration::from_secs(300)),
                 lock_grace: None,
+                alive_lock: AliveLockReport::Unreported,
+                registering: true,
             })
             .await
             .expect("heartbeat");
         me
+    }
+
+    /// A registered instance that holds its alive-lock and has watched the store for an
+    /// hour: its sweeps may judge by every rule (sql/migrations/0026_liveness.sql).
+    async fn judge(&self) -> (InstanceId, TakeAliveLockOutcome) {
+        let me = self.instance().await;
+        let lock = self
+            .coordinator
+            .take_alive_lock(TakeAliveLockParams { instance: me })
+            .await
+            .expect("take the alive-lock");
+        assert!(lock.held);
+        sqlx::query(
+            "UPDATE workpump.instances SET lock_since = lock_since - interval '1 hour'
+             WHERE instance_id = $1",
+        )
+        .bind(me.0)
+        .execute(&self.pool)
+        .await
+        .expect("age the watch");
+        (me, lock)
     }
 
     async fn claim_all(&self, q: &str) -> Vec<i64> {
@@ -180,9 +204,10 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
     s.queue("old", 10).await;
     let old = s.enqueue("old", 4).await;
     s.complete_long_ago(&old[..3]).await;
-    let fresh_instance = s.instance().await;
+    let (fresh_instance, _lock) = s.judge().await;
 
-    let w = MaintenanceWorker::new(s.coordinator.clone(), config());
+    let w = MaintenanceWorker::new(s.coordinator.clone(), config())
+        .with_judge(Identity::with_instance(fresh_instance));
     let report = w.run_once().await.expect("sweep");
     let depth = report.depth.clone().expect("sampled");
     assert_eq!(
@@ -198,6 +223,7 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
             pruned_cancelled: 0,
             pruned_tombstones: 0,
             depth: Some(depth.clone()),
+            notification_queue_usage: report.notification_queue_usage,
             dead_peer_pending: false,
         }
     );

@@ -24,6 +24,7 @@ pub(super) struct PgAliveLock {
 impl PgAliveLock {
     pub(super) async fn open(
         options: PgConnectOptions,
+        session_setup: String,
         statement: String,
         channel: String,
         instance: InstanceId,
@@ -41,6 +42,12 @@ impl PgAliveLock {
         // A lost connection must surface as lost, not be replaced by a fresh session that
         // does not hold the lock.
         listener.eager_reconnect(false);
+        // The session is idle by design: a DBA's idle_session_timeout must not end it (and
+        // the lock with it).
+        sqlx::query(&session_setup)
+            .execute(&mut listener)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
         listener
             .listen(&channel)
             .await
@@ -70,12 +77,28 @@ impl AliveLockSession for PgAliveLock {
         let Some(listener) = self.listener.as_mut() else {
             return Err(db_error(ctx(), sqlx::Error::PoolClosed));
         };
-        let held = sqlx::query_scalar(&self.statement)
+        let held: std::result::Result<(bool, i32), _> = sqlx::query_as(&self.statement)
             .bind(self.instance.0)
             .fetch_one(&mut *listener)
             .await;
         match held {
-            Ok(held) => Ok(held),
+            Ok((held, pid)) if Some(pid) == self.pid => Ok(held),
+            Ok((_, pid)) => {
+                // A session lock lives in one server process; this "connection" reached
+                // another one. Never trust it: drop it, and say why.
+                self.listener = None;
+                Err(crate::error::Error::database(
+                    ctx(),
+                    format!(
+                        "the alive-lock session moved from server process {:?} to {pid} between \
+                         two statements: the connection is not one PostgreSQL session (a pooler \
+                         in transaction or statement mode, such as PgBouncer?). The alive-lock \
+                         and LISTEN need a session: connect the workers directly or through \
+                         session pooling (docs/store.md, \"Poolers and timeouts\")",
+                        self.pid
+                    ),
+                ))
+            }
             Err(e) => {
                 // The session is gone (and the lock with it); never reconnect silently.
                 self.listener = None;

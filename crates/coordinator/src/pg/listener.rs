@@ -17,6 +17,8 @@ use crate::types::ListenEvent;
 pub(super) struct PgWakeListener {
     options: PgConnectOptions,
     channel: String,
+    /// Run on each new connection: exempts it from a DBA's idle timeouts.
+    session_setup: String,
     state: State,
 }
 
@@ -28,17 +30,26 @@ enum State {
 }
 
 impl PgWakeListener {
-    pub(super) async fn open(options: PgConnectOptions, channel: String) -> Result<Self> {
-        let listener = connect(&options, &channel).await?;
+    pub(super) async fn open(
+        options: PgConnectOptions,
+        channel: String,
+        session_setup: String,
+    ) -> Result<Self> {
+        let listener = connect(&options, &channel, &session_setup).await?;
         Ok(PgWakeListener {
             options,
             channel,
+            session_setup,
             state: State::Fresh(listener),
         })
     }
 }
 
-async fn connect(options: &PgConnectOptions, channel: &str) -> Result<PgListener> {
+async fn connect(
+    options: &PgConnectOptions,
+    channel: &str,
+    session_setup: &str,
+) -> Result<PgListener> {
     let ctx = || format!("listening on {channel:?}");
     let pool = PgPoolOptions::new()
         .max_connections(1)
@@ -49,6 +60,11 @@ async fn connect(options: &PgConnectOptions, channel: &str) -> Result<PgListener
         .await
         .map_err(|e| db_error(ctx(), e))?;
     listener.ignore_pool_close_event(true);
+    // The listening session is idle by design: a DBA's idle_session_timeout must not end it.
+    sqlx::query(session_setup)
+        .execute(&mut listener)
+        .await
+        .map_err(|e| db_error(ctx(), e))?;
     listener
         .listen(channel)
         .await
@@ -65,7 +81,7 @@ impl WakeListener for PgWakeListener {
                 Ok(ListenEvent::Connected)
             }
             State::Down => {
-                let listener = connect(&self.options, &self.channel).await?;
+                let listener = connect(&self.options, &self.channel, &self.session_setup).await?;
                 self.state = State::Listening(listener);
                 Ok(ListenEvent::Connected)
             }

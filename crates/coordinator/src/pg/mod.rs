@@ -89,6 +89,8 @@ struct Statements {
     prune_evicted_instances: String,
     maintenance_due: String,
     queue_depth: String,
+    server_status: String,
+    dedicated_session: String,
     cancel_work: String,
     retry_dead_work: String,
     discard_work: String,
@@ -130,6 +132,8 @@ impl Statements {
             prune_evicted_instances: s(query_file!("prune_evicted_instances")),
             maintenance_due: s(query_file!("maintenance_due")),
             queue_depth: s(query_file!("queue_depth")),
+            server_status: s(query_file!("server_status")),
+            dedicated_session: s(query_file!("dedicated_session")),
             cancel_work: s(query_file!("cancel_work")),
             retry_dead_work: s(query_file!("retry_dead_work")),
             discard_work: s(query_file!("discard_work")),
@@ -640,6 +644,12 @@ impl WorkCoordinator for PgCoordinator {
                 .bind(interval(params.stale_after))
                 .bind(params.dead_after.map(interval))
                 .bind(params.lock_grace.map(interval))
+                .bind(match params.alive_lock {
+                    AliveLockReport::Unreported => None,
+                    AliveLockReport::NotHeld => Some(0),
+                    AliveLockReport::Session(pid) => Some(pid.max(0)),
+                })
+                .bind(params.registering)
                 .fetch_one(&self.control)
                 .await
                 .map_err(|e| {
@@ -661,6 +671,7 @@ impl WorkCoordinator for PgCoordinator {
     ) -> Result<CleanupStaleInstancesOutcome> {
         validate::validate_stale(params.stale_after, params.dead_after, params.lock_grace)?;
         let rows: Vec<(uuid::Uuid, i32)> = sqlx::query_as(&self.stmts.cleanup_stale_instances)
+            .bind(params.judge.map(|i| i.0))
             .bind(interval(params.stale_after))
             .bind(params.dead_after.map(interval))
             .bind(params.lock_grace.map(interval))
@@ -802,6 +813,7 @@ impl WorkCoordinator for PgCoordinator {
         params.validate()?;
         let (instances, orphans, scheduled, finished, tombstones): (bool, bool, bool, bool, bool) =
             sqlx::query_as(&self.stmts.maintenance_due)
+                .bind(params.judge.map(|i| i.0))
                 .bind(interval(params.stale_after))
                 .bind(params.dead_after.map(interval))
                 .bind(params.lock_grace.map(interval))
@@ -837,6 +849,16 @@ impl WorkCoordinator for PgCoordinator {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(QueueDepthOutcome { depths })
+    }
+
+    async fn server_status(&self, _params: ServerStatusParams) -> Result<ServerStatusOutcome> {
+        let usage: f64 = sqlx::query_scalar(&self.stmts.server_status)
+            .fetch_one(&self.control)
+            .await
+            .map_err(|e| db_error("reading the server's status", e))?;
+        Ok(ServerStatusOutcome {
+            notification_queue_usage: usage,
+        })
     }
 
     async fn cancel_work(&self, params: CancelWorkParams) -> Result<CancelWorkOutcome> {
@@ -884,6 +906,7 @@ impl WorkCoordinator for PgCoordinator {
         let options: PgConnectOptions = (*self.pool.connect_options()).clone();
         alive_lock::PgAliveLock::open(
             options,
+            self.stmts.dedicated_session.clone(),
             self.stmts.take_alive_lock.clone(),
             format!("{}.alive", self.schema),
             params.instance,
@@ -910,7 +933,12 @@ impl WorkCoordinator for PgCoordinator {
 
     async fn listen(&self, _params: ListenParams) -> Result<Box<dyn WakeListener>> {
         let options: PgConnectOptions = (*self.pool.connect_options()).clone();
-        let listener = listener::PgWakeListener::open(options, self.wake_channel()).await?;
+        let listener = listener::PgWakeListener::open(
+            options,
+            self.wake_channel(),
+            self.stmts.dedicated_session.clone(),
+        )
+        .await?;
         Ok(Box::new(listener))
     }
 }

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use sqlx::types::Uuid;
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio::time::Instant;
 use workpump_coordinator::{migrate, DEFAULT_SCHEMA};
 use workpump_host::HostConfig;
@@ -58,6 +58,37 @@ pub async fn database() -> (TestDatabase, PgPool) {
         .await
         .expect("the audit trigger");
     (db, pool)
+}
+
+/// A peer that may judge by every rule (sql/migrations/0026_liveness.sql): registered,
+/// holding its alive-lock on the returned connection (keep it open), and watching the store
+/// for an hour.
+pub async fn seasoned_judge(url: &str) -> (PgConnection, Uuid) {
+    let mut conn = PgConnection::connect(url).await.expect("connect the judge");
+    let judge = Uuid::new_v4();
+    sqlx::query(
+        "SELECT * FROM workpump.record_heartbeat($1, 'judge', '{}', interval '30 s',
+                                                 interval '5 min', interval '3 s', 0, true)",
+    )
+    .bind(judge)
+    .execute(&mut conn)
+    .await
+    .expect("register the judge");
+    let held: bool = sqlx::query_scalar("SELECT workpump.take_alive_lock($1)")
+        .bind(judge)
+        .fetch_one(&mut conn)
+        .await
+        .expect("the judge's lock");
+    assert!(held);
+    sqlx::query(
+        "UPDATE workpump.instances SET lock_since = lock_since - interval '1 hour'
+         WHERE instance_id = $1",
+    )
+    .bind(judge)
+    .execute(&mut conn)
+    .await
+    .expect("age the judge's watch");
+    (conn, judge)
 }
 
 /// Short liveness settings (beats every 200/400 ms, stale after 1 s, sweeps every 200 ms),

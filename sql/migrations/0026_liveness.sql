@@ -1,0 +1,530 @@
+-- Liveness that never evicts the living (replaces the liveness functions of 0002-0004 and
+-- 0023; their old signatures stay as thin wrappers so that instances still running the
+-- previous release keep beating during a rolling upgrade).
+--
+-- THE RULE. An instance is judged dead only on evidence its judge gathered while it could
+-- itself see the server without interruption. The judge is the instance that sweeps (its
+-- heartbeat's opportunistic sweep, or its maintenance sweep). Its *watch* starts at the
+-- earlier of two moments that only a live session can vouch for:
+--   - when its alive-lock session took its lock (`instances.lock_since`), counted only while
+--     that very session (`lock_pid`) still holds the lock;
+--   - when the session running the sweep connected (`pg_stat_activity.backend_start`).
+-- A server restart, a crash (a backend killed: every session is reset), a failover to a
+-- promoted standby and an outage between the judge and the server all end every session of
+-- the judge, so its watch starts again afterwards. Then, for a peer P that is not the judge,
+-- judged by P's own declared cutoffs (stale_after s, dead_after d, lock_grace g; a caller's
+-- larger cutoff wins, a smaller one never shortens them):
+--   1. lock lost: P relies on its lock (`alive_lock`: its last report came from a session
+--      holding it), the lock has been gone for longer than g (first seen gone at
+--      `lock_lost_at`), and P's own session was seen holding it after the judge's watch
+--      began (`lock_seen_at` >= watch): so the lock ended while the server stayed up — the
+--      session of P ended, not the server. Failover in seconds.
+--   2. stale: P's last beat is older than s, the judge has watched for longer than s (P
+--      could have beaten in that time), the lock is not held by any session, and — if P
+--      relies on its lock — the lock has been seen gone for longer than g (the grace holds on
+--      every path: a lock blip at any heartbeat age is covered by the owner beating again at
+--      once).
+--   3. definitively dead: P's last beat is older than d and the judge has watched for longer
+--      than d, lock or no lock (a half-open connection can hold a dead process's lock until
+--      TCP keepalive ends it, hours later with Linux defaults).
+-- A sweep never judges its caller. An instance that loses its lock beats at once (the
+-- heartbeat worker), reporting that it does not hold it, which takes it out of rule 1 and
+-- leaves it to rule 2 with a fresh beat; it keeps re-taking the lock.
+--
+-- THE FLOOR. Cutoffs come from callers, so the store holds a floor below which it refuses
+-- them (`liveness_floor`, one row; the owner may raise it, the runtime role only reads it),
+-- and each instance declares its own cutoffs in every heartbeat: a sweep uses, per peer, the
+-- larger of the caller's cutoff and the peer's.
+--
+-- Clock rule: every timestamp and cutoff is the database's now(); backend_start is the
+-- server's too.
+
+-- Columns: what the instance declared and what its lock session reported.
+ALTER TABLE instances
+    -- The server process id of the session the instance holds its alive-lock with, and when
+    -- that session took the lock. Together they prove the instance has seen the server since
+    -- `lock_since`, for as long as `lock_pid` still holds the lock.
+    ADD COLUMN lock_pid     integer,
+    ADD COLUMN lock_since   timestamptz,
+    -- The last time the instance's own session was seen holding its lock (by take_alive_lock,
+    -- or by a heartbeat that named that session).
+    ADD COLUMN lock_seen_at timestamptz,
+    -- The cutoffs the instance is judged by (its own settings; NULL dead_after / lock_grace:
+    -- that rule is off for it).
+    ADD COLUMN stale_after  interval NOT NULL DEFAULT interval '30 seconds',
+    ADD COLUMN dead_after   interval DEFAULT interval '5 minutes',
+    ADD COLUMN lock_grace   interval DEFAULT interval '3 seconds';
+
+-- The floor of every liveness cutoff, one row. The defaults admit the short settings of
+-- tests and demos; a production deployment may raise them (as the owner):
+--   UPDATE workpump.liveness_floor SET stale_after = '20 s', dead_after = '2 min', lock_grace = '2 s';
+CREATE TABLE liveness_floor (
+    singleton   boolean  PRIMARY KEY DEFAULT true CHECK (singleton),
+    stale_after interval NOT NULL CHECK (stale_after > interval '0'),
+    dead_after  interval NOT NULL CHECK (dead_after > interval '0'),
+    lock_grace  interval NOT NULL CHECK (lock_grace > interval '0')
+);
+INSERT INTO liveness_floor (stale_after, dead_after, lock_grace)
+VALUES (interval '1 second', interval '2 seconds', interval '500 milliseconds');
+
+-- check_liveness_cutoffs(caller, stale_after, dead_after, lock_grace): raises WP002 naming
+-- the argument when a cutoff is missing, not positive, or below the floor. dead_after and
+-- lock_grace may be NULL (the rule is off).
+CREATE FUNCTION check_liveness_cutoffs(
+    p_caller      text,
+    p_stale_after interval,
+    p_dead_after  interval,
+    p_lock_grace  interval
+)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    f liveness_floor;
+BEGIN
+    SELECT * INTO f FROM liveness_floor;
+    IF p_stale_after IS NULL OR p_stale_after < f.stale_after THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('%s: stale_after must be at least %s (the store''s floor, liveness_floor), got %s',
+                             p_caller, f.stale_after, coalesce(p_stale_after::text, 'null'));
+    END IF;
+    IF p_dead_after IS NOT NULL AND p_dead_after < f.dead_after THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('%s: dead_after must be at least %s (the store''s floor, liveness_floor), got %s',
+                             p_caller, f.dead_after, p_dead_after);
+    END IF;
+    IF p_lock_grace IS NOT NULL AND p_lock_grace < f.lock_grace THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('%s: lock_grace must be at least %s (the store''s floor, liveness_floor), got %s',
+                             p_caller, f.lock_grace, p_lock_grace);
+    END IF;
+END;
+$$;
+
+-- judge_watch(judge) -> timestamptz: since when the judge has seen the server without
+-- interruption (see THE RULE above): the earlier of its lock session's lock_since (only while
+-- the session recorded as lock_pid holds the judge's lock) and the start of the calling
+-- session. NULL judge: the calling session alone.
+CREATE FUNCTION judge_watch(p_judge uuid)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT least(
+        (SELECT i.lock_since
+         FROM instances i
+         JOIN alive_lock_held_keys() h ON h.key = i.alive_lock_key AND h.pid = i.lock_pid
+         WHERE i.instance_id = p_judge),
+        (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a),
+        now())
+$$;
+
+-- peers_may_be_dead(judge, stale_after, dead_after, lock_grace) -> boolean: whether a sweep
+-- by `judge` could find anything to do: a peer without its lock that relies on it or whose
+-- beat is stale, a peer past its definitive-dead cutoff, or a lost lock that is held again
+-- (its observation must be cleared). A cheap hint (the instances table is small).
+CREATE FUNCTION peers_may_be_dead(
+    p_judge       uuid,
+    p_stale_after interval,
+    p_dead_after  interval,
+    p_lock_grace  interval
+)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    WITH held AS MATERIALIZED (SELECT h.key FROM alive_lock_held_keys() h)
+    SELECT EXISTS (
+        SELECT 1 FROM instances i
+        WHERE i.instance_id IS DISTINCT FROM p_judge
+          AND CASE WHEN EXISTS (SELECT 1 FROM held WHERE held.key = i.alive_lock_key)
+                   THEN i.lock_lost_at IS NOT NULL
+                        OR (p_dead_after IS NOT NULL AND i.dead_after IS NOT NULL
+                            AND i.last_heartbeat_at < now() - greatest(p_dead_after, i.dead_after))
+                   ELSE i.alive_lock
+                        OR i.last_heartbeat_at < now() - greatest(p_stale_after, i.stale_after)
+              END)
+$$;
+
+-- take_alive_lock(instance) -> boolean: takes the instance's alive-lock for the calling
+-- session; true when this session holds it afterwards. Idempotent per session: a second call
+-- from the holder returns true without stacking another lock level. False when another
+-- session holds it (an earlier incarnation's half-open connection, for instance). Holding it
+-- marks the instance row: `alive_lock` (it relies on the lock), `lock_pid` and `lock_since`
+-- (this session, and when it took the lock), `lock_seen_at`, and clears a lost-lock
+-- observation. The row is written only when one of those changes; a re-check by the holder
+-- that changes nothing writes nothing.
+CREATE OR REPLACE FUNCTION take_alive_lock(p_instance uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_key bigint;
+    v_pid integer := pg_backend_pid();
+    v_new boolean := false;
+BEGIN
+    IF p_instance IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'take_alive_lock: instance must not be null';
+    END IF;
+    v_key := alive_lock_key(p_instance);
+    IF NOT EXISTS (SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = v_key AND h.pid = v_pid) THEN
+        IF NOT pg_try_advisory_lock(v_key) THEN
+            RETURN false;
+        END IF;
+        v_new := true;
+    END IF;
+    UPDATE instances i
+    SET alive_lock = true,
+        lock_lost_at = NULL,
+        lock_seen_at = now(),
+        lock_pid = v_pid,
+        lock_since = CASE WHEN v_new OR i.lock_pid IS DISTINCT FROM v_pid OR i.lock_since IS NULL
+                          THEN now() ELSE i.lock_since END
+    WHERE i.instance_id = p_instance
+      AND (v_new OR NOT i.alive_lock OR i.lock_lost_at IS NOT NULL
+           OR i.lock_pid IS DISTINCT FROM v_pid OR i.lock_since IS NULL);
+    RETURN true;
+END;
+$$;
+
+-- cleanup_stale_instances(judge, stale_after, dead_after, lock_grace)
+--   -> setof (instance_id, released)
+--
+-- Deletes the rows of dead instances by THE RULE above (the judge is never one of them),
+-- records a tombstone for each (so a late heartbeat reports eviction), releases every lease
+-- they held at once — instance_id and lease_expiry become NULL while the state stays
+-- 'running', which makes the items orphans that the next claim_work takes with attempt + 1 —
+-- and wakes the claimers of those queues (pg_notify('<schema>.wake', queue)). It also records
+-- the first observation of a lock-relying instance's missing lock (`lock_lost_at`) and clears
+-- it when the lock is held again.
+--
+-- Arguments: judge — the sweeping instance (NULL: an operator's sweep, whose watch is the
+-- calling session's); cutoffs as in check_liveness_cutoffs (WP002 below the floor). Result:
+-- one row per deleted instance with how many leases it released.
+-- Fencing: releasing nulls the owner, so the dead instance's renewals and outcomes no longer
+-- match (fenced out). Rows locked by an open fenced transaction are skipped; their lease
+-- expires on its own.
+-- Concurrency: safe on every instance at once, and beside heartbeats and claims: instance
+-- rows are taken FOR UPDATE SKIP LOCKED (a claim holds its instance's row FOR KEY SHARE, so an
+-- instance is never reaped in the middle of minting a lease), and the observations are
+-- written FOR NO KEY UPDATE SKIP LOCKED, so two heartbeats' sweeps cannot deadlock.
+-- Clock rule: every cutoff is the database's now() minus an interval.
+CREATE FUNCTION cleanup_stale_instances(
+    p_judge       uuid,
+    p_stale_after interval,
+    p_dead_after  interval,
+    p_lock_grace  interval
+)
+RETURNS TABLE (instance_id uuid, released integer)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_watch timestamptz;
+    v_held  bigint[];
+BEGIN
+    PERFORM check_liveness_cutoffs('cleanup_stale_instances', p_stale_after, p_dead_after, p_lock_grace);
+    v_watch := judge_watch(p_judge);
+    v_held := ARRAY(SELECT h.key FROM alive_lock_held_keys() h);
+
+    -- First observations of lost locks, and locks held again (written on change only; rows
+    -- another transaction holds are left for the next sweep).
+    UPDATE instances i SET lock_lost_at = now()
+    WHERE i.instance_id = ANY (ARRAY(
+        SELECT x.instance_id FROM instances x
+        WHERE x.alive_lock AND x.lock_lost_at IS NULL AND NOT (x.alive_lock_key = ANY (v_held))
+          AND x.instance_id IS DISTINCT FROM p_judge
+        FOR NO KEY UPDATE SKIP LOCKED));
+    UPDATE instances i SET lock_lost_at = NULL
+    WHERE i.instance_id = ANY (ARRAY(
+        SELECT x.instance_id FROM instances x
+        WHERE x.lock_lost_at IS NOT NULL AND x.alive_lock_key = ANY (v_held)
+        FOR NO KEY UPDATE SKIP LOCKED));
+
+    RETURN QUERY
+    WITH judged AS (
+        SELECT i.instance_id, i.last_heartbeat_at, i.alive_lock, i.lock_lost_at, i.lock_seen_at,
+               i.alive_lock_key = ANY (v_held) AS held,
+               greatest(p_stale_after, i.stale_after) AS s,
+               CASE WHEN p_dead_after IS NOT NULL AND i.dead_after IS NOT NULL
+                    THEN greatest(p_dead_after, i.dead_after) END AS d,
+               CASE WHEN p_lock_grace IS NOT NULL AND i.lock_grace IS NOT NULL
+                    THEN greatest(p_lock_grace, i.lock_grace) END AS g
+        FROM instances i
+        WHERE i.instance_id IS DISTINCT FROM p_judge
+    ), verdict AS (
+        SELECT j.instance_id FROM judged j
+        WHERE -- 3. definitively dead
+              (j.d IS NOT NULL AND j.last_heartbeat_at < now() - j.d AND v_watch < now() - j.d)
+              -- 2. stale
+           OR (NOT j.held AND j.last_heartbeat_at < now() - j.s AND v_watch < now() - j.s
+               AND (NOT j.alive_lock OR j.lock_lost_at < now() - coalesce(j.g, interval '0')))
+              -- 1. lock lost, and the loss happened within the judge's watch
+           OR (j.g IS NOT NULL AND j.alive_lock AND NOT j.held
+               AND j.lock_lost_at < now() - j.g AND j.lock_seen_at >= v_watch)
+    ), dead AS (
+        SELECT i.instance_id
+        FROM instances i
+        WHERE i.instance_id IN (SELECT v.instance_id FROM verdict v)
+        FOR UPDATE SKIP LOCKED
+    ), deleted AS (
+        DELETE FROM instances i USING dead d
+        WHERE i.instance_id = d.instance_id
+        RETURNING i.instance_id
+    ), tombstones AS (
+        INSERT INTO evicted_instances (instance_id, evicted_at)
+        SELECT d.instance_id, now() FROM deleted d
+        ON CONFLICT DO NOTHING
+    ), leases AS (
+        SELECT w.id, w.instance_id AS owner, w.queue
+        FROM work w
+        WHERE w.state = 'running' AND w.instance_id IN (SELECT d.instance_id FROM dead d)
+        FOR UPDATE SKIP LOCKED
+    ), freed AS (
+        UPDATE work w SET instance_id = NULL, lease_expiry = NULL
+        FROM leases l
+        WHERE w.id = l.id
+        RETURNING l.owner, l.queue
+    ), woken AS (
+        -- Referenced below only so that it runs (a plain CTE runs when read).
+        SELECT pg_notify(current_schema() || '.wake', q.queue)
+        FROM (SELECT DISTINCT f.queue FROM freed f) q
+    )
+    SELECT d.instance_id,
+           (SELECT count(*) FROM freed f WHERE f.owner = d.instance_id)::integer
+    FROM deleted d
+    WHERE (SELECT count(*) FROM woken) >= 0;
+END;
+$$;
+
+-- The previous signature, for instances of the previous release during a rolling upgrade:
+-- an operator's sweep (no judge).
+CREATE OR REPLACE FUNCTION cleanup_stale_instances(
+    p_stale_after interval,
+    p_dead_after  interval DEFAULT NULL,
+    p_lock_grace  interval DEFAULT NULL
+)
+RETURNS TABLE (instance_id uuid, released integer)
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT c.instance_id, c.released
+    FROM cleanup_stale_instances(NULL::uuid, p_stale_after, p_dead_after, p_lock_grace) c
+$$;
+
+-- record_heartbeat(instance, host, metadata, stale_after, dead_after, lock_grace, lock_pid,
+--                  registering) -> (evicted, reaped, released)
+--
+-- The instance says it is alive: its first beat (`registering`) inserts its row (with its
+-- alive-lock key), later beats set last_heartbeat_at = now(). Every beat stores the cutoffs
+-- the instance is to be judged by (stale_after, dead_after, lock_grace: its own settings,
+-- checked against the floor) and what it knows of its alive-lock, `lock_pid`:
+--   NULL - not reported (a beat from a part of the process that does not hold the lock,
+--          e.g. a claim loop registering): the lock columns stay as they are;
+--   0    - the instance holds no lock session now: it does not rely on the lock (alive_lock
+--          false), so it is judged by its beats (rule 2), not by the lock (rule 1);
+--   pid  - the server pid of its lock session: credited only when that very session holds
+--          the instance's lock (alive_lock, lock_seen_at; lock_pid/lock_since when the
+--          session is new); any other holder (a half-open former session) is not the
+--          instance's proof of life.
+-- Then, only when some *other* instance may be dead (peers_may_be_dead), it runs
+-- cleanup_stale_instances with itself as the judge and reports how many peers it reaped and
+-- how many leases that released.
+--
+-- Eviction: when the instance's row is gone and either a tombstone says it was reaped or the
+-- beat is not a registration (the instance has beaten before, so its row can only be gone
+-- because it was reaped — also after the tombstone was pruned), nothing is written and
+-- `evicted` is true. The caller must treat every lease as lost, cancel its handlers and
+-- register afresh under a new instance id; a reaped instance is never silently resurrected.
+--
+-- Arguments: instance and host not NULL; cutoffs as in check_liveness_cutoffs (WP002);
+-- lock_pid NULL, 0 or a pid; registering not NULL.
+-- Fencing: none needed; the row is the instance's own.
+-- Clock rule: last_heartbeat_at and the cutoffs use the database's now().
+CREATE FUNCTION record_heartbeat(
+    p_instance    uuid,
+    p_host        text,
+    p_metadata    jsonb,
+    p_stale_after interval,
+    p_dead_after  interval,
+    p_lock_grace  interval,
+    p_lock_pid    integer,
+    p_registering boolean
+)
+RETURNS TABLE (evicted boolean, reaped integer, released integer)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_reaped   integer := 0;
+    v_released integer := 0;
+    v_key      bigint;
+    v_own      boolean;
+BEGIN
+    IF p_instance IS NULL OR p_host IS NULL OR p_registering IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = 'record_heartbeat: instance, host and registering must not be null';
+    END IF;
+    IF p_lock_pid < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('record_heartbeat: lock_pid must be NULL, 0 or a server pid, got %s', p_lock_pid);
+    END IF;
+    PERFORM check_liveness_cutoffs('record_heartbeat', p_stale_after, p_dead_after, p_lock_grace);
+    v_key := alive_lock_key(p_instance);
+
+    -- The update comes first: it waits on a concurrent cleanup's row lock, so a reap that
+    -- commits first is seen (0 rows) and answered with eviction below, not a re-insert. The
+    -- named session's hold on the lock is read inside the statement, under the row lock.
+    UPDATE instances i
+    SET last_heartbeat_at = now(), host = p_host, metadata = coalesce(p_metadata, '{}'),
+        stale_after = p_stale_after, dead_after = p_dead_after, lock_grace = p_lock_grace,
+        alive_lock = CASE WHEN p_lock_pid IS NULL THEN i.alive_lock ELSE o.own END,
+        lock_seen_at = CASE WHEN o.own THEN now() ELSE i.lock_seen_at END,
+        lock_lost_at = CASE WHEN o.own THEN NULL ELSE i.lock_lost_at END,
+        lock_since = CASE WHEN o.own AND (i.lock_pid IS DISTINCT FROM p_lock_pid OR i.lock_since IS NULL)
+                          THEN now() ELSE i.lock_since END,
+        lock_pid = CASE WHEN o.own THEN p_lock_pid ELSE i.lock_pid END
+    FROM (SELECT coalesce(p_lock_pid > 0 AND EXISTS (
+              SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = v_key AND h.pid = p_lock_pid), false) AS own) o
+    WHERE i.instance_id = p_instance;
+
+    IF NOT FOUND THEN
+        IF NOT p_registering
+           OR EXISTS (SELECT 1 FROM evicted_instances e WHERE e.instance_id = p_instance) THEN
+            RETURN QUERY SELECT true, 0, 0;
+            RETURN;
+        END IF;
+        v_own := coalesce(p_lock_pid > 0 AND EXISTS (
+            SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = v_key AND h.pid = p_lock_pid), false);
+        INSERT INTO instances AS i (instance_id, host, metadata, alive_lock_key, alive_lock,
+                                    lock_pid, lock_since, lock_seen_at,
+                                    stale_after, dead_after, lock_grace, started_at, last_heartbeat_at)
+        VALUES (p_instance, p_host, coalesce(p_metadata, '{}'), v_key, v_own,
+                CASE WHEN v_own THEN p_lock_pid END, CASE WHEN v_own THEN now() END,
+                CASE WHEN v_own THEN now() END,
+                p_stale_after, p_dead_after, p_lock_grace, now(), now())
+        ON CONFLICT (instance_id) DO UPDATE
+            SET last_heartbeat_at = now(), host = EXCLUDED.host, metadata = EXCLUDED.metadata,
+                stale_after = EXCLUDED.stale_after, dead_after = EXCLUDED.dead_after,
+                lock_grace = EXCLUDED.lock_grace;
+    END IF;
+
+    IF peers_may_be_dead(p_instance, p_stale_after, p_dead_after, p_lock_grace) THEN
+        SELECT count(*)::integer, coalesce(sum(c.released), 0)::integer
+        INTO v_reaped, v_released
+        FROM cleanup_stale_instances(p_instance, p_stale_after, p_dead_after, p_lock_grace) c;
+    END IF;
+
+    RETURN QUERY SELECT false, v_reaped, v_released;
+END;
+$$;
+
+-- The previous signature, for instances of the previous release during a rolling upgrade: a
+-- registration beat that leaves the lock columns alone.
+CREATE OR REPLACE FUNCTION record_heartbeat(
+    p_instance    uuid,
+    p_host        text,
+    p_metadata    jsonb,
+    p_stale_after interval,
+    p_dead_after  interval DEFAULT NULL,
+    p_lock_grace  interval DEFAULT NULL
+)
+RETURNS TABLE (evicted boolean, reaped integer, released integer)
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT r.evicted, r.reaped, r.released
+    FROM record_heartbeat(p_instance, p_host, p_metadata, p_stale_after, p_dead_after,
+                          p_lock_grace, NULL::integer, true) r
+$$;
+
+-- maintenance_due(judge, stale_after, dead_after, lock_grace, completed_retention,
+--                 dead_retention, evicted_retention)
+--   -> (instances, orphans, scheduled, finished, tombstones)
+--
+-- Which maintenance steps have work right now, in one cheap statement, so that an idle
+-- sweep costs one round trip instead of one per step (every instance sweeps every few
+-- seconds). Each flag is an index probe (LIMIT 1), except `instances`, which reads the small
+-- instances table and the held advisory locks:
+--   instances  - a sweep by `judge` could find a dead peer or an observation to record
+--                (peers_may_be_dead; the judge itself is never judged);
+--   orphans    - an orphan that must not run again (attempts used up, or cancel requested)
+--                waits for dead_letter_expired;
+--   scheduled  - a scheduled item is due (promote_scheduled);
+--   finished   - a finished item is past its retention (prune_finished);
+--   tombstones - an eviction tombstone is past its retention (prune_evicted_instances).
+-- The flags are hints: a step that runs when its flag was true but finds nothing is harmless.
+--
+-- Arguments: cutoffs as in check_liveness_cutoffs; retentions > 0; WP002 otherwise.
+-- Fencing: none (reads only). Clock rule: cutoffs are now() minus intervals.
+CREATE FUNCTION maintenance_due(
+    p_judge               uuid,
+    p_stale_after         interval,
+    p_dead_after          interval,
+    p_lock_grace          interval,
+    p_completed_retention interval,
+    p_dead_retention      interval,
+    p_evicted_retention   interval
+)
+RETURNS TABLE (instances boolean, orphans boolean, scheduled boolean, finished boolean, tombstones boolean)
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM check_liveness_cutoffs('maintenance_due', p_stale_after, p_dead_after, p_lock_grace);
+    IF p_completed_retention IS NULL OR p_completed_retention <= interval '0'
+       OR p_dead_retention IS NULL OR p_dead_retention <= interval '0'
+       OR p_evicted_retention IS NULL OR p_evicted_retention <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = 'maintenance_due: every retention must be positive';
+    END IF;
+
+    RETURN QUERY SELECT
+        peers_may_be_dead(p_judge, p_stale_after, p_dead_after, p_lock_grace),
+        EXISTS (
+            SELECT 1 FROM work w
+            WHERE w.state = 'running' AND coalesce(w.lease_expiry, '-infinity'::timestamptz) < now()
+              AND (w.attempt >= w.max_attempts OR w.cancel_requested)
+        ),
+        EXISTS (SELECT 1 FROM work w WHERE w.state = 'scheduled' AND w.run_at <= now()),
+        EXISTS (SELECT 1 FROM work w WHERE w.state = 'completed' AND w.finished_at < now() - p_completed_retention)
+            OR EXISTS (SELECT 1 FROM work w WHERE w.state IN ('dead', 'cancelled') AND w.finished_at < now() - p_dead_retention),
+        EXISTS (SELECT 1 FROM evicted_instances e WHERE e.evicted_at < now() - p_evicted_retention);
+END;
+$$;
+
+-- The previous signature, for instances of the previous release during a rolling upgrade.
+CREATE OR REPLACE FUNCTION maintenance_due(
+    p_stale_after         interval,
+    p_dead_after          interval,
+    p_lock_grace          interval,
+    p_completed_retention interval,
+    p_dead_retention      interval,
+    p_evicted_retention   interval
+)
+RETURNS TABLE (instances boolean, orphans boolean, scheduled boolean, finished boolean, tombstones boolean)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT m.instances, m.orphans, m.scheduled, m.finished, m.tombstones
+    FROM maintenance_due(NULL::uuid, p_stale_after, p_dead_after, p_lock_grace,
+                         p_completed_retention, p_dead_retention, p_evicted_retention) m
+$$;
+
+-- server_status() -> (notification_queue_usage): the share of the server's NOTIFY queue in
+-- use, 0 to 1 (pg_notification_queue_usage()). One LISTEN session anywhere on the server that
+-- stops reading (a frozen process, a client stuck in a long transaction) pins the queue; at 1
+-- every transaction that notifies — every enqueue — fails at commit. Read by the maintenance
+-- sweep for a metric and the health summary. Clock rule: none.
+CREATE FUNCTION server_status()
+RETURNS TABLE (notification_queue_usage double precision)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT pg_catalog.pg_notification_queue_usage()
+$$;
