@@ -397,3 +397,22 @@ pub(crate) fn server_lost(error: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_or_a_pool_timeout_makes_the_host_suspect_and_a_query_error_does_not() {
+        let io = |kind| sqlx::Error::Io(std::io::Error::from(kind));
+        assert!(server_lost(&io(std::io::ErrorKind::ConnectionRefused)));
+        assert!(server_lost(&io(std::io::ErrorKind::UnexpectedEof)));
+        assert!(server_lost(&sqlx::Error::PoolTimedOut));
+        assert!(server_lost(&sqlx::Error::Protocol(
+            "unexpected message".into()
+        )));
+        assert!(!server_lost(&sqlx::Error::RowNotFound));
+        assert!(!server_lost(&sqlx::Error::PoolClosed));
+        assert!(!server_lost(&sqlx::Error::ColumnNotFound("x".into())));
+    }
+}
