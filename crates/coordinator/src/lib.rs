@@ -5,6 +5,9 @@
 //! outcomes `complete_work` / `fail_work` / `release_work` / `checkpoint_work`,
 //! `enqueue_work`, the alive-lock helpers) — with its types and errors, the PostgreSQL
 //! implementation [`PgCoordinator`] and [`migrate`], which applies the embedded migrations.
+//! [`PgCoordinator::connect_lazy`] reads database URLs as libpq does ([`DatabaseUrl`]: a
+//! host list and `target_session_attrs`), and its pools and dedicated sessions follow the
+//! server that satisfies them through a failover (`docs/store.md`, "Database failover").
 //! With the `testing` feature it also has an in-memory `FakeCoordinator` with the same
 //! semantics, and the conformance suite that holds both to them.
 //!
@@ -41,7 +44,10 @@ pub use identity::{Generation, Identity};
 pub use lease::{
     CancelReason, LeaseSettings, LeaseTracker, TrackedLease, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
 };
-pub use pg::{migrate, FencedTransaction, PgCoordinator, DEFAULT_SCHEMA};
+pub use pg::{
+    migrate, DatabaseUrl, FencedTransaction, PgCoordinator, TargetSessionAttrs,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_SCHEMA,
+};
 pub use types::*;
 pub use validate::{validate_queue_name, validate_schema_name};
 pub use worker::{ConfigProblem, Worker, WorkerError};

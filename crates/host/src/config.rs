@@ -33,7 +33,13 @@ const MAX_CHANNEL_CAPACITY: usize = 1_000_000;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HostConfig {
-    /// The PostgreSQL URL, when the builder is not given a pool or a coordinator.
+    /// The PostgreSQL URL, when the builder is not given a pool or a coordinator. Read as
+    /// libpq reads it: to follow a failover to a promoted standby, list the hosts and ask for
+    /// a writable session, e.g.
+    /// `postgres://app@10.0.0.1:5432,10.0.0.2:5432/app?target_session_attrs=read-write`
+    /// (`workpump_coordinator::DatabaseUrl`; the control pool and the LISTEN and alive-lock
+    /// sessions follow the same host). A malformed URL, or session attributes that allow no
+    /// writes (`read-only`, `standby`, `prefer-standby`), is refused at start.
     /// **Default: none.**
     pub database_url: Option<String>,
     /// The schema that holds workpump's tables and functions. **Default: `workpump`.**

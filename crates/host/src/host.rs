@@ -13,8 +13,8 @@ use workpump_claim_worker::{
     ClaimStatus, ClaimWorker, Gate, Handler, Handlers, QueueSettings, Registration, Waker,
 };
 use workpump_coordinator::{
-    DeregisterInstanceParams, EnqueueWorkOutcome, EnqueueWorkParams, Identity, InstanceId,
-    LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams, WorkCoordinator, Worker,
+    DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome, EnqueueWorkParams, Identity,
+    InstanceId, LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams, WorkCoordinator, Worker,
 };
 use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
 use workpump_lease_renewal::LeaseRenewalWorker;
@@ -93,7 +93,9 @@ impl HostBuilder {
         self
     }
 
-    /// Connect to PostgreSQL at `url` (a pool of `max_connections`).
+    /// Connect to PostgreSQL at `url` (a pool of `max_connections`). A multi-host URL with
+    /// `target_session_attrs=read-write` follows a failover (see
+    /// [`HostConfig::database_url`](crate::HostConfig::database_url)).
     pub fn database_url(mut self, url: impl Into<String>) -> Self {
         self.store = Some(Store::Url(url.into()));
         self
@@ -196,6 +198,33 @@ impl HostBuilder {
     }
 }
 
+/// What is wrong with the database URL, if anything: it must read as libpq reads it (one or
+/// more hosts, `target_session_attrs`; see [`DatabaseUrl`]), and its session attributes must
+/// allow writes, since every worker writes.
+fn database_url_problem(url: &str) -> Option<workpump_coordinator::ConfigProblem> {
+    let problem = |reason: String| {
+        Some(workpump_coordinator::ConfigProblem::new(
+            "database_url",
+            reason,
+        ))
+    };
+    match DatabaseUrl::parse(url) {
+        Err(workpump_coordinator::Error::InvalidArgument(reason)) => problem(
+            reason
+                .strip_prefix("database URL: ")
+                .unwrap_or(&reason)
+                .to_owned(),
+        ),
+        Err(e) => problem(e.to_string()),
+        Ok(parsed) if !parsed.target_session_attrs().can_write() => problem(format!(
+            "target_session_attrs={} reaches servers whose sessions are read-only, and every \
+             worker writes; use read-write (a multi-host URL that follows a failover) or primary",
+            parsed.target_session_attrs()
+        )),
+        Ok(_) => None,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn start(
     config: HostConfig,
@@ -211,6 +240,9 @@ async fn start(
     let mut problems = config.validate(queue_names.iter().map(String::as_str));
     for e in handler_errors {
         problems.push(workpump_coordinator::ConfigProblem::new("handler", e));
+    }
+    if let Some(Store::Url(url)) = &store {
+        problems.extend(database_url_problem(url));
     }
     if !problems.is_empty() {
         return Err(HostError::Config(problems));

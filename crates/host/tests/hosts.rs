@@ -176,6 +176,97 @@ async fn enqueue_right_after_start_on_a_fresh_database_waits_for_the_migrations(
     db.drop_database().await.expect("drop");
 }
 
+#[tokio::test]
+async fn a_host_on_a_multi_host_url_whose_first_host_is_down_works_on_the_second() {
+    let server = workpump_testdb::server()
+        .await
+        .expect("the test PostgreSQL");
+    let Some(cluster) = server.cluster() else {
+        eprintln!("skipped: DATABASE_URL is set, and its host list is its owner's");
+        return;
+    };
+    let db = server.create_database().await.expect("a fresh database");
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let mut config = fast_config();
+    config.database_url = Some(format!(
+        "postgres://postgres@127.0.0.1:{down},127.0.0.1:{}/{}?target_session_attrs=read-write",
+        cluster.port(),
+        db.name()
+    ));
+    let host = Host::builder()
+        .config(config)
+        .handler(
+            "emails",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+        )
+        .start()
+        .await
+        .expect("start");
+    host.enqueue(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
+        .await
+        .expect("enqueue");
+    wait_ready(&host).await;
+    let health = host.health();
+    assert!(
+        health.alive_lock_held && health.listener_healthy,
+        "{health}"
+    );
+    let pool = db.pool().await.expect("pool");
+    wait_until(Duration::from_secs(15), "the item completed", || async {
+        count_state(&pool, "completed").await == 1
+    })
+    .await;
+    host.shutdown();
+    host.stopped().await.expect("a clean drain");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_malformed_or_read_only_database_url_is_refused_at_start_naming_the_setting() {
+    for (url, reason) in [
+        (
+            "postgres://app@10.0.0.1:5432,10.0.0.2:x/app?target_session_attrs=read-write",
+            "host 2 of 2 (\"10.0.0.2:x\"): the port \"x\" is not a number from 1 to 65535",
+        ),
+        (
+            "postgres://app@10.0.0.1,10.0.0.2/app?target_session_attrs=readwrite",
+            "target_session_attrs=\"readwrite\" is not one of any, read-write",
+        ),
+        (
+            "postgres://app@10.0.0.1,10.0.0.2/app?target_session_attrs=standby",
+            "target_session_attrs=standby reaches servers whose sessions are read-only",
+        ),
+    ] {
+        // From the configuration, and from the builder.
+        let config = HostConfig {
+            database_url: Some(url.to_owned()),
+            ..HostConfig::default()
+        };
+        for builder in [
+            Host::builder().config(config),
+            Host::builder().database_url(url),
+        ] {
+            let result = builder
+                .handler(
+                    "emails",
+                    handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+                )
+                .start()
+                .await;
+            let Err(HostError::Config(problems)) = result else {
+                panic!("{url} must be refused at start");
+            };
+            assert_eq!(problems.len(), 1, "{problems:#?}");
+            assert_eq!(problems[0].setting, "database_url");
+            assert!(problems[0].reason.contains(reason), "{problems:#?}");
+        }
+    }
+}
+
 /// A maintenance worker that panics on its first `panics` runs, then runs until shutdown.
 struct PanicsFirst {
     runs: AtomicU32,

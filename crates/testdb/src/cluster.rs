@@ -103,7 +103,7 @@ pub struct Cluster {
 }
 
 /// What `postmaster.pid` says.
-enum Postmaster {
+pub(crate) enum Postmaster {
     /// No pid file: the server is down.
     Absent,
     /// A pid file whose process is gone or is not our server (a killed run, a reused pid).
@@ -161,8 +161,15 @@ impl Cluster {
 
     /// Stops the server (`pg_ctl stop -m fast`) if it runs. Idempotent.
     pub fn stop(&self) -> Result<()> {
+        self.stop_with(StopMode::Fast)
+    }
+
+    /// Stops the server the `mode` way if it runs, and leaves it stopped: with
+    /// [`StopMode::Immediate`], the fault suite's crash of a primary before a failover.
+    /// Idempotent.
+    pub fn stop_with(&self, mode: StopMode) -> Result<()> {
         let _lock = self.lock()?;
-        self.stop_locked(StopMode::Fast)
+        self.stop_locked(mode)
     }
 
     /// Stops the server the `mode` way (if it runs) and starts it again, waiting until it
@@ -205,6 +212,16 @@ impl Cluster {
     /// runs `pgbench` from the same installation.
     pub fn bin_dir(&self) -> &Path {
         &self.install.bin_dir
+    }
+
+    /// The unix socket directory.
+    pub(crate) fn sock_dir(&self) -> &Path {
+        &self.sock_dir
+    }
+
+    /// The binaries this cluster runs.
+    pub(crate) fn install(&self) -> &Install {
+        &self.install
     }
 
     /// The data directory.
@@ -258,7 +275,7 @@ impl Cluster {
             self.init()?;
         }
         self.remove_stale_lock_files()?;
-        self.write_settings()?;
+        self.write_settings("")?;
 
         let log_offset = self.log_len();
         let Err(error) = self.pg_ctl_start(log_offset) else {
@@ -279,12 +296,12 @@ impl Cluster {
             "the cluster's port is taken by another program; moving to a new port"
         );
         self.set_port(port)?;
-        self.write_settings()?;
+        self.write_settings("")?;
         let log_offset = self.log_len();
         self.pg_ctl_start(log_offset)
     }
 
-    fn stop_locked(&self, mode: StopMode) -> Result<()> {
+    pub(crate) fn stop_locked(&self, mode: StopMode) -> Result<()> {
         match self.postmaster() {
             Postmaster::Absent => Ok(()),
             Postmaster::Stale => self.remove_stale_lock_files(),
@@ -308,7 +325,7 @@ impl Cluster {
     }
 
     /// Takes the cluster's exclusive lock; it is released when the file is dropped.
-    fn lock(&self) -> Result<File> {
+    pub(crate) fn lock(&self) -> Result<File> {
         let base = self.lock_file.parent().unwrap_or(Path::new("/"));
         create_reachable_dir(base)?;
         let file = OpenOptions::new()
@@ -322,7 +339,7 @@ impl Cluster {
         Ok(file)
     }
 
-    fn prepare_dirs(&self) -> Result<()> {
+    pub(crate) fn prepare_dirs(&self) -> Result<()> {
         for dir in [&self.dir, &self.sock_dir] {
             fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         }
@@ -368,9 +385,10 @@ impl Cluster {
         self.set_port(free_port()?)
     }
 
-    /// Writes the settings file; it is rewritten at every start, so changes here reach an
-    /// existing cluster at its next start.
-    fn write_settings(&self) -> Result<()> {
+    /// Writes the settings file, with `extra` lines at its end (a standby's name, a
+    /// primary's synchronous standby); it is rewritten at every start, so changes here reach
+    /// an existing cluster at its next start, and extras last until then.
+    pub(crate) fn write_settings(&self, extra: &str) -> Result<()> {
         let mut settings = format!(
             "# Written by workpump-testdb at every start; edits are overwritten.\n\
              listen_addresses = '127.0.0.1'\n\
@@ -387,12 +405,13 @@ impl Cluster {
         if !self.durable {
             settings.push_str("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n");
         }
+        settings.push_str(extra);
         let path = self.data_dir.join(SETTINGS_FILE);
         fs::write(&path, settings).map_err(Error::io(format!("writing {}", path.display())))?;
         self.run_as.hand_over(&path)
     }
 
-    fn pg_ctl_start(&self, log_offset: u64) -> Result<()> {
+    pub(crate) fn pg_ctl_start(&self, log_offset: u64) -> Result<()> {
         tracing::info!(cluster = %self.name, port = self.port(), "starting PostgreSQL");
         self.run(
             "pg_ctl start",
@@ -415,7 +434,13 @@ impl Cluster {
     /// Runs one of the installation's programs as the server's user, in the cluster
     /// directory. A failure quotes the program's output and, given `log_offset`, the server
     /// log written since then.
-    fn run<I, S>(&self, what: &str, program: &str, args: I, log_offset: Option<u64>) -> Result<()>
+    pub(crate) fn run<I, S>(
+        &self,
+        what: &str,
+        program: &str,
+        args: I,
+        log_offset: Option<u64>,
+    ) -> Result<()>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -448,14 +473,14 @@ impl Cluster {
         })
     }
 
-    fn accepts_connections(&self) -> bool {
+    pub(crate) fn accepts_connections(&self) -> bool {
         match self.port() {
             0 => false,
             port => probe::accepts_connections(&self.sock_dir.join(format!(".s.PGSQL.{port}"))),
         }
     }
 
-    fn postmaster(&self) -> Postmaster {
+    pub(crate) fn postmaster(&self) -> Postmaster {
         let Ok(text) = fs::read_to_string(self.data_dir.join("postmaster.pid")) else {
             return Postmaster::Absent;
         };
@@ -493,7 +518,7 @@ impl Cluster {
         Ok(())
     }
 
-    fn set_port(&self, port: u16) -> Result<()> {
+    pub(crate) fn set_port(&self, port: u16) -> Result<()> {
         let temporary = self.port_file.with_extension("new");
         fs::write(&temporary, format!("{port}\n"))
             .and_then(|()| fs::rename(&temporary, &self.port_file))
@@ -502,7 +527,7 @@ impl Cluster {
         Ok(())
     }
 
-    fn log_len(&self) -> u64 {
+    pub(crate) fn log_len(&self) -> u64 {
         fs::metadata(&self.log_file).map_or(0, |meta| meta.len())
     }
 
@@ -517,7 +542,7 @@ impl Cluster {
     }
 
     /// The last lines of the log written since `offset`, or of the whole log if nothing was.
-    fn log_tail(&self, offset: u64) -> String {
+    pub(crate) fn log_tail(&self, offset: u64) -> String {
         let mut text = self.log_since(offset);
         if text.trim().is_empty() {
             text = self.log_since(0);
@@ -612,7 +637,7 @@ fn read_port(port_file: &Path) -> Option<u16> {
 }
 
 /// A TCP port on 127.0.0.1 that is free right now.
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|address| address.port())
@@ -645,7 +670,7 @@ fn is_our_postmaster(pid: u32, data_dir: &Path) -> bool {
 }
 
 /// A string literal's content for `postgresql.conf`.
-fn conf_escape(text: &str) -> String {
+pub(crate) fn conf_escape(text: &str) -> String {
     text.replace('\\', "\\\\").replace('\'', "''")
 }
 

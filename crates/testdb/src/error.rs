@@ -1,6 +1,7 @@
 //! The one error type of this crate: each variant is something the caller can act on.
 
 use std::io;
+use std::time::Duration;
 
 /// What went wrong while providing a throwaway PostgreSQL.
 #[derive(Debug, thiserror::Error)]
@@ -15,6 +16,33 @@ pub enum Error {
     BinariesNotFound {
         /// The places looked in, in order.
         searched: String,
+    },
+
+    /// A program the operation needs (`pg_basebackup` for a standby) is missing from the
+    /// installation whose `initdb`, `pg_ctl` and `postgres` run the clusters.
+    #[error(
+        "{program} was not found in {bin_dir}, beside the initdb that runs the clusters; \
+         it ships with PostgreSQL's client programs \
+         (Debian/Ubuntu: `apt-get install -y postgresql-client`, or the server package)"
+    )]
+    ProgramMissing {
+        /// The program, e.g. `pg_basebackup`.
+        program: String,
+        /// The directory searched.
+        bin_dir: String,
+    },
+
+    /// A server did not reach a state in time (a standby streaming, a promotion finishing).
+    #[error("{what}: not so after {} s; the end of {log_file}:\n{log}", .waited.as_secs())]
+    Timeout {
+        /// The state waited for, e.g. `standby "chaos-standby" streaming from "chaos"`.
+        what: String,
+        /// How long it was waited for.
+        waited: Duration,
+        /// The server log.
+        log_file: String,
+        /// Its last lines.
+        log: String,
     },
 
     /// Running as root, which PostgreSQL refuses, and there is no `postgres` OS user to run
@@ -120,5 +148,16 @@ mod tests {
         assert!(message.contains("initdb, pg_ctl, postgres"));
         assert!(message.contains("apt-get update && apt-get install -y postgresql"));
         assert!(message.contains("DATABASE_URL"));
+    }
+
+    #[test]
+    fn a_missing_pg_basebackup_says_where_it_was_looked_for_and_how_to_install_it() {
+        let message = Error::ProgramMissing {
+            program: "pg_basebackup".to_owned(),
+            bin_dir: "/usr/lib/postgresql/15/bin".to_owned(),
+        }
+        .to_string();
+        assert!(message.starts_with("pg_basebackup was not found in /usr/lib/postgresql/15/bin"));
+        assert!(message.contains("apt-get install -y postgresql-client"));
     }
 }

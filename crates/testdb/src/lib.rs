@@ -6,6 +6,8 @@
 //! `wp_<uuid>` database that is dropped again when the [`TestDatabase`] is. [`Cluster`] is
 //! the same machinery for `cargo xtask pg` (start, stop, status) and for suites that
 //! restart the server on purpose; the `"bench"` cluster keeps PostgreSQL's durability.
+//! [`Cluster::start_standby`] makes a streaming standby of a cluster on a port of its own
+//! ([`Standby`]), which failover tests promote after stopping its primary.
 //!
 //! It deliberately does not run migrations, hold pools across tests (a pool belongs to the
 //! tokio runtime that made it, and every `#[tokio::test]` makes its own), download or build
@@ -27,10 +29,13 @@ mod cluster;
 mod error;
 mod install;
 mod probe;
+mod query;
 mod run_as;
 mod server;
+mod standby;
 mod url;
 
 pub use cluster::{Cluster, StopMode};
 pub use error::{Error, Result};
 pub use server::{server, Server, TestDatabase};
+pub use standby::{Replication, Standby};

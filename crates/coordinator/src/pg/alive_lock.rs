@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::PgListener;
 
-use super::db_error;
+use super::Sessions;
 use crate::coordinator::AliveLockSession;
 use crate::error::Result;
 use crate::types::{InstanceId, TakeAliveLockOutcome};
@@ -14,7 +14,10 @@ use crate::types::{InstanceId, TakeAliveLockOutcome};
 /// lock. It is a LISTEN connection on a channel nobody notifies, so waiting on it notices a
 /// closed or broken connection at once ([`AliveLockSession::lost`]) without sending a query.
 /// Dropping it closes the connection, and PostgreSQL releases the lock with the session.
+/// With a multi-host URL it opens on the coordinator's current host, and its loss makes the
+/// coordinator look for the host again.
 pub(super) struct PgAliveLock {
+    sessions: Sessions,
     listener: Option<PgListener>,
     statement: String,
     instance: InstanceId,
@@ -23,21 +26,17 @@ pub(super) struct PgAliveLock {
 
 impl PgAliveLock {
     pub(super) async fn open(
-        options: PgConnectOptions,
+        sessions: Sessions,
         session_setup: String,
         statement: String,
         channel: String,
         instance: InstanceId,
     ) -> Result<TakeAliveLockOutcome> {
         let ctx = || format!("opening the alive-lock session of instance {instance}");
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy_with(options);
+        let pool = sessions.pool(Duration::from_secs(5)).await?;
         let mut listener = PgListener::connect_with(&pool)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| sessions.db_error(ctx(), e))?;
         listener.ignore_pool_close_event(true);
         // A lost connection must surface as lost, not be replaced by a fresh session that
         // does not hold the lock.
@@ -47,16 +46,17 @@ impl PgAliveLock {
         sqlx::query(&session_setup)
             .execute(&mut listener)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| sessions.db_error(ctx(), e))?;
         listener
             .listen(&channel)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| sessions.db_error(ctx(), e))?;
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut listener)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| sessions.db_error(ctx(), e))?;
         let mut session = PgAliveLock {
+            sessions,
             listener: Some(listener),
             statement,
             instance,
@@ -75,7 +75,7 @@ impl AliveLockSession for PgAliveLock {
     async fn retake(&mut self) -> Result<bool> {
         let ctx = || format!("taking the alive-lock of instance {}", self.instance);
         let Some(listener) = self.listener.as_mut() else {
-            return Err(db_error(ctx(), sqlx::Error::PoolClosed));
+            return Err(super::db_error(ctx(), sqlx::Error::PoolClosed));
         };
         let held: std::result::Result<(bool, i32), _> = sqlx::query_as(&self.statement)
             .bind(self.instance.0)
@@ -102,7 +102,8 @@ impl AliveLockSession for PgAliveLock {
             Err(e) => {
                 // The session is gone (and the lock with it); never reconnect silently.
                 self.listener = None;
-                Err(db_error(ctx(), e))
+                self.sessions.lost();
+                Err(self.sessions.db_error(ctx(), e))
             }
         }
     }
@@ -117,6 +118,7 @@ impl AliveLockSession for PgAliveLock {
                 Ok(Some(_)) => continue,
                 Ok(None) | Err(_) => {
                     self.listener = None;
+                    self.sessions.lost();
                     return;
                 }
             }

@@ -1,8 +1,11 @@
 //! [`PgCoordinator`]: the [`WorkCoordinator`] over a `PgPool`, calling the SQL functions in
-//! `sql/migrations` with the statements in `sql/queries`.
+//! `sql/migrations` with the statements in `sql/queries`; with a multi-host URL
+//! ([`DatabaseUrl`]), on the host that satisfies its `target_session_attrs`.
 
 mod alive_lock;
+mod failover;
 mod listener;
+mod url;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +22,9 @@ use crate::coordinator::{WakeListener, WorkCoordinator};
 use crate::error::{Error, Result};
 use crate::types::*;
 use crate::validate::{self, micros, sanitize_text};
+use failover::Failover;
+
+pub use url::{DatabaseUrl, TargetSessionAttrs, DEFAULT_CONNECT_TIMEOUT};
 
 /// The schema that holds workpump's objects unless told otherwise.
 pub const DEFAULT_SCHEMA: &str = "workpump";
@@ -156,12 +162,30 @@ impl Statements {
 /// — which the host does, so handlers that hold their connections for a long time can starve
 /// neither renewals nor heartbeats. The alive-lock and the wake listener each get a dedicated
 /// connection made with the pool's options, outside both pools.
+///
+/// **Failover.** Made by [`connect_lazy`](Self::connect_lazy) with a multi-host URL (see
+/// [`DatabaseUrl`]), e.g.
+/// `postgres://app@10.0.0.1:5432,10.0.0.2:5432/app?target_session_attrs=read-write`, the
+/// coordinator settles on the first host whose server satisfies `target_session_attrs` —
+/// the host it is on first, then the others in the order listed — and moves when that host
+/// fails or stops satisfying it (a crashed primary, a promoted standby elsewhere, a server
+/// turned read-only): every new connection of its pools and dedicated sessions is asked what
+/// its server is, and so is every idle one before reuse; a call that fails because the server
+/// is gone, refuses connections or takes no writes makes the next call look for the host
+/// again before it runs; connections opened before a move are closed instead of reused. No
+/// call is retried: the one that met the failure returns its error, and the callers' own
+/// retries (every worker has them) reach the new host. The pools that follow the host are
+/// the main pool and those of [`dedicated_pool`](Self::dedicated_pool); a pool given to
+/// [`with_control_pool`](Self::with_control_pool) stays where its owner pointed it.
+/// `docs/store.md` ("Failover") has the details.
 #[derive(Clone)]
 pub struct PgCoordinator {
     pool: PgPool,
     control: PgPool,
     schema: Arc<str>,
     stmts: Arc<Statements>,
+    /// With a multi-host URL: the host in use, and the search for another.
+    failover: Option<Arc<Failover>>,
 }
 
 impl std::fmt::Debug for PgCoordinator {
@@ -186,6 +210,7 @@ impl PgCoordinator {
             pool,
             schema: schema.into(),
             stmts: Arc::new(Statements::new(schema)),
+            failover: None,
         })
     }
 
@@ -196,26 +221,46 @@ impl PgCoordinator {
     }
 
     /// A lazily connected pool of at most `max_connections`, with the main pool's connect
-    /// options: a control pool for [`with_control_pool`](Self::with_control_pool).
+    /// options: a control pool for [`with_control_pool`](Self::with_control_pool). With a
+    /// multi-host URL it follows the coordinator's host, as the main pool does.
     pub fn dedicated_pool(&self, max_connections: u32) -> PgPool {
-        PgPoolOptions::new()
+        let options = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(0)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with((*self.pool.connect_options()).clone())
+            .acquire_timeout(Duration::from_secs(10));
+        match &self.failover {
+            Some(failover) => failover.pool(options),
+            None => options.connect_lazy_with((*self.pool.connect_options()).clone()),
+        }
     }
 
     /// Connects a pool of at most `max_connections` to `url` and returns a coordinator on it
     /// for `schema`. Connecting is lazy: an unreachable database shows up on the first call.
+    ///
+    /// `url` is read as libpq reads it ([`DatabaseUrl`]): with several hosts, or a
+    /// `target_session_attrs`, the coordinator follows the host that satisfies it (see
+    /// *Failover* above). A malformed URL is an [`Error::InvalidArgument`] naming the problem.
     pub fn connect_lazy(url: &str, schema: &str, max_connections: u32) -> Result<Self> {
-        let options: PgConnectOptions = url
-            .parse()
-            .map_err(|e| Error::InvalidArgument(format!("database URL: {e}")))?;
-        let pool = PgPoolOptions::new()
+        let url = DatabaseUrl::parse(url)?;
+        let options = PgPoolOptions::new()
             .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options);
-        Self::with_schema(pool, schema)
+            .acquire_timeout(Duration::from_secs(10));
+        if !url.needs_failover() {
+            let pool = options.connect_lazy_with(url.host_list()[0].options.clone());
+            return Self::with_schema(pool, schema);
+        }
+        let failover = Failover::new(url);
+        let mut coordinator = Self::with_schema(failover.pool(options), schema)?;
+        coordinator.failover = Some(failover);
+        Ok(coordinator)
+    }
+
+    /// With a multi-host URL, the host the coordinator uses now (`host:port`); `None` for a
+    /// coordinator made on a pool.
+    pub fn current_host(&self) -> Option<String> {
+        self.failover
+            .as_ref()
+            .map(|failover| failover.current_host())
     }
 
     /// The main pool (fenced transactions, migrations).
@@ -240,7 +285,14 @@ impl PgCoordinator {
 
     /// Applies the migrations to this coordinator's schema; see [`migrate`].
     pub async fn migrate(&self) -> Result<()> {
-        migrate(&self.pool, &self.schema).await
+        self.route().await?;
+        let migrated = migrate(&self.pool, &self.schema).await;
+        if let (Err(Error::Database { source, .. }), Some(failover)) = (&migrated, &self.failover) {
+            if let Some(e) = source.downcast_ref::<sqlx::Error>() {
+                failover.note(e);
+            }
+        }
+        migrated
     }
 
     /// Enqueues on the caller's connection, typically inside the caller's transaction, so the
@@ -282,7 +334,7 @@ impl PgCoordinator {
             .bind(&max_attempts)
             .fetch_all(&mut *conn)
             .await
-            .map_err(|e| db_error(format!("enqueueing {n} items"), e))?;
+            .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
         let mut items = Vec::with_capacity(rows.len());
         for (ord, id, inserted) in rows {
             let id = id.ok_or_else(|| {
@@ -309,14 +361,19 @@ impl PgCoordinator {
         fence: Fence,
     ) -> Result<FencedTransaction> {
         let ctx = || format!("locking the lease of item {}", fence.id);
-        let mut tx = self.pool.begin().await.map_err(|e| db_error(ctx(), e))?;
+        self.route().await?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| self.db_error(ctx(), e))?;
         let locked: bool = sqlx::query_scalar(&self.stmts.lock_lease)
             .bind(instance.0)
             .bind(fence.id)
             .bind(fence.token)
             .fetch_one(&mut *tx)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| self.db_error(ctx(), e))?;
         if !locked {
             let _ = tx.rollback().await;
             return Err(Error::FencedOut { id: fence.id });
@@ -326,7 +383,35 @@ impl PgCoordinator {
             instance,
             fence,
             stmts: self.stmts.clone(),
+            failover: self.failover.clone(),
         })
+    }
+
+    /// With a multi-host URL: when the current host is suspect, finds the one to use first.
+    async fn route(&self) -> Result<()> {
+        match &self.failover {
+            Some(failover) => failover.ensure().await,
+            None => Ok(()),
+        }
+    }
+
+    /// The control pool, on the right host.
+    async fn control(&self) -> Result<&PgPool> {
+        self.route().await?;
+        Ok(&self.control)
+    }
+
+    /// [`db_error`], after noting an error that says the server is gone or read-only.
+    fn db_error(&self, context: impl Into<String>, e: sqlx::Error) -> Error {
+        noted(self.failover.as_deref(), context, e)
+    }
+
+    /// Where the dedicated sessions connect.
+    fn sessions(&self) -> Sessions {
+        Sessions {
+            pool: self.pool.clone(),
+            failover: self.failover.clone(),
+        }
     }
 
     async fn outcome_rows(
@@ -340,9 +425,9 @@ impl PgCoordinator {
         >,
     ) -> Result<OutcomeBatch> {
         let rows = query
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
-            .map_err(|e| db_error(ctx.clone(), e))?;
+            .map_err(|e| self.db_error(ctx.clone(), e))?;
         rows.into_iter()
             .map(|(id, token, state)| {
                 let state = match state {
@@ -366,6 +451,7 @@ pub struct FencedTransaction {
     instance: InstanceId,
     fence: Fence,
     stmts: Arc<Statements>,
+    failover: Option<Arc<Failover>>,
 }
 
 impl std::fmt::Debug for FencedTransaction {
@@ -397,20 +483,31 @@ impl FencedTransaction {
             .bind(vec![self.fence.token])
             .fetch_one(&mut *self.tx)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| self.fail(ctx(), e))?;
         if !recorded.2 {
             // Impossible while the row is locked, but never commit an unfenced outcome.
             let _ = self.tx.rollback().await;
             return Err(Error::FencedOut { id });
         }
-        self.tx.commit().await.map_err(|e| db_error(ctx(), e))
+        let failover = self.failover.clone();
+        self.tx
+            .commit()
+            .await
+            .map_err(|e| noted(failover.as_deref(), ctx(), e))
+    }
+
+    /// [`db_error`], after noting an error that says the server is gone or read-only.
+    fn fail(&self, context: impl Into<String>, e: sqlx::Error) -> Error {
+        noted(self.failover.as_deref(), context, e)
     }
 
     /// Rolls back the business writes; the item stays leased to the claim.
     pub async fn rollback(self) -> Result<()> {
         let id = self.fence.id;
+        let failover = self.failover.clone();
         self.tx.rollback().await.map_err(|e| {
-            db_error(
+            noted(
+                failover.as_deref(),
                 format!("rolling back the fenced transaction of item {id}"),
                 e,
             )
@@ -425,20 +522,21 @@ impl WorkCoordinator for PgCoordinator {
         sqlx::query(&self.stmts.register_queue)
             .bind(&params.name)
             .bind(params.max_attempts)
-            .execute(&self.control)
+            .execute(self.control().await?)
             .await
-            .map_err(|e| db_error(format!("registering queue {:?}", params.name), e))?;
+            .map_err(|e| self.db_error(format!("registering queue {:?}", params.name), e))?;
         Ok(RegisterQueueOutcome {})
     }
 
     async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome> {
         let n = params.items.len();
+        self.route().await?;
         // Producers' traffic: the main pool, not the workers' control pool.
         let mut conn = self
             .pool
             .acquire()
             .await
-            .map_err(|e| db_error(format!("enqueueing {n} items"), e))?;
+            .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
         self.enqueue_with(&mut conn, params).await
     }
 
@@ -449,11 +547,11 @@ impl WorkCoordinator for PgCoordinator {
             .bind(&params.queues)
             .bind(params.max_items as i32)
             .bind(interval(params.lease))
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
             .map_err(|e| match sqlstate(&e).as_deref() {
                 Some("WP003") => Error::NotRegistered(params.instance),
-                _ => db_error(format!("claiming up to {} items", params.max_items), e),
+                _ => self.db_error(format!("claiming up to {} items", params.max_items), e),
             })?;
         let has_more = rows.iter().any(|r| r.has_more);
         let items = rows
@@ -499,9 +597,9 @@ impl WorkCoordinator for PgCoordinator {
             .bind(&ids)
             .bind(&tokens)
             .bind(interval(params.lease))
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| self.db_error(ctx(), e))?;
         let items = rows
             .into_iter()
             .map(|(id, token, status, cancel_requested)| {
@@ -549,9 +647,9 @@ impl WorkCoordinator for PgCoordinator {
             .bind(params.instance.0)
             .bind(&ids)
             .bind(&tokens)
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
-            .map_err(|e| db_error(format!("completing {} items", ids.len()), e))?;
+            .map_err(|e| self.db_error(format!("completing {} items", ids.len()), e))?;
         Ok(OutcomeBatch {
             items: rows
                 .into_iter()
@@ -620,9 +718,9 @@ impl WorkCoordinator for PgCoordinator {
             .bind(id)
             .bind(params.fence.token)
             .bind(sqlx::types::Json(&params.checkpoint))
-            .fetch_one(&self.control)
+            .fetch_one(self.control().await?)
             .await
-            .map_err(|e| db_error(format!("saving the checkpoint of item {id}"), e))?;
+            .map_err(|e| self.db_error(format!("saving the checkpoint of item {id}"), e))?;
         if saved {
             Ok(CheckpointWorkOutcome {})
         } else {
@@ -650,10 +748,10 @@ impl WorkCoordinator for PgCoordinator {
                     AliveLockReport::Session(pid) => Some(pid.max(0)),
                 })
                 .bind(params.registering)
-                .fetch_one(&self.control)
+                .fetch_one(self.control().await?)
                 .await
                 .map_err(|e| {
-                    db_error(
+                    self.db_error(
                         format!("recording the heartbeat of instance {}", params.instance),
                         e,
                     )
@@ -675,9 +773,9 @@ impl WorkCoordinator for PgCoordinator {
             .bind(interval(params.stale_after))
             .bind(params.dead_after.map(interval))
             .bind(params.lock_grace.map(interval))
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
-            .map_err(|e| db_error("cleaning up stale instances", e))?;
+            .map_err(|e| self.db_error("cleaning up stale instances", e))?;
         Ok(CleanupStaleInstancesOutcome {
             reaped: rows
                 .into_iter()
@@ -695,9 +793,9 @@ impl WorkCoordinator for PgCoordinator {
     ) -> Result<DeregisterInstanceOutcome> {
         let released: i32 = sqlx::query_scalar(&self.stmts.deregister_instance)
             .bind(params.instance.0)
-            .fetch_one(&self.control)
+            .fetch_one(self.control().await?)
             .await
-            .map_err(|e| db_error(format!("deregistering instance {}", params.instance), e))?;
+            .map_err(|e| self.db_error(format!("deregistering instance {}", params.instance), e))?;
         Ok(DeregisterInstanceOutcome {
             released: released as u64,
         })
@@ -710,10 +808,10 @@ impl WorkCoordinator for PgCoordinator {
         params.validate()?;
         let rows: Vec<(String, i32)> = sqlx::query_as(&self.stmts.promote_scheduled)
             .bind(params.limit as i32)
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
             .map_err(|e| {
-                db_error(
+                self.db_error(
                     format!("promoting up to {} scheduled items", params.limit),
                     e,
                 )
@@ -737,9 +835,9 @@ impl WorkCoordinator for PgCoordinator {
         let ctx = || format!("ending up to {} expired orphans", params.limit);
         let rows: Vec<(String, String, i32)> = sqlx::query_as(&self.stmts.dead_letter_expired)
             .bind(params.limit as i32)
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| self.db_error(ctx(), e))?;
         let mut outcome = DeadLetterExpiredOutcome::default();
         for (queue, state, n) in rows {
             let count = QueueCount {
@@ -767,9 +865,9 @@ impl WorkCoordinator for PgCoordinator {
             .bind(interval(params.completed_retention))
             .bind(interval(params.dead_retention))
             .bind(params.limit as i32)
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| self.db_error(ctx(), e))?;
         let mut outcome = PruneFinishedOutcome::default();
         for (state, n) in rows {
             let n = n as u64;
@@ -796,10 +894,10 @@ impl WorkCoordinator for PgCoordinator {
         let pruned: i32 = sqlx::query_scalar(&self.stmts.prune_evicted_instances)
             .bind(interval(params.retention))
             .bind(params.limit as i32)
-            .fetch_one(&self.control)
+            .fetch_one(self.control().await?)
             .await
             .map_err(|e| {
-                db_error(
+                self.db_error(
                     format!("pruning up to {} eviction tombstones", params.limit),
                     e,
                 )
@@ -820,9 +918,9 @@ impl WorkCoordinator for PgCoordinator {
                 .bind(interval(params.completed_retention))
                 .bind(interval(params.dead_retention))
                 .bind(interval(params.evicted_retention))
-                .fetch_one(&self.control)
+                .fetch_one(self.control().await?)
                 .await
-                .map_err(|e| db_error("asking which maintenance steps have work", e))?;
+                .map_err(|e| self.db_error("asking which maintenance steps have work", e))?;
         Ok(MaintenanceDueOutcome {
             instances,
             orphans,
@@ -835,9 +933,9 @@ impl WorkCoordinator for PgCoordinator {
     async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
         let ctx = "counting items per queue and state";
         let rows: Vec<(String, String, i64)> = sqlx::query_as(&self.stmts.queue_depth)
-            .fetch_all(&self.control)
+            .fetch_all(self.control().await?)
             .await
-            .map_err(|e| db_error(ctx, e))?;
+            .map_err(|e| self.db_error(ctx, e))?;
         let depths = rows
             .into_iter()
             .map(|(queue, state, items)| {
@@ -865,9 +963,9 @@ impl WorkCoordinator for PgCoordinator {
         let ctx = || format!("cancelling work item {}", params.id);
         let answer: String = sqlx::query_scalar(&self.stmts.cancel_work)
             .bind(params.id)
-            .fetch_one(&self.control)
+            .fetch_one(self.control().await?)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| self.db_error(ctx(), e))?;
         let cancellation = match answer.as_str() {
             "cancelled" => Cancellation::Cancelled,
             "requested" => Cancellation::Requested,
@@ -884,9 +982,9 @@ impl WorkCoordinator for PgCoordinator {
     async fn retry_dead_work(&self, params: RetryDeadWorkParams) -> Result<RetryDeadWorkOutcome> {
         let queue: String = sqlx::query_scalar(&self.stmts.retry_dead_work)
             .bind(params.id)
-            .fetch_one(&self.control)
+            .fetch_one(self.control().await?)
             .await
-            .map_err(|e| db_error(format!("retrying dead letter {}", params.id), e))?;
+            .map_err(|e| self.db_error(format!("retrying dead letter {}", params.id), e))?;
         Ok(RetryDeadWorkOutcome { queue })
     }
 
@@ -894,18 +992,17 @@ impl WorkCoordinator for PgCoordinator {
         let ctx = || format!("discarding work item {}", params.id);
         let state: String = sqlx::query_scalar(&self.stmts.discard_work)
             .bind(params.id)
-            .fetch_one(&self.control)
+            .fetch_one(self.control().await?)
             .await
-            .map_err(|e| db_error(ctx(), e))?;
+            .map_err(|e| self.db_error(ctx(), e))?;
         Ok(DiscardWorkOutcome {
             state: parse_state(&state, &ctx())?,
         })
     }
 
     async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
-        let options: PgConnectOptions = (*self.pool.connect_options()).clone();
         alive_lock::PgAliveLock::open(
-            options,
+            self.sessions(),
             self.stmts.dedicated_session.clone(),
             self.stmts.take_alive_lock.clone(),
             format!("{}.alive", self.schema),
@@ -920,10 +1017,10 @@ impl WorkCoordinator for PgCoordinator {
     ) -> Result<IsInstanceAliveOutcome> {
         let alive: bool = sqlx::query_scalar(&self.stmts.is_instance_alive)
             .bind(params.instance.0)
-            .fetch_one(&self.control)
+            .fetch_one(self.control().await?)
             .await
             .map_err(|e| {
-                db_error(
+                self.db_error(
                     format!("checking the alive-lock of instance {}", params.instance),
                     e,
                 )
@@ -932,14 +1029,53 @@ impl WorkCoordinator for PgCoordinator {
     }
 
     async fn listen(&self, _params: ListenParams) -> Result<Box<dyn WakeListener>> {
-        let options: PgConnectOptions = (*self.pool.connect_options()).clone();
         let listener = listener::PgWakeListener::open(
-            options,
+            self.sessions(),
             self.wake_channel(),
             self.stmts.dedicated_session.clone(),
         )
         .await?;
         Ok(Box::new(listener))
+    }
+}
+
+/// Where the dedicated sessions (the alive-lock, LISTEN) connect: a pool of one connection
+/// each, with the main pool's options as they are when the session opens — with a
+/// multi-host URL, on the coordinator's current host (searched first if suspect), checked
+/// like every pool connection.
+#[derive(Clone)]
+pub(super) struct Sessions {
+    pool: PgPool,
+    failover: Option<Arc<Failover>>,
+}
+
+impl Sessions {
+    /// A lazily connected pool of one connection for one dedicated session.
+    pub(super) async fn pool(&self, acquire_timeout: Duration) -> Result<PgPool> {
+        let options = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(acquire_timeout);
+        match &self.failover {
+            Some(failover) => {
+                failover.ensure().await?;
+                Ok(failover.session_pool(options))
+            }
+            None => Ok(options.connect_lazy_with((*self.pool.connect_options()).clone())),
+        }
+    }
+
+    /// A session was lost: its server may be gone, so look for the host before the next
+    /// call or session.
+    pub(super) fn lost(&self) {
+        if let Some(failover) = &self.failover {
+            failover.suspect();
+        }
+    }
+
+    /// [`db_error`], after noting an error that says the server is gone or read-only.
+    pub(super) fn db_error(&self, context: impl Into<String>, e: sqlx::Error) -> Error {
+        noted(self.failover.as_deref(), context, e)
     }
 }
 
@@ -982,6 +1118,15 @@ fn sqlstate(e: &sqlx::Error) -> Option<String> {
         sqlx::Error::Database(d) => d.code().map(|c| c.into_owned()),
         _ => None,
     }
+}
+
+/// [`db_error`], after telling `failover` (a multi-host URL's) about `e`, which makes the
+/// next call look for the host again when `e` says the server is gone or read-only.
+fn noted(failover: Option<&Failover>, context: impl Into<String>, e: sqlx::Error) -> Error {
+    if let Some(failover) = failover {
+        failover.note(&e);
+    }
+    db_error(context, e)
 }
 
 /// Maps a driver error to the variant a caller acts on: the SQL functions raise `WP001`

@@ -1,0 +1,156 @@
+//! A host through a database failover: its primary crashes (`pg_ctl stop -m immediate`), the
+//! synchronous streaming standby is promoted, and the host — connected with a multi-host URL
+//! and `target_session_attrs=read-write` — carries on there without being rebuilt. The
+//! primary and standby are scratch clusters of this test's own; it skips when DATABASE_URL
+//! names an external server.
+
+mod support;
+
+use std::fs::{self, File};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+use workpump_host::{handler_fn, Host, HostConfig, Job, NewWork};
+use workpump_testdb::{Cluster, Replication, StopMode};
+
+use support::{count_state, wait_until};
+
+/// Stops a scratch cluster however the test ends.
+struct StopOnDrop<'a>(&'a Cluster);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.stop() {
+            eprintln!("stopping cluster {}: {e}", self.0.name());
+        }
+    }
+}
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {
+    if std::env::var("DATABASE_URL").is_ok_and(|url| !url.is_empty()) {
+        eprintln!("skipped: DATABASE_URL is set, and this test manages servers of its own");
+        return;
+    }
+    let primary = Cluster::new("host-failover-primary", false).expect("a scratch cluster");
+    let base = primary
+        .data_dir()
+        .parent()
+        .and_then(Path::parent)
+        .expect("clusters live two levels below a base directory");
+    fs::create_dir_all(base).expect("the clusters' base directory");
+    let turn = File::create(base.join("host-failover-primary.tests.lock")).expect("a lock file");
+    turn.lock().expect("our turn");
+    let _stop = StopOnDrop(&primary);
+    blocking(|| primary.start()).expect("the primary starts");
+    let db = format!("wp_{}", sqlx::types::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&primary.url("postgres"))
+        .await
+        .expect("the primary answers");
+    sqlx::raw_sql(&format!("CREATE DATABASE {db}"))
+        .execute(&mut admin)
+        .await
+        .expect("a fresh database");
+    let _ = admin.close().await;
+    let standby =
+        blocking(|| primary.start_standby("host-failover-standby", Replication::Synchronous))
+            .expect("a synchronous streaming standby");
+
+    let config = HostConfig {
+        database_url: Some(standby.failover_url(&db)),
+        ..HostConfig::default()
+    };
+    let host = Host::builder()
+        .config(config)
+        .handler(
+            "emails",
+            handler_fn(|_job: Job<serde_json::Value>| async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok(())
+            }),
+        )
+        .start()
+        .await
+        .expect("start");
+    let instance = host.instance();
+    let before: Vec<NewWork> = (0..50)
+        .map(|n| NewWork::new("emails", json!({ "n": n })))
+        .collect();
+    host.enqueue(before).await.expect("enqueue on the primary");
+    let old_primary = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&primary.url(&db))
+        .await
+        .expect("the primary");
+    // The crash comes with handlers in flight.
+    wait_until(Duration::from_secs(30), "ten items completed", || async {
+        count_state(&old_primary, "completed").await >= 10
+    })
+    .await;
+    old_primary.close().await;
+
+    let crashed = Instant::now();
+    blocking(|| primary.stop_with(StopMode::Immediate)).expect("the primary stops");
+    blocking(|| standby.promote()).expect("the standby is promoted");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let enqueued = loop {
+        let after: Vec<NewWork> = (50..100)
+            .map(|n| NewWork::new("emails", json!({ "n": n })))
+            .collect();
+        match host.enqueue(after).await {
+            Ok(out) => break out,
+            Err(e) => assert!(Instant::now() < deadline, "enqueue still fails: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "the first enqueue after the crash succeeded after {:.2} s",
+        crashed.elapsed().as_secs_f64()
+    );
+    assert_eq!(enqueued.items.len(), 50);
+
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&standby.cluster().url(&db))
+        .await
+        .expect("the new primary");
+    wait_until(
+        Duration::from_secs(60),
+        "every item completed on the new primary",
+        || async { count_state(&pool, "completed").await == 100 },
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(60),
+        "the host is ready again, its alive-lock held and LISTEN healthy",
+        || async {
+            let health = host.health();
+            health.ready && health.alive_lock_held && health.listener_healthy
+        },
+    )
+    .await;
+    eprintln!(
+        "ready again with every item completed {:.2} s after the crash",
+        crashed.elapsed().as_secs_f64()
+    );
+    assert_eq!(host.instance(), instance, "the instance was not evicted");
+    let reruns: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE attempt <> 1")
+        .fetch_one(&pool)
+        .await
+        .expect("count the attempts");
+    assert_eq!(
+        reruns, 0,
+        "every item ran once, in flight at the crash or not"
+    );
+
+    host.shutdown();
+    host.stopped().await.expect("a clean drain");
+    pool.close().await;
+    blocking(|| standby.stop()).expect("the standby stops");
+}
