@@ -81,9 +81,11 @@ pub struct HeartbeatConfig {
     /// its leases are released to them). **Default: true.**
     pub enabled: bool,
     /// The wait between beats while the alive-lock is not held (not taken yet, lost, held by
-    /// another session), in heartbeat-table-only mode, and after a failed beat. Also the
-    /// timeout of each store call of a beat: a call that has not answered by then is
-    /// abandoned and the beat counts as failed. **Default: 10 000 ms (10 s).**
+    /// another session) and in heartbeat-table-only mode; how often the lock session is
+    /// checked between slow beats while the lock is held; the longest wait before a failed
+    /// beat is retried (with 1 s, whichever is shorter). Also the timeout of each store call
+    /// of a beat: a call that has not answered by then is abandoned and the beat counts as
+    /// failed. **Default: 10 000 ms (10 s).**
     pub fast_interval_ms: u64,
     /// The wait between beats while this instance's dedicated session holds its alive-lock:
     /// the lock proves liveness, the row is a fallback, so it is written less often. May
@@ -493,7 +495,8 @@ impl Worker for HeartbeatWorker {
     /// Refuses an invalid config (an error naming each setting). With the killswitch off,
     /// waits for shutdown without touching the store. Else beats until `shutdown`: the first
     /// beat at once, then after each beat the slow interval while the alive-lock is held, else
-    /// the fast one. A change of identity made elsewhere (an eviction another worker learned
+    /// the fast one; a failed beat again after 100 ms, doubling up to 1 s. A lost lock session
+    /// makes it beat at once and take the lock again (see the crate docs). A change of identity made elsewhere (an eviction another worker learned
     /// of) triggers a beat at once, so the fresh id is registered without waiting. The
     /// alive-lock session lives in a local and is dropped (lock released) when this returns,
     /// also when the future is dropped. Spawns nothing.
@@ -658,8 +661,10 @@ impl Drop for Stopped<'_> {
 impl HeartbeatWorker {
     /// One beat, whatever `enabled` says (the killswitch lives in `run`):
     ///
-    /// 1. `record_heartbeat` for the identity's current instance, with `stale_after` and
-    ///    `dead_after` (its sweep's reaped/released counts are reported and counted). When it
+    /// 1. `record_heartbeat` for the identity's current instance, with its cutoffs and the
+    ///    lock session it holds its lock with, or none (its sweep's reaped/released counts are
+    ///    reported and counted); a registration until the store has recorded a beat of the
+    ///    id. When it
     ///    answers `evicted`: [`Identity::evicted`] mints a fresh id (everyone subscribed
     ///    cancels the old id's work), the old id's session is dropped, and the fresh id is
     ///    registered by a second `record_heartbeat` at once.

@@ -12,34 +12,45 @@
 //! # The liveness model
 //!
 //! A peer decides whether this instance is alive in `cleanup_stale_instances` (run by the
-//! heartbeat of whichever instance sees a stale peer, and by the maintenance backstop):
+//! heartbeat of whichever instance sees a peer that may be dead, and by the maintenance
+//! backstop). The rule (`sql/migrations/0026_liveness.sql`, `docs/store.md`): an instance is
+//! judged dead only on evidence its judge gathered while the judge could itself see the
+//! server without interruption, so a server restart, a crash, a failover or an outage is never
+//! evidence that a client died. Within that:
 //!
 //! - **The alive-lock is the primary signal.** In the default liveness mode
 //!   (`"advisory_lock_when_available"`) the worker opens a connection of its own, outside the
 //!   shared pool, and takes the instance's advisory lock on it. While the process lives the
 //!   session lives and PostgreSQL shows the lock in `pg_locks`; when the process dies its
 //!   connection closes and the lock goes with it. A row whose lock is held is never reaped as
-//!   merely stale (the alive-lock guard).
+//!   merely stale (the alive-lock guard). Each beat names the session (`AliveLockReport`):
+//!   the store credits only that session, never another holder of the key (a former,
+//!   half-open connection of the same process).
 //! - **The heartbeat row is the fallback.** Each beat sets `last_heartbeat_at = now()` (the
-//!   database clock). A row older than `stale_after_ms` whose lock is not held is reaped: the
-//!   row is deleted and all its leases are released at once, so peers reclaim the work
-//!   without waiting for the leases to expire.
+//!   database clock) and stores the cutoffs this instance is judged by (`stale_after_ms`,
+//!   `dead_after_ms`, `lock_grace_ms`: a peer's sweep cannot shorten them). A row older than
+//!   the stale cutoff whose lock is not held is reaped: the row is deleted and all its leases
+//!   are released at once, so peers reclaim the work without waiting for the leases to
+//!   expire.
 //! - **Failover in seconds.** A process that dies on the database's network loses its
-//!   connections, and with them its lock, at once. An instance that has held its lock
-//!   (lock-proven) is dead once a sweep has seen the lock gone for longer than
-//!   `lock_grace_ms`; its leases are released and the claimers of its queues woken. This
-//!   worker waits on its lock session, so when that connection closes under a live process it
-//!   takes the lock again at once (retrying quickly for the length of the grace). An instance
-//!   that cannot hold its lock says so in each heartbeat and is judged by staleness alone.
-//!   After a server restart, instances registered before it get `stale_after_ms` to come back.
+//!   connections, and with them its lock, at once. An instance that relies on its lock is
+//!   dead once a sweep has seen the lock gone for longer than `lock_grace_ms`; its leases are
+//!   released and the claimers of its queues woken.
+//! - **A lost lock is answered at once.** This worker waits on its lock session; when that
+//!   connection closes under a live process it beats at once, saying it holds no lock (from
+//!   then on peers judge it by that fresh beat, not by the lock), and takes the lock again:
+//!   quickly (100 ms, doubling to 1 s) for the length of the grace, then at every beat. The
+//!   grace covers a blip at any heartbeat age, also when the last beat is older than the
+//!   stale cutoff (as it often is at the slow cadence).
 //! - **The definitive-dead bypass.** A row older than `dead_after_ms` is reaped even with its
 //!   lock held: a process killed behind a half-open TCP connection can leave its session (and
 //!   lock) on the server until keepalive notices, hours later by default.
 //! - **Eviction.** A heartbeat for an instance that was reaped does not bring it back: the
-//!   store answers `evicted`. The worker then calls `Identity::evicted` (a fresh id; every
-//!   subscriber treats the old id's leases as lost and cancels its handlers), drops the old
-//!   id's lock session, counts and logs it, and beats again at once under the fresh id, which
-//!   registers it and takes its lock.
+//!   store answers `evicted` (after this process's first recorded beat of an id, a missing row
+//!   can only mean that, tombstone or not). The worker then calls `Identity::evicted` (a
+//!   fresh id; every subscriber treats the old id's leases as lost and cancels its handlers),
+//!   drops the old id's lock session, counts and logs it, and beats again at once under the
+//!   fresh id, which registers it and takes its lock.
 //!
 //! # Cadence
 //!
@@ -47,11 +58,15 @@
 //! `slow_interval_ms` while its session holds the alive-lock, and `fast_interval_ms`
 //! otherwise: not taken yet, held by another session (a former connection the server has not
 //! closed), the session lost, or the liveness mode `"heartbeat_table_only"` (which never takes
-//! the lock). After a failed beat it always waits `fast_interval_ms`. The lock is re-checked
-//! on its session every beat; when the session is gone (a killed connection, a restarted
-//! server) it is dropped and a new one is opened in the same beat. Every store call of a beat
-//! (the heartbeat, the lock check, opening a session) is abandoned after `fast_interval_ms`,
-//! so a hung call cannot stall the timer: the beat counts as failed, or the lock as not held.
+//! the lock). A failed beat is retried after 100 ms, doubling up to 1 s (or the fast interval,
+//! if shorter): the first beat after a store outage lands within about a second of the store
+//! coming back, which is what peers whose watch restarted with the store need. The lock is
+//! re-checked on its session at every beat and, while it is held, every `fast_interval_ms`
+//! between the slow beats (a session the server closed during a network outage shows only
+//! when it is used); when the session is gone (a killed connection, a restarted server) the
+//! worker beats at once and opens a new one. Every store call of a beat (the heartbeat, the
+//! lock check, opening a session) is abandoned after `fast_interval_ms`, so a hung call cannot
+//! stall the timer: the beat counts as failed, or the lock as not held.
 //!
 //! With the lock held, the slow cadence (60 s) is longer than the stale cutoff (30 s) **by
 //! design**: between two beats the row looks stale to peers, and their sweeps keep it only
@@ -59,16 +74,14 @@
 //! `slow_interval_ms` (else the definitive-dead bypass would reap a live lock holder), and why
 //! `stale_after_ms` must be at least twice `fast_interval_ms` (an instance without the lock
 //! must not look stale between two of its beats; the anchor that set the interval equal to
-//! the cutoff declared live instances dead). The worker notices its lock session
-//! closing without waiting for a beat and takes the lock again within the lock grace, so a
-//! peer's sweep does not reap it for a blip.
+//! the cutoff declared live instances dead).
 //!
 //! # Settings (`[heartbeat]`, [`HeartbeatConfig`])
 //!
 //! | setting | default | meaning |
 //! | --- | --- | --- |
 //! | `enabled` | `true` | killswitch: `false` = no heartbeats, no lock; peers see the instance stale and release its leases (a drain) |
-//! | `fast_interval_ms` | `10000` | wait while the lock is not held, in table-only mode and after a failure; also each call's timeout |
+//! | `fast_interval_ms` | `10000` | wait while the lock is not held and in table-only mode; the lock check's period while it is held; the cap of a failed beat's retry (with 1 s); also each call's timeout |
 //! | `slow_interval_ms` | `60000` | wait while the lock is held; at least `fast_interval_ms` |
 //! | `liveness` | `"advisory_lock_when_available"` | or `"heartbeat_table_only"`: no lock, always fast |
 //! | `stale_after_ms` | `30000` | stale cutoff passed to `record_heartbeat`; at least 2 × `fast_interval_ms` |

@@ -41,15 +41,22 @@
 //! worker sweeps again right after the grace instead of waiting for the next interval, so a
 //! crashed peer's work is released about `lock_grace_ms` after a sweep first saw it gone.
 //!
-//! 1. `cleanup_stale_instances(stale_after_ms, dead_after_ms, lock_grace_ms)`: the backstop
-//!    for the heartbeat's opportunistic sweep, and what makes failover fast: a lock-proven
-//!    instance whose alive-lock stays gone past `lock_grace_ms` is reaped here (alive-lock
-//!    guard and definitive-dead bypass included);
+//! 1. `cleanup_stale_instances(judge, stale_after_ms, dead_after_ms, lock_grace_ms)`: the
+//!    backstop for the heartbeat's opportunistic sweep, and what makes failover fast: a
+//!    lock-relying instance whose alive-lock stays gone past `lock_grace_ms` is reaped here
+//!    (alive-lock guard and definitive-dead bypass included). The worker sweeps as its host's
+//!    instance ([`MaintenanceWorker::with_judge`]): that instance is never reaped by its own
+//!    sweep, and the sweep judges only on what it could see while its sessions stayed
+//!    connected (`sql/migrations/0026_liveness.sql`), so a restarted or failed-over server,
+//!    or an outage, evicts nobody;
 //! 2. `dead_letter_expired`: after 1, so leases it released are seen at once;
 //! 3. `promote_scheduled`, which NOTIFYs each queue it made work available in;
 //! 4. `prune_finished(completed_retention_ms, dead_retention_ms)`;
 //! 5. `prune_evicted_instances(evicted_retention_ms)`;
-//! 6. `queue_depth`, when the last sample is at least `depth_sample_interval_ms` old. Its cost
+//! 6. `server_status` and `queue_depth`, when the last sample is at least
+//!    `depth_sample_interval_ms` old. The server's NOTIFY queue usage goes to the gauge
+//!    `workpump_notification_queue_usage_ratio` and [`MaintenanceStatus`] (a warning is
+//!    logged from [`NOTIFICATION_QUEUE_WARN`], 50 %). The depth's cost
 //!    grows with the number of available, scheduled and running items (about 4 ms per 10 000
 //!    on PostgreSQL 15; see `sql/migrations/0019_queue_depth.sql`), paid by every instance
 //!    once per interval; 0 turns it off. A (queue, state) that disappears from the result is
@@ -77,7 +84,8 @@
 //!
 //! See [`metrics`]: sweeps by result, failed steps, sweep duration, instances reaped and
 //! leases released, items promoted / dead-lettered / cancelled per queue, items pruned per
-//! state, tombstones pruned, and the `workpump_queue_depth{queue,state}` gauge.
+//! state, tombstones pruned, the `workpump_queue_depth{queue,state}` gauge and the server's
+//! NOTIFY queue usage.
 
 mod worker;
 
