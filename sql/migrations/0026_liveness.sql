@@ -17,8 +17,9 @@
 --   1. lock lost: P relies on its lock (`alive_lock`: its last report came from a session
 --      holding it), the lock has been gone for longer than g (first seen gone at
 --      `lock_lost_at`), and P's own session was seen holding it after the judge's watch
---      began (`lock_seen_at` >= watch): so the lock ended while the server stayed up — the
---      session of P ended, not the server. Failover in seconds.
+--      began (`lock_seen_at` >= watch: by P's heartbeat or lock, or by a sweep of the judge's
+--      that saw it held): so the lock ended while the server stayed up — the session of P
+--      ended, not the server. Failover in seconds.
 --   2. stale: P's last beat is older than s, the judge has watched for longer than s (P
 --      could have beaten in that time), the lock is not held by any session, and — if P
 --      relies on its lock — the lock has been seen gone for longer than g (the grace holds on
@@ -122,8 +123,11 @@ $$;
 
 -- peers_may_be_dead(judge, stale_after, dead_after, lock_grace) -> boolean: whether a sweep
 -- by `judge` could find anything to do: a peer without its lock that relies on it or whose
--- beat is stale, a peer past its definitive-dead cutoff, or a lost lock that is held again
--- (its observation must be cleared). A cheap hint (the instances table is small).
+-- beat is stale, a peer past its definitive-dead cutoff, a lost lock that is held again (its
+-- observation must be cleared), or a peer whose lock the judge sees held by its recorded
+-- session but which was last seen held before the judge's watch began (the sweep records the
+-- sighting, so that the lock-lost rule can apply to it). A cheap hint (the instances table is
+-- small); true at most once per peer and watch for the last reason.
 CREATE FUNCTION peers_may_be_dead(
     p_judge       uuid,
     p_stale_after interval,
@@ -134,7 +138,8 @@ RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
 AS $$
-    WITH held AS MATERIALIZED (SELECT h.key FROM alive_lock_held_keys() h)
+    WITH held AS MATERIALIZED (SELECT h.key, h.pid FROM alive_lock_held_keys() h),
+         watch AS MATERIALIZED (SELECT judge_watch(p_judge) AS since)
     SELECT EXISTS (
         SELECT 1 FROM instances i
         WHERE i.instance_id IS DISTINCT FROM p_judge
@@ -142,6 +147,10 @@ AS $$
                    THEN i.lock_lost_at IS NOT NULL
                         OR (p_dead_after IS NOT NULL AND i.dead_after IS NOT NULL
                             AND i.last_heartbeat_at < now() - greatest(p_dead_after, i.dead_after))
+                        OR (i.alive_lock
+                            AND coalesce(i.lock_seen_at < (SELECT w.since FROM watch w), true)
+                            AND EXISTS (SELECT 1 FROM held
+                                        WHERE held.key = i.alive_lock_key AND held.pid = i.lock_pid))
                    ELSE i.alive_lock
                         OR i.last_heartbeat_at < now() - greatest(p_stale_after, i.stale_after)
               END)
@@ -197,8 +206,10 @@ $$;
 -- they held at once — instance_id and lease_expiry become NULL while the state stays
 -- 'running', which makes the items orphans that the next claim_work takes with attempt + 1 —
 -- and wakes the claimers of those queues (pg_notify('<schema>.wake', queue)). It also records
--- the first observation of a lock-relying instance's missing lock (`lock_lost_at`) and clears
--- it when the lock is held again.
+-- the first observation of a lock-relying instance's missing lock (`lock_lost_at`), clears it
+-- when the lock is held again, and records that it saw a lock-relying peer's lock held by its
+-- session (`lock_seen_at`) when the last sighting predates its watch — so that a judge that
+-- began watching after a peer's last heartbeat can still apply the lock-lost rule to it.
 --
 -- Arguments: judge — the sweeping instance (NULL: an operator's sweep, whose watch is the
 -- calling session's); cutoffs as in check_liveness_cutoffs (WP002 below the floor). Result:
@@ -229,6 +240,17 @@ BEGIN
     PERFORM check_liveness_cutoffs('cleanup_stale_instances', p_stale_after, p_dead_after, p_lock_grace);
     v_watch := judge_watch(p_judge);
     v_held := ARRAY(SELECT h.key FROM alive_lock_held_keys() h);
+
+    -- Sightings: a lock-relying peer whose lock this judge sees held by its recorded session,
+    -- but which was last seen held before the judge's watch began, was held within the watch
+    -- now (written once per peer and watch).
+    UPDATE instances i SET lock_seen_at = now()
+    WHERE i.instance_id = ANY (ARRAY(
+        SELECT x.instance_id FROM instances x
+        JOIN alive_lock_held_keys() h ON h.key = x.alive_lock_key AND h.pid = x.lock_pid
+        WHERE x.alive_lock AND (x.lock_seen_at IS NULL OR x.lock_seen_at < v_watch)
+          AND x.instance_id IS DISTINCT FROM p_judge
+        FOR NO KEY UPDATE OF x SKIP LOCKED));
 
     -- First observations of lost locks, and locks held again (written on change only; rows
     -- another transaction holds are left for the next sweep).

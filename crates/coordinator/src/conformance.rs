@@ -121,6 +121,9 @@ pub trait Harness: Send + Sync {
     /// (`lock_since`): as if that session, and so the instance's watch of the store, were
     /// older.
     async fn age_watch(&self, instance: InstanceId, by: Duration);
+    /// Moves back `by` the last sighting of `instance`'s lock held by its own session
+    /// (`lock_seen_at`), as if its last heartbeat were that much older.
+    async fn age_lock_sighting(&self, instance: InstanceId, by: Duration);
     /// Ends every session of the store, as a PostgreSQL restart, crash or failover does: the
     /// alive-lock sessions, the listeners and every pooled connection.
     async fn restart(&self);
@@ -173,6 +176,7 @@ macro_rules! conformance_suite {
             a_lock_blip_at_any_heartbeat_age_is_covered_by_the_grace,
             the_liveness_check_credits_only_the_instances_own_lock_session,
             a_sweep_never_reaps_its_caller,
+            a_judge_that_sees_a_peers_lock_held_can_fail_it_over_in_seconds,
             a_judge_reaps_by_staleness_only_after_watching_for_longer_than_the_cutoff,
             a_peer_is_judged_by_the_cutoffs_it_declared,
             liveness_cutoffs_below_the_store_floor_are_refused,
@@ -1172,6 +1176,46 @@ pub async fn a_sweep_never_reaps_its_caller(h: &dyn Harness) {
     let out = sweep_with_grace(h).await;
     assert_eq!(out.reaped.len(), 1, "past the definitive-dead cutoff");
     assert_eq!(out.reaped[0].instance, me);
+}
+
+/// A judge whose watch began after a peer's lock was last seen held (the judge restarted
+/// since the peer's last heartbeat) cannot tell a lost lock from a server reset — unless it
+/// has itself seen the lock held since: its sweeps record that sighting, and then the peer's
+/// death is failover in seconds again.
+pub async fn a_judge_that_sees_a_peers_lock_held_can_fail_it_over_in_seconds(h: &dyn Harness) {
+    judge(h).await;
+    let unseen = instance(h).await;
+    let seen = instance(h).await;
+    let mut locks = Vec::new();
+    for id in [unseen, seen] {
+        locks.push(take_lock(h, id).await);
+        h.age_lock_sighting(id, DEAD * 4).await;
+    }
+    // A sweep while both locks are held sees both; `unseen`'s sighting is then moved back
+    // again, as if the judge had never seen its lock held.
+    assert!(sweep_with_grace(h).await.reaped.is_empty());
+    h.age_lock_sighting(unseen, DEAD * 4).await;
+    for id in [unseen, seen] {
+        h.kill_alive_lock_session(id).await;
+    }
+    drop(locks);
+    for id in [unseen, seen] {
+        wait_until_not_alive(h, id).await;
+    }
+    assert!(sweep_with_grace(h).await.reaped.is_empty(), "first sight");
+    for id in [unseen, seen] {
+        h.age_lock_loss(id, GRACE * 2).await;
+    }
+    let out = sweep_with_grace(h).await;
+    assert_eq!(
+        out.reaped.iter().map(|r| r.instance).collect::<Vec<_>>(),
+        vec![seen],
+        "only the lock seen held within the judge's watch counts"
+    );
+    assert!(
+        h.instance_registered(unseen).await,
+        "left to the stale rule"
+    );
 }
 
 /// A judge reaps by staleness (and by the definitive-dead cutoff) only once it has itself

@@ -462,6 +462,19 @@ impl FakeCoordinator {
         }
     }
 
+    /// Moves back `by` the last sighting of `instance`'s lock held by its own session.
+    pub fn age_lock_sighting(&self, instance: InstanceId, by: Duration) {
+        let by = chrono::Duration::from_std(by).unwrap_or_default();
+        let mut st = self.state();
+        if let Some(seen) = st
+            .instances
+            .get_mut(&instance)
+            .and_then(|i| i.lock_seen_at.as_mut())
+        {
+            *seen -= by;
+        }
+    }
+
     /// Moves back `by` the start of the store's connections (the watch of a judge without
     /// its lock).
     pub fn age_connections(&self, by: Duration) {
@@ -751,13 +764,18 @@ fn peers_may_be_dead(
     dead_after: Option<Duration>,
     lock_grace: Option<Duration>,
 ) -> bool {
+    let watch = judge_watch(st, judge, now);
     st.instances.iter().any(|(id, i)| {
         if Some(*id) == judge {
             return false;
         }
         let (s, d, _) = effective(i, stale_after, dead_after, lock_grace);
-        if st.alive_locks.contains_key(id) {
-            i.lock_lost_at.is_some() || d.is_some_and(|d| i.last_heartbeat_at < ago(now, d))
+        if let Some(holder) = st.alive_locks.get(id) {
+            i.lock_lost_at.is_some()
+                || d.is_some_and(|d| i.last_heartbeat_at < ago(now, d))
+                || (i.alive_lock
+                    && i.lock_session == Some(*holder)
+                    && i.lock_seen_at.is_none_or(|t| t < watch))
         } else {
             i.alive_lock || i.last_heartbeat_at < ago(now, s)
         }
@@ -781,6 +799,14 @@ fn cleanup(
         let locks = &st.alive_locks;
         for (id, i) in st.instances.iter_mut() {
             let held = locks.contains_key(id);
+            // A sighting within the watch of a lock-relying peer's lock, held by its session.
+            if Some(*id) != judge
+                && i.alive_lock
+                && locks.get(id).is_some_and(|h| i.lock_session == Some(*h))
+                && i.lock_seen_at.is_none_or(|t| t < watch)
+            {
+                i.lock_seen_at = Some(now);
+            }
             if i.alive_lock && !held && i.lock_lost_at.is_none() && Some(*id) != judge {
                 i.lock_lost_at = Some(now);
             } else if held {

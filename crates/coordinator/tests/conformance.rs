@@ -262,6 +262,18 @@ impl Harness for PgHarness {
         .expect("age the watch");
     }
 
+    async fn age_lock_sighting(&self, instance: InstanceId, by: Duration) {
+        sqlx::query(
+            "UPDATE workpump.instances SET lock_seen_at = lock_seen_at - $2
+             WHERE instance_id = $1 AND lock_seen_at IS NOT NULL",
+        )
+        .bind(instance.0)
+        .bind(interval(chrono::Duration::from_std(by).expect("age")))
+        .execute(&self.pool)
+        .await
+        .expect("age the lock sighting");
+    }
+
     async fn restart(&self) {
         // From a connection outside the pool, which then closes too: afterwards no session
         // of this database is older than the "restart".
@@ -373,6 +385,9 @@ impl Harness for FakeHarness {
     }
     async fn age_watch(&self, instance: InstanceId, by: Duration) {
         self.0.age_watch(instance, by)
+    }
+    async fn age_lock_sighting(&self, instance: InstanceId, by: Duration) {
+        self.0.age_lock_sighting(instance, by)
     }
     async fn restart(&self) {
         self.0.restart()
