@@ -34,14 +34,17 @@ pub mod conformance;
 mod fake;
 
 pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
-pub use error::{Error, Result};
+pub use error::{Error, LockHolder, Result};
 #[cfg(feature = "testing")]
 pub use fake::{Call, FakeCoordinator, Method};
 pub use identity::{Generation, Identity};
 pub use lease::{
     CancelReason, LeaseSettings, LeaseTracker, TrackedLease, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
 };
-pub use pg::{migrate, FencedTransaction, PgCoordinator, DEFAULT_SCHEMA};
+pub use pg::{
+    migrate, migrate_with, FencedTransaction, MigrateOptions, PgCoordinator,
+    DEFAULT_MIGRATE_LOCK_TIMEOUT, DEFAULT_SCHEMA,
+};
 pub use types::*;
 pub use validate::{validate_queue_name, validate_schema_name};
 pub use worker::{ConfigProblem, Worker, WorkerError};
