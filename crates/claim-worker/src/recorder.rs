@@ -2,7 +2,7 @@
 //! with the next one, one statement per kind (complete, fail, release) and instance. At low
 //! load an outcome is written at once; under load the statements carry hundreds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,9 +116,22 @@ async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>) {
             .increment(1);
         match result {
             Ok(batch) => {
-                for (request, record) in group.into_iter().zip(batch.items) {
-                    debug_assert_eq!(request.fence, record.fence);
-                    let _ = request.reply.send(Ok(record.state));
+                // One record per distinct claim (the store answers a repeated claim once, with
+                // its first outcome): every request for a claim gets that claim's record.
+                let records: HashMap<Fence, Option<WorkState>> = batch
+                    .items
+                    .into_iter()
+                    .map(|r| (r.fence, r.state))
+                    .collect();
+                for request in group {
+                    let reply = match records.get(&request.fence) {
+                        Some(state) => Ok(*state),
+                        None => Err(format!(
+                            "the {label} write answered nothing for item {}",
+                            request.fence.id
+                        )),
+                    };
+                    let _ = request.reply.send(reply);
                 }
             }
             Err(e) => {
@@ -141,6 +154,9 @@ async fn write(
     kind: &Kind,
     group: &[Request],
 ) -> Result<OutcomeBatch, Error> {
+    // Each claim once: a repeat would be answered (and applied) once anyway.
+    let mut seen = HashSet::new();
+    let group: Vec<&Request> = group.iter().filter(|r| seen.insert(r.fence)).collect();
     let fences = || group.iter().map(|r| r.fence).collect::<Vec<_>>();
     match kind {
         Kind::Complete => {
