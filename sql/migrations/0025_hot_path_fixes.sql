@@ -543,8 +543,9 @@ $$;
 --   retry_after[i] <= 0                        -> available at once
 --   otherwise                                  -> scheduled, run_at = now() + retry_after[i]
 -- The error is appended to the item's history as {attempt, at, instance, kind, error}
--- (truncated to 8 KiB), so a dead letter carries every attempt's error. An item that ends
--- cancelled because of a cancel request gets a second entry, kind 'cancelled', saying so.
+-- (truncated to 8 KiB), one entry per attempt, so a dead letter carries every attempt's error.
+-- When a cancel request overrides what the handler asked for, the entry's kind is
+-- 'cancelled' and its text says so, then gives the attempt's error.
 -- The retry delay (backoff with jitter) is the caller's policy; this function only applies it.
 --
 -- Items retried at once wake their queues' claimers (pg_notify('<schema>.wake', queue)).
@@ -605,7 +606,7 @@ BEGIN
                     WHEN req.retry_after <= interval '0' THEN 'available'::work_state
                     ELSE 'scheduled'::work_state
                END AS next_state,
-               -- A cancel request overrides what the handler asked for: why, for the history.
+               -- A cancel request overrides what the handler asked for: what, for the history.
                CASE WHEN req.cancelled OR NOT x.cancel_requested THEN NULL
                     WHEN req.retry_after IS NULL OR x.attempt >= x.max_attempts THEN 'a dead letter'
                     ELSE 'a retry'
@@ -631,17 +632,14 @@ BEGIN
             lease_expiry = NULL,
             errors = w.errors || jsonb_build_array(jsonb_build_object(
                 'attempt', w.attempt, 'at', now(), 'instance', p_instance,
-                'kind', CASE WHEN d.cancelled THEN 'cancelled'
+                'kind', CASE WHEN d.cancelled OR d.instead_of IS NOT NULL THEN 'cancelled'
                              WHEN d.retry_after IS NULL THEN 'rejected'
                              ELSE 'failed' END,
-                'error', left(d.error, 8192)))
-                || CASE WHEN d.instead_of IS NULL THEN '[]'::jsonb
-                        ELSE jsonb_build_array(jsonb_build_object(
-                            'attempt', w.attempt, 'at', now(), 'instance', p_instance,
-                            'kind', 'cancelled',
-                            'error', format('a cancel was requested while attempt %s ran: ended cancelled '
-                                            'instead of %s', w.attempt, d.instead_of)))
-                   END
+                'error', left(CASE WHEN d.instead_of IS NULL THEN d.error
+                                   ELSE format('a cancel was requested while attempt %s ran: ended cancelled '
+                                               'instead of %s; the attempt''s error: %s',
+                                               w.attempt, d.instead_of, d.error)
+                              END, 8192)))
         FROM decided d
         WHERE w.id = d.id
         RETURNING w.id, w.claim_token, w.state

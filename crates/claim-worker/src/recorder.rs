@@ -215,3 +215,71 @@ where
     }
     attempt().await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+    use workpump_coordinator::{
+        ClaimWorkParams, EnqueueWorkParams, FakeCoordinator, Method, NewWork,
+        RecordHeartbeatParams, RegisterQueueParams,
+    };
+
+    use super::*;
+
+    /// The store answers a claim named twice in one statement once; both requests still get
+    /// the claim's record, and the claim goes out once.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_recorded_twice_in_one_batch_is_written_once_and_both_requests_answered() {
+        let fake = FakeCoordinator::new();
+        fake.register_queue(RegisterQueueParams::new("q"))
+            .await
+            .unwrap();
+        let me = InstanceId::new();
+        fake.record_heartbeat(RecordHeartbeatParams {
+            instance: me,
+            host: "test".into(),
+            metadata: json!({}),
+            stale_after: Duration::from_secs(30),
+            dead_after: None,
+            lock_grace: None,
+        })
+        .await
+        .unwrap();
+        fake.enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!(1)), NewWork::new("q", json!(2))],
+        })
+        .await
+        .unwrap();
+        let claimed = fake
+            .claim_work(ClaimWorkParams {
+                instance: me,
+                queues: vec!["q".into()],
+                max_items: 2,
+                lease: Duration::from_secs(60),
+            })
+            .await
+            .unwrap();
+        let (a, b) = (claimed.items[0].fence, claimed.items[1].fence);
+        let (recorder, writer) = Recorder::new(Arc::new(fake.clone()), 100);
+        let writer = tokio::spawn(writer);
+        fake.clear_calls();
+        let (first, second, other) = tokio::join!(
+            recorder.record(me, a, Outcome::Complete),
+            recorder.record(me, a, Outcome::Complete),
+            recorder.record(me, b, Outcome::Complete),
+        );
+        assert_eq!(first, Ok(Some(WorkState::Completed)));
+        assert_eq!(second, Ok(Some(WorkState::Completed)));
+        assert_eq!(other, Ok(Some(WorkState::Completed)));
+        let calls: Vec<usize> = fake
+            .calls_of(Method::CompleteWork)
+            .iter()
+            .map(|c| c.items)
+            .collect();
+        assert_eq!(calls, vec![2], "one statement, each claim once");
+        drop(recorder);
+        writer.await.unwrap();
+    }
+}

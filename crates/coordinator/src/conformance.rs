@@ -2341,8 +2341,9 @@ pub async fn a_repeated_pair_is_answered_once_and_its_first_disposition_wins(h: 
 
 /// An operator's cancel is never lost to a retry or a release: a cancel-requested item whose
 /// attempt fails (retry at once, retry later, rejection) or whose lease is released (drained
-/// or counted) ends cancelled, with a history entry that says why, and is never claimed
-/// again. A handler that reports the cancel itself ends it cancelled as before.
+/// or counted) ends cancelled, with the attempt's one history entry (kind `cancelled`) saying
+/// why, and is never claimed again. A handler that reports the cancel itself ends it
+/// cancelled as before.
 pub async fn a_cancel_requested_item_that_fails_or_is_released_ends_cancelled_and_says_why(
     h: &dyn Harness,
 ) {
@@ -2403,22 +2404,42 @@ pub async fn a_cancel_requested_item_that_fails_or_is_released_ends_cancelled_an
         assert_eq!(last.kind, "cancelled", "item {}: {:?}", fence.id, r.errors);
         assert_eq!(last.instance, Some(me.to_string()));
     }
-    let kinds = |id: WorkId| async move {
+    // One entry per attempt: it says why the item ended cancelled, and keeps the attempt's
+    // error.
+    let history = |id: WorkId| async move {
         row(h, id)
             .await
             .errors
             .iter()
-            .map(|e| e.kind.clone())
+            .map(|e| (e.kind.clone(), e.error.clone()))
             .collect::<Vec<_>>()
     };
-    // The failure is kept, then the reason it ended cancelled.
-    assert_eq!(kinds(f[0].id).await, vec!["failed", "cancelled"]);
-    assert_eq!(kinds(f[1].id).await, vec!["failed", "cancelled"]);
-    assert_eq!(kinds(f[2].id).await, vec!["rejected", "cancelled"]);
-    assert_eq!(kinds(f[3].id).await, vec!["cancelled"]);
-    assert_eq!(kinds(f[4].id).await, vec!["cancelled"]);
-    assert_eq!(kinds(f[5].id).await, vec!["cancelled"]);
-    let why = row(h, f[0].id).await.errors[1].error.clone();
-    assert!(why.contains("cancel was requested"), "{why}");
+    for (fence, instead_of, error) in [
+        (f[0], "instead of a retry", "boom"),
+        (f[1], "instead of a retry", "boom"),
+        (f[2], "instead of a dead letter", "bad input"),
+    ] {
+        let entries = history(fence.id).await;
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let (kind, text) = &entries[0];
+        assert_eq!(kind, "cancelled");
+        for part in ["a cancel was requested", instead_of, error] {
+            assert!(text.contains(part), "{text:?} lacks {part:?}");
+        }
+    }
+    assert_eq!(
+        history(f[3].id).await,
+        vec![("cancelled".to_owned(), "stopped".to_owned())]
+    );
+    for fence in [f[4], f[5]] {
+        let entries = history(fence.id).await;
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert!(
+            entries[0]
+                .1
+                .contains("released after a cancel was requested"),
+            "{entries:?}"
+        );
+    }
     assert!(claim(h, me, &["q"], 10).await.items.is_empty());
 }

@@ -888,9 +888,9 @@ impl WorkCoordinator for FakeCoordinator {
                             }
                             FailDisposition::RetryAfter(_) => (WorkState::Scheduled, "failed"),
                         };
-                        r.push_error(now, Some(params.instance), kind, &sanitize_text(&f.error));
+                        let error = sanitize_text(&f.error);
                         // An operator's cancel is never lost to a retry, nor turned into a
-                        // dead letter.
+                        // dead letter; the one entry of the attempt says so.
                         let next = if r.cancel_requested && asked != WorkState::Cancelled {
                             let instead_of = if asked == WorkState::Dead {
                                 "a dead letter"
@@ -898,12 +898,13 @@ impl WorkCoordinator for FakeCoordinator {
                                 "a retry"
                             };
                             let note = format!(
-                                "a cancel was requested while attempt {} ran: ended cancelled instead of {instead_of}",
+                                "a cancel was requested while attempt {} ran: ended cancelled instead of {instead_of}; the attempt's error: {error}",
                                 r.attempt
                             );
                             r.push_error(now, Some(params.instance), "cancelled", &note);
                             WorkState::Cancelled
                         } else {
+                            r.push_error(now, Some(params.instance), kind, &error);
                             asked
                         };
                         if let FailDisposition::RetryAfter(d) = f.disposition {
