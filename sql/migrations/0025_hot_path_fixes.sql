@@ -9,9 +9,9 @@
 --     fail_work and release_work end a cancel-requested item cancelled instead of sending it
 --     back to waiting, where the next claim ran it; the items that a lost cancel left waiting
 --     end cancelled here.
---   * claim_work: locks the caller's instance row FOR KEY SHARE (a sweep skips an instance
---     while one of its claims is in flight); refuses an unknown queue (WP001); every row
---     carries the same drain hint.
+--   * claim_work: locks the caller's instance row FOR KEY SHARE when it leases something (a
+--     sweep skips an instance while one of its claims is in flight); refuses an unknown queue
+--     (WP001); every row carries the same drain hint.
 --   * renew_leases: the same instance lock; an instance without a row answers 'evicted'; one
 --     row per distinct (id, token) pair.
 --   * complete_work, fail_work, release_work: one row per distinct pair, the first
@@ -66,13 +66,7 @@ WHERE w.state IN ('available', 'scheduled') AND w.cancel_requested;
 -- claim_work(instance, queues, max_items, lease) -> setof claimed rows
 --
 -- Leases up to `max_items` work items of the given queues to `instance` for `lease`:
---   0. locks the caller's instance row FOR KEY SHARE until the transaction ends. A sweep
---      (cleanup_stale_instances takes instance rows FOR UPDATE SKIP LOCKED) therefore skips an
---      instance while one of its claims is in flight, so it never deletes and tombstones an
---      instance whose new leases it cannot see; a later sweep reaps it and releases those
---      leases too. A sweep that locked the row first makes the claim wait, then find the row
---      gone (WP003). KEY SHARE does not conflict with the instance's own heartbeat (a plain
---      UPDATE of the row takes FOR NO KEY UPDATE) nor with another claim's KEY SHARE;
+--   0. checks that the instance is registered (WP003 otherwise);
 --   1. promotes the queues' due scheduled rows (run_at <= now()) to available;
 --   2. ends orphans that must not run again: attempts used up -> dead (with an error entry),
 --      cancel requested -> cancelled;
@@ -83,6 +77,18 @@ WHERE w.state IN ('available', 'scheduled') AND w.cancel_requested;
 -- and a fresh claim_token from claim_token_seq. Rows are taken FOR UPDATE SKIP LOCKED, so
 -- concurrent claimers never receive the same row. An available row never carries a cancel
 -- request (constraint work_waiting_is_not_cancel_requested), so a cancel is never run.
+--
+-- The instance lock: the statement that mints leases (step 3 and step 4 each), once it holds
+-- rows to lease, locks the caller's instance row FOR KEY SHARE until the transaction ends,
+-- and leases nothing if the row is gone. A sweep (cleanup_stale_instances takes instance rows
+-- FOR UPDATE SKIP LOCKED) therefore skips an instance while one of its claims is in flight, so
+-- it never deletes and tombstones an instance under leases it cannot see (they are newer than
+-- its snapshot); a later sweep reaps it and releases those leases too. A sweep that locked the
+-- row first makes the claim wait, find the row gone and lease nothing (the next claim gets
+-- WP003). KEY SHARE conflicts neither with the instance's own heartbeat (a plain UPDATE of the
+-- row takes FOR NO KEY UPDATE) nor with another claim's KEY SHARE. Only a claim that leases
+-- something takes it: a row lock needs a transaction id, and an empty poll stays read-only (no
+-- transaction id, no WAL, no commit flush).
 --
 -- Result: one row per claimed item with its payload, checkpoint (saved by an earlier attempt),
 -- attempt, token and expiry; `reclaimed` marks orphans; `has_more` (the drain hint), the same
@@ -99,7 +105,8 @@ WHERE w.state IN ('available', 'scheduled') AND w.cancel_requested;
 -- Clock rule: every comparison and expiry uses the database's now().
 --
 -- Plan (1 000 000 rows, 100 000 available in the queue, PostgreSQL 15):
---   step 0: one primary-key probe on instances (LockRows).
+--   step 0: one primary-key probe on instances; the instance lock one more, with LockRows,
+--           only when there are rows to lease.
 --   step 4: Limit -> Sort -> Nested Loop -> Function Scan on unnest
 --           -> Limit -> LockRows -> Index Scan using work_claim on work
 --              Index Cond: ((queue = q.name) AND (run_at <= v_now))   Filter: state = 'available' (partial index)
@@ -138,6 +145,7 @@ DECLARE
     v_remaining integer;
     v_queues    text[];
     v_unknown   text;
+    v_known     bigint;
     v_reclaimed bigint[] := '{}';
 BEGIN
     IF p_instance IS NULL THEN
@@ -156,23 +164,28 @@ BEGIN
             MESSAGE = format('claim_work: lease must be positive, got %s', p_lease);
     END IF;
 
-    -- 0. The caller's instance row, held until this transaction ends (see the header).
-    PERFORM 1 FROM instances i WHERE i.instance_id = p_instance FOR KEY SHARE;
-    IF NOT FOUND THEN
+    IF NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = p_instance) THEN
         RAISE EXCEPTION USING ERRCODE = 'WP003',
             MESSAGE = format('claim_work: instance %s is not registered (record a heartbeat first; '
                              'an evicted instance must register afresh under a new id)', p_instance);
     END IF;
 
-    -- The queues this call may claim from: known and not paused. An unknown one is refused.
-    SELECT array_agg(DISTINCT q.name) FILTER (WHERE NOT q.paused),
-           (array_agg(t.name ORDER BY t.ord) FILTER (WHERE q.name IS NULL))[1]
-    INTO v_queues, v_unknown
-    FROM unnest(p_queues) WITH ORDINALITY AS t(name, ord)
-    LEFT JOIN queues q ON q.name = t.name;
-    IF v_unknown IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP001', DETAIL = v_unknown,
-            MESSAGE = format('claim_work: unknown queue %L (register it first)', v_unknown);
+    -- The queues this call may claim from: known and not paused. An unknown one is refused
+    -- (looked for only when fewer queues matched than were named).
+    SELECT array_agg(q.name) FILTER (WHERE NOT q.paused), count(*)
+    INTO v_queues, v_known
+    FROM queues q
+    WHERE q.name = ANY (p_queues);
+    IF v_known < cardinality(p_queues) THEN
+        SELECT t.name INTO v_unknown
+        FROM unnest(p_queues) WITH ORDINALITY AS t(name, ord)
+        WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = t.name)
+        ORDER BY t.ord
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'WP001', DETAIL = v_unknown,
+                MESSAGE = format('claim_work: unknown queue %L (register it first)', v_unknown);
+        END IF;
     END IF;
     IF v_queues IS NULL THEN
         RETURN;
@@ -225,6 +238,11 @@ BEGIN
             ORDER BY o.priority, o.run_at, o.id
             LIMIT p_max_items
             FOR UPDATE SKIP LOCKED
+        ), owner AS MATERIALIZED (
+            -- The instance lock (see the header), only when there is something to reclaim.
+            SELECT i.instance_id FROM instances i
+            WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM picked)
+            FOR KEY SHARE
         ), claimed AS (
             UPDATE work w
             SET instance_id = p_instance,
@@ -239,7 +257,7 @@ BEGIN
                                   THEN 'lease released: the owning instance was declared dead'
                                   ELSE 'lease expired: the owning instance stopped renewing'
                              END))
-            WHERE w.id = ANY (ARRAY(SELECT p.id FROM picked p))
+            WHERE w.id = ANY (ARRAY(SELECT p.id FROM picked p CROSS JOIN owner o))
             RETURNING w.id
         )
         SELECT coalesce(array_agg(c.id), '{}') INTO v_reclaimed FROM claimed c;
@@ -263,6 +281,11 @@ BEGIN
             ) c
         ), more AS MATERIALIZED (
             SELECT count(*) > v_remaining AS has_more FROM candidates
+        ), owner AS MATERIALIZED (
+            -- The instance lock (see the header), only when there is something to claim.
+            SELECT i.instance_id FROM instances i
+            WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM candidates)
+            FOR KEY SHARE
         ), claimed AS (
             UPDATE work w
             SET state = 'running',
@@ -272,7 +295,7 @@ BEGIN
                 attempt = w.attempt + 1,
                 renewals = 0
             WHERE w.id = ANY (ARRAY(
-                SELECT c.id FROM candidates c
+                SELECT c.id FROM candidates c CROSS JOIN owner o
                 ORDER BY c.priority, c.run_at, c.id
                 LIMIT v_remaining))
             RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
@@ -310,6 +333,11 @@ BEGIN
         ) c
     ), more AS MATERIALIZED (
         SELECT count(*) > v_remaining AS has_more FROM candidates
+    ), owner AS MATERIALIZED (
+        -- The instance lock (see the header), only when there is something to claim.
+        SELECT i.instance_id FROM instances i
+        WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM candidates)
+        FOR KEY SHARE
     ), claimed AS (
         UPDATE work w
         SET state = 'running',
@@ -319,7 +347,7 @@ BEGIN
             attempt = w.attempt + 1,
             renewals = 0
         WHERE w.id = ANY (ARRAY(
-            SELECT c.id FROM candidates c
+            SELECT c.id FROM candidates c CROSS JOIN owner o
             ORDER BY c.priority, c.run_at, c.id
             LIMIT v_remaining))
         RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,

@@ -189,6 +189,65 @@ async fn a_claim_in_flight_keeps_its_instance_from_the_sweep_and_never_blocks_it
     assert_eq!(owner, None, "the lease the claim took was released");
 }
 
+/// The instance lock is taken only by a claim that leases something: a row lock needs a
+/// transaction id, and an empty poll — most polls of an idle fleet — must stay read-only (no
+/// transaction id, no WAL, no commit flush).
+#[tokio::test]
+async fn an_empty_claim_stays_read_only_and_a_claim_that_leases_holds_its_instance() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let held = "SELECT count(*) FROM pg_locks l JOIN pg_class r ON r.oid = l.relation
+                WHERE r.relname = 'instances' AND l.mode = 'RowShareLock' AND l.pid = pg_backend_pid()";
+    let mut tx = pool.begin().await.expect("begin");
+    let claimed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+    )
+    .bind(me.0)
+    .fetch_all(&mut *tx)
+    .await
+    .expect("claim");
+    assert!(claimed.is_empty());
+    let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("xid");
+    assert_eq!(xid, None, "an empty poll took a transaction id");
+    tx.rollback().await.expect("rollback");
+
+    enqueue_n(&c, 1).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let claimed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+    )
+    .bind(me.0)
+    .fetch_all(&mut *tx)
+    .await
+    .expect("claim");
+    assert_eq!(claimed.len(), 1);
+    let locking: i64 = sqlx::query_scalar(held)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("locks");
+    assert_eq!(
+        locking, 1,
+        "the claim that leased holds a row lock on instances"
+    );
+    // The row lock itself: a FOR UPDATE NOWAIT of the instance row (what a sweep would take,
+    // without SKIP LOCKED) is refused while the claim's transaction is open.
+    let err =
+        sqlx::query("SELECT 1 FROM workpump.instances WHERE instance_id = $1 FOR UPDATE NOWAIT")
+            .bind(me.0)
+            .execute(&pool)
+            .await
+            .expect_err("the instance row is locked");
+    let code = err
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("55P03"), "{err}");
+    tx.commit().await.expect("commit");
+}
+
 /// What the race left behind before the fix — an instance deleted and tombstoned while a
 /// lease is still fenced to it — answers `evicted` to every renewal, renews nothing, and the
 /// instance can claim no more.
