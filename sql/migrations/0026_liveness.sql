@@ -218,9 +218,11 @@ $$;
 -- match (fenced out). Rows locked by an open fenced transaction are skipped; their lease
 -- expires on its own.
 -- Concurrency: safe on every instance at once, and beside heartbeats and claims: instance
--- rows are taken FOR UPDATE SKIP LOCKED (a claim holds its instance's row FOR KEY SHARE, so an
--- instance is never reaped in the middle of minting a lease), and the observations are
--- written FOR NO KEY UPDATE SKIP LOCKED, so two heartbeats' sweeps cannot deadlock.
+-- rows are taken FOR UPDATE SKIP LOCKED (a claim holds its instance's row FOR KEY SHARE while
+-- it leases, so an instance is never reaped in the middle of minting a lease; the leases of a
+-- claim that committed just before the row was locked are released by a second statement,
+-- whose snapshot sees them), and the observations are written FOR NO KEY UPDATE SKIP LOCKED,
+-- so two heartbeats' sweeps cannot deadlock.
 -- Clock rule: every cutoff is the database's now() minus an interval.
 CREATE FUNCTION cleanup_stale_instances(
     p_judge       uuid,
@@ -234,8 +236,11 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_watch timestamptz;
-    v_held  bigint[];
+    v_watch    timestamptz;
+    v_held     bigint[];
+    v_dead     uuid[];
+    v_released integer[];
+    v_late     uuid[] := '{}';
 BEGIN
     PERFORM check_liveness_cutoffs('cleanup_stale_instances', p_stale_after, p_dead_after, p_lock_grace);
     v_watch := judge_watch(p_judge);
@@ -266,7 +271,6 @@ BEGIN
         WHERE x.lock_lost_at IS NOT NULL AND x.alive_lock_key = ANY (v_held)
         FOR NO KEY UPDATE SKIP LOCKED));
 
-    RETURN QUERY
     WITH judged AS (
         SELECT i.instance_id, i.last_heartbeat_at, i.alive_lock, i.lock_lost_at, i.lock_seen_at,
                i.alive_lock_key = ANY (v_held) AS held,
@@ -315,10 +319,41 @@ BEGIN
         SELECT pg_notify(current_schema() || '.wake', q.queue)
         FROM (SELECT DISTINCT f.queue FROM freed f) q
     )
-    SELECT d.instance_id,
-           (SELECT count(*) FROM freed f WHERE f.owner = d.instance_id)::integer
+    SELECT coalesce(array_agg(d.instance_id ORDER BY d.instance_id), '{}'),
+           coalesce(array_agg((SELECT count(*) FROM freed f WHERE f.owner = d.instance_id)::integer
+                              ORDER BY d.instance_id), '{}')
+    INTO v_dead, v_released
     FROM deleted d
     WHERE (SELECT count(*) FROM woken) >= 0;
+
+    IF cardinality(v_dead) > 0 THEN
+        -- A claim that committed after the statement above took its snapshot, but before it
+        -- locked the instance row (a claim holds the row FOR KEY SHARE while it leases, so
+        -- the sweep skips an instance with a claim in flight), leased rows that statement
+        -- could not see. This statement's snapshot does: release them too. (A claim that
+        -- comes later finds the instance row gone and leases nothing.)
+        WITH late AS (
+            SELECT w.id, w.instance_id AS owner, w.queue
+            FROM work w
+            WHERE w.state = 'running' AND w.instance_id = ANY (v_dead)
+            FOR UPDATE SKIP LOCKED
+        ), freed AS (
+            UPDATE work w SET instance_id = NULL, lease_expiry = NULL
+            FROM late l
+            WHERE w.id = l.id
+            RETURNING l.owner, l.queue
+        ), woken AS (
+            SELECT pg_notify(current_schema() || '.wake', q.queue)
+            FROM (SELECT DISTINCT f.queue FROM freed f) q
+        )
+        SELECT coalesce(array_agg(f.owner), '{}') INTO v_late
+        FROM freed f
+        WHERE (SELECT count(*) FROM woken) >= 0;
+    END IF;
+
+    RETURN QUERY
+    SELECT d.id, d.n + (SELECT count(*) FROM unnest(v_late) o(id) WHERE o.id = d.id)::integer
+    FROM unnest(v_dead, v_released) AS d(id, n);
 END;
 $$;
 

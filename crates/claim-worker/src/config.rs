@@ -24,7 +24,9 @@ pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClaimConfig {
-    /// Killswitch: `false` means the worker sends no SQL at all. **Default: true.**
+    /// Killswitch: `false` means the worker sends no SQL at all (an enqueue-only or
+    /// maintenance-only host; its readiness then does not wait for a claim registration).
+    /// **Default: true.**
     pub enabled: bool,
     /// The tight poll cadence and the start of the backoff while the NOTIFY gate is down.
     /// **Default: 250 ms.**

@@ -3,7 +3,7 @@
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
-/// claim_work calls, by queue and `result` (`items`, `empty`, `error`).
+/// claim_work calls, by queue and `result` (`items`, `empty`, `unknown_queue`, `error`).
 pub const POLLS: &str = "workpump_claim_polls_total";
 /// Items claimed, by queue and `kind` (`new`, `reclaimed`).
 pub const CLAIMED: &str = "workpump_claimed_items_total";

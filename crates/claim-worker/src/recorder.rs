@@ -2,7 +2,7 @@
 //! with the next one, one statement per kind (complete, fail, release) and instance. At low
 //! load an outcome is written at once; under load the statements carry hundreds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,9 +116,22 @@ async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>) {
             .increment(1);
         match result {
             Ok(batch) => {
-                for (request, record) in group.into_iter().zip(batch.items) {
-                    debug_assert_eq!(request.fence, record.fence);
-                    let _ = request.reply.send(Ok(record.state));
+                // One record per distinct claim (the store answers a repeated claim once, with
+                // its first outcome): every request for a claim gets that claim's record.
+                let records: HashMap<Fence, Option<WorkState>> = batch
+                    .items
+                    .into_iter()
+                    .map(|r| (r.fence, r.state))
+                    .collect();
+                for request in group {
+                    let reply = match records.get(&request.fence) {
+                        Some(state) => Ok(*state),
+                        None => Err(format!(
+                            "the {label} write answered nothing for item {}",
+                            request.fence.id
+                        )),
+                    };
+                    let _ = request.reply.send(reply);
                 }
             }
             Err(e) => {
@@ -141,6 +154,9 @@ async fn write(
     kind: &Kind,
     group: &[Request],
 ) -> Result<OutcomeBatch, Error> {
+    // Each claim once: a repeat would be answered (and applied) once anyway.
+    let mut seen = HashSet::new();
+    let group: Vec<&Request> = group.iter().filter(|r| seen.insert(r.fence)).collect();
     let fences = || group.iter().map(|r| r.fence).collect::<Vec<_>>();
     match kind {
         Kind::Complete => {
@@ -198,4 +214,74 @@ where
         }
     }
     attempt().await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+    use workpump_coordinator::{
+        ClaimWorkParams, EnqueueWorkParams, FakeCoordinator, Method, NewWork,
+        RecordHeartbeatParams, RegisterQueueParams,
+    };
+
+    use super::*;
+
+    /// The store answers a claim named twice in one statement once; both requests still get
+    /// the claim's record, and the claim goes out once.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_recorded_twice_in_one_batch_is_written_once_and_both_requests_answered() {
+        let fake = FakeCoordinator::new();
+        fake.register_queue(RegisterQueueParams::new("q"))
+            .await
+            .unwrap();
+        let me = InstanceId::new();
+        fake.record_heartbeat(RecordHeartbeatParams {
+            instance: me,
+            host: "test".into(),
+            metadata: json!({}),
+            stale_after: Duration::from_secs(30),
+            dead_after: None,
+            lock_grace: None,
+            alive_lock: workpump_coordinator::AliveLockReport::Unreported,
+            registering: true,
+        })
+        .await
+        .unwrap();
+        fake.enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!(1)), NewWork::new("q", json!(2))],
+        })
+        .await
+        .unwrap();
+        let claimed = fake
+            .claim_work(ClaimWorkParams {
+                instance: me,
+                queues: vec!["q".into()],
+                max_items: 2,
+                lease: Duration::from_secs(60),
+            })
+            .await
+            .unwrap();
+        let (a, b) = (claimed.items[0].fence, claimed.items[1].fence);
+        let (recorder, writer) = Recorder::new(Arc::new(fake.clone()), 100);
+        let writer = tokio::spawn(writer);
+        fake.clear_calls();
+        let (first, second, other) = tokio::join!(
+            recorder.record(me, a, Outcome::Complete),
+            recorder.record(me, a, Outcome::Complete),
+            recorder.record(me, b, Outcome::Complete),
+        );
+        assert_eq!(first, Ok(Some(WorkState::Completed)));
+        assert_eq!(second, Ok(Some(WorkState::Completed)));
+        assert_eq!(other, Ok(Some(WorkState::Completed)));
+        let calls: Vec<usize> = fake
+            .calls_of(Method::CompleteWork)
+            .iter()
+            .map(|c| c.items)
+            .collect();
+        assert_eq!(calls, vec![2], "one statement, each claim once");
+        drop(recorder);
+        writer.await.unwrap();
+    }
 }

@@ -211,6 +211,13 @@ impl ClaimWorker {
         }
     }
 
+    /// Whether this worker claims at all: it is enabled and has handlers. One that does not
+    /// (an enqueue-only or maintenance-only host) never registers for claiming, and readiness
+    /// must not wait for it to.
+    pub fn claims(&self) -> bool {
+        self.shared.config.enabled && !self.shared.queues.is_empty()
+    }
+
     /// Watches the worker's gate, registration and running state.
     pub fn status(&self) -> watch::Receiver<ClaimStatus> {
         self.shared.status.subscribe()
@@ -229,7 +236,7 @@ impl Worker for ClaimWorker {
     }
 
     async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
-        if !self.shared.config.enabled || self.shared.queues.is_empty() {
+        if !self.claims() {
             shutdown.cancelled().await;
             return Ok(());
         }
@@ -512,6 +519,7 @@ async fn claim_loop(
     let mut registered = run.registered.subscribe();
     let mut gate = run.gate.subscribe();
     let mut empty: u32 = 0;
+    let mut unknown_reported = false;
     let queue = q.name.clone();
     loop {
         // Registered under the current identity?
@@ -551,6 +559,9 @@ async fn claim_loop(
                 lease: q.settings.lease.lease,
             })
             .await;
+        if !matches!(result, Err(Error::UnknownQueue(_))) {
+            unknown_reported = false;
+        }
         let full = match result {
             Ok(out) => {
                 let n = out.items.len();
@@ -592,6 +603,23 @@ async fn claim_loop(
                 tracing::warn!("claiming as {i}: this instance is no longer registered");
                 shared.identity.evicted(i);
                 continue;
+            }
+            Err(Error::UnknownQueue(_)) => {
+                // The host registers its handler queues before claiming, so this takes a
+                // registration that was lost (or a store of one's own): say it once, plainly,
+                // and keep polling with backoff until the queue exists.
+                ::metrics::counter!(metrics::POLLS, "queue" => queue.clone(), "result" => "unknown_queue")
+                    .increment(1);
+                if !unknown_reported {
+                    tracing::error!(
+                        "claiming from {queue:?}: the store says this queue is not registered, so \
+                         nothing of it can be claimed; register it (register_queue), as the host \
+                         does at start. Polling on with backoff until it is."
+                    );
+                    unknown_reported = true;
+                }
+                empty = empty.saturating_add(1);
+                false
             }
             Err(e) => {
                 ::metrics::counter!(metrics::POLLS, "queue" => queue.clone(), "result" => "error")

@@ -469,3 +469,107 @@ async fn stopped_by_a_limit_is_a_failed_attempt(why: CancelReason, named: &str) 
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// Log lines written while a test runs, for asserting what an operator would read.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// A handler queue the store does not know (the host registers its queues at start, so this
+/// takes a lost registration or a coordinator of one's own): the loop says so at error level,
+/// naming the queue, once per streak; backs off as after failed polls instead of spinning;
+/// and claims as soon as the queue is registered.
+#[tokio::test(start_paused = true)]
+async fn a_queue_the_store_does_not_know_is_reported_once_backed_off_and_claimed_once_registered() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let fake = FakeCoordinator::new();
+    let mut handlers = Handlers::new();
+    handlers
+        .add(
+            "ghost",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+            QueueSettings::default(),
+        )
+        .unwrap();
+    let worker = Arc::new(ClaimWorker::new(
+        Arc::new(fake.clone()),
+        None,
+        Arc::new(StopsAtFence(CancelReason::LeaseFence)),
+        Identity::new(),
+        handlers,
+        tight(),
+        Registration::default(),
+    ));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (worker, shutdown) = (worker.clone(), shutdown.clone());
+        async move { worker.run(shutdown).await }
+    });
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let calls = fake.calls_of(Method::ClaimWork);
+    let first = calls[0].at;
+    let times: Vec<u64> = calls
+        .iter()
+        .map(|c| (c.at - first).as_millis() as u64)
+        .collect();
+    let g: Vec<u64> = gaps(&times).into_iter().skip_while(|g| *g == 0).collect();
+    assert_eq!(
+        g[..8].to_vec(),
+        vec![250, 500, 1000, 2000, 4000, 8000, 10_000, 10_000]
+    );
+    let text = logs.text();
+    let reports: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("\"ghost\""))
+        .collect();
+    assert_eq!(reports.len(), 1, "one report per streak: {text}");
+    assert!(
+        reports[0].contains("not registered"),
+        "the report says what is wrong: {}",
+        reports[0]
+    );
+
+    fake.register_queue(RegisterQueueParams::new("ghost"))
+        .await
+        .unwrap();
+    let id = fake
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("ghost", json!({}))],
+        })
+        .await
+        .unwrap()
+        .items[0]
+        .id;
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    settle().await;
+    assert_eq!(
+        fake.work_row(id).map(|r| r.state),
+        Some(WorkState::Completed)
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}

@@ -154,7 +154,7 @@ macro_rules! conformance_suite {
             claim_honours_max_items_and_the_queue_filter,
             claim_orders_by_priority_then_age,
             claim_waits_for_run_at_in_the_future,
-            claim_skips_paused_or_unknown_queues_and_refuses_unregistered_instances,
+            claim_refuses_an_unknown_queue_naming_the_first_and_an_unregistered_instance,
             an_orphan_claim_bumps_the_attempt_and_mints_a_new_token,
             an_orphan_with_attempts_used_up_becomes_a_dead_letter,
             the_drain_hint_says_whether_more_were_left,
@@ -214,6 +214,9 @@ macro_rules! conformance_suite {
             retry_refuses_items_that_are_not_dead_letters_or_whose_unique_key_is_taken,
             discard_deletes_finished_items_and_refuses_unfinished_ones,
             maintenance_calls_refuse_bad_limits_and_retentions,
+            renewal_by_an_evicted_instance_answers_evicted_for_every_lease,
+            a_repeated_pair_is_answered_once_and_its_first_disposition_wins,
+            a_cancel_requested_item_that_fails_or_is_released_ends_cancelled_and_says_why,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {
@@ -576,14 +579,32 @@ pub async fn claim_waits_for_run_at_in_the_future(h: &dyn Harness) {
     assert_eq!(ids(&claim(h, me, &["q"], 10).await), HashSet::from([past]));
 }
 
-/// Paused and unknown queues yield nothing; an unregistered instance is refused.
-pub async fn claim_skips_paused_or_unknown_queues_and_refuses_unregistered_instances(
+/// A claim that names a queue nobody registered is refused naming the first such queue, as
+/// an enqueue is, and claims nothing, not even from the known queues it names; an
+/// unregistered instance is refused. (A paused queue yields nothing: PostgreSQL-only, the
+/// trait cannot pause.)
+pub async fn claim_refuses_an_unknown_queue_naming_the_first_and_an_unregistered_instance(
     h: &dyn Harness,
 ) {
     queue(h, "q", 10).await;
     let me = instance(h).await;
-    enqueue_n(h, "q", 1).await;
-    assert!(claim(h, me, &["nope"], 10).await.items.is_empty());
+    let id = enqueue_n(h, "q", 1).await[0];
+    let err = h
+        .coordinator()
+        .claim_work(claim_params(me, &["q", "nope", "nada"], 10))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::UnknownQueue(q) if q == "nope"),
+        "{err}"
+    );
+    assert!(!err.is_transient());
+    assert_eq!(
+        row(h, id).await.state,
+        WorkState::Available,
+        "nothing claimed"
+    );
+    assert_eq!(ids(&claim(h, me, &["q"], 10).await), HashSet::from([id]));
     let stranger = InstanceId::new();
     let err = h
         .coordinator()
@@ -2600,4 +2621,259 @@ pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness)
         matches!(&err, Error::InvalidArgument(m) if m.contains("retention")),
         "{err}"
     );
+}
+
+// -- issue 11: evicted renewals, repeated pairs, cancels that survive a retry or a release -------
+
+/// An instance that was reaped (deleted and tombstoned) gets `evicted` for every lease it
+/// renews — the lease it held, a forged token, anything — and nothing is renewed: the
+/// instance is gone, and every lease with it. Its peers are not affected.
+pub async fn renewal_by_an_evicted_instance_answers_evicted_for_every_lease(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let gone = instance(h).await;
+    let peer = instance(h).await;
+    enqueue_n(h, "q", 2).await;
+    let held: Vec<Fence> = claim(h, gone, &["q"], 2)
+        .await
+        .items
+        .iter()
+        .map(|c| c.fence)
+        .collect();
+    assert_eq!(held.len(), 2);
+    h.age_heartbeat(gone, STALE * 2).await;
+    let reaped: Vec<InstanceId> = cleanup(h, Some(DEAD))
+        .await
+        .reaped
+        .iter()
+        .map(|r| r.instance)
+        .collect();
+    assert_eq!(reaped, vec![gone]);
+    let forged = Fence {
+        id: held[0].id,
+        token: held[0].token + 1_000_000,
+    };
+    let replies: Vec<(Fence, RenewalStatus, bool)> = renew(h, gone, vec![held[0], held[1], forged])
+        .await
+        .iter()
+        .map(|r| (r.fence, r.status, r.cancel_requested))
+        .collect();
+    use RenewalStatus::Evicted;
+    assert_eq!(
+        replies,
+        vec![
+            (held[0], Evicted, false),
+            (held[1], Evicted, false),
+            (forged, Evicted, false)
+        ]
+    );
+    for f in &held {
+        assert_eq!(row(h, f.id).await.renewals, 0, "nothing was renewed");
+    }
+    // The peer takes the items over and renews its own leases as usual.
+    let taken = claim(h, peer, &["q"], 10).await;
+    assert_eq!(ids(&taken), held.iter().map(|f| f.id).collect());
+    let fences: Vec<Fence> = taken.items.iter().map(|c| c.fence).collect();
+    assert!(renew(h, peer, fences)
+        .await
+        .iter()
+        .all(|r| r.status == RenewalStatus::Renewed));
+}
+
+/// A pair given twice in one call is answered once, in the order of its first occurrence,
+/// and only its first disposition is applied: complete_work, fail_work, release_work and
+/// renew_leases alike.
+pub async fn a_repeated_pair_is_answered_once_and_its_first_disposition_wins(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    enqueue_n(h, "q", 5).await;
+    let f: Vec<Fence> = claim(h, me, &["q"], 5)
+        .await
+        .items
+        .iter()
+        .map(|c| c.fence)
+        .collect();
+    let (a, b, c, d, e) = (f[0], f[1], f[2], f[3], f[4]);
+    let answers = |batch: OutcomeBatch| -> Vec<(Fence, Option<WorkState>)> {
+        batch.items.iter().map(|r| (r.fence, r.state)).collect()
+    };
+
+    let done = complete(h, me, vec![a, b, a]).await;
+    assert_eq!(
+        answers(done),
+        vec![
+            (a, Some(WorkState::Completed)),
+            (b, Some(WorkState::Completed))
+        ]
+    );
+
+    let failure = |fence, error: &str, disposition| Failure {
+        fence,
+        error: error.into(),
+        disposition,
+    };
+    let failed = h
+        .coordinator()
+        .fail_work(FailWorkParams {
+            instance: me,
+            items: vec![
+                failure(c, "first", FailDisposition::RetryAfter(Duration::ZERO)),
+                failure(d, "other", FailDisposition::DeadLetter),
+                failure(c, "second", FailDisposition::DeadLetter),
+            ],
+        })
+        .await
+        .expect("fail");
+    assert_eq!(
+        answers(failed),
+        vec![(c, Some(WorkState::Available)), (d, Some(WorkState::Dead))]
+    );
+    let r = row(h, c.id).await;
+    assert_eq!(r.state, WorkState::Available, "the first disposition won");
+    let history: Vec<(&str, &str)> = r
+        .errors
+        .iter()
+        .map(|e| (e.kind.as_str(), e.error.as_str()))
+        .collect();
+    assert_eq!(history, vec![("failed", "first")]);
+
+    let released = h
+        .coordinator()
+        .release_work(ReleaseWorkParams {
+            instance: me,
+            items: vec![e, e],
+            consume_attempt: false,
+        })
+        .await
+        .expect("release");
+    assert_eq!(answers(released), vec![(e, Some(WorkState::Available))]);
+    assert_eq!(
+        row(h, e.id).await.attempt,
+        0,
+        "released once: one attempt given back"
+    );
+
+    let again: Vec<Fence> = claim(h, me, &["q"], 10)
+        .await
+        .items
+        .iter()
+        .map(|c| c.fence)
+        .collect();
+    assert_eq!(again.len(), 2);
+    let (x, y) = (again[0], again[1]);
+    let replies: Vec<(Fence, RenewalStatus)> = renew(h, me, vec![x, y, x, x])
+        .await
+        .iter()
+        .map(|r| (r.fence, r.status))
+        .collect();
+    assert_eq!(
+        replies,
+        vec![(x, RenewalStatus::Renewed), (y, RenewalStatus::Renewed)]
+    );
+    assert_eq!(row(h, x.id).await.renewals, 1, "renewed once");
+    assert_eq!(row(h, y.id).await.renewals, 1);
+}
+
+/// An operator's cancel is never lost to a retry or a release: a cancel-requested item whose
+/// attempt fails (retry at once, retry later, rejection) or whose lease is released (drained
+/// or counted) ends cancelled, with the attempt's one history entry (kind `cancelled`) saying
+/// why, and is never claimed again. A handler that reports the cancel itself ends it
+/// cancelled as before.
+pub async fn a_cancel_requested_item_that_fails_or_is_released_ends_cancelled_and_says_why(
+    h: &dyn Harness,
+) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    enqueue_n(h, "q", 6).await;
+    let f: Vec<Fence> = claim(h, me, &["q"], 6)
+        .await
+        .items
+        .iter()
+        .map(|c| c.fence)
+        .collect();
+    for fence in &f {
+        assert_eq!(
+            cancel(h, fence.id).await.expect("cancel").cancellation,
+            Cancellation::Requested
+        );
+    }
+    let retry_now = FailDisposition::RetryAfter(Duration::ZERO);
+    let retry_later = FailDisposition::RetryAfter(Duration::from_secs(600));
+    assert_eq!(
+        fail(h, me, f[0], "boom", retry_now).await,
+        Some(WorkState::Cancelled)
+    );
+    assert_eq!(
+        fail(h, me, f[1], "boom", retry_later).await,
+        Some(WorkState::Cancelled)
+    );
+    assert_eq!(
+        fail(h, me, f[2], "bad input", FailDisposition::DeadLetter).await,
+        Some(WorkState::Cancelled)
+    );
+    assert_eq!(
+        fail(h, me, f[3], "stopped", FailDisposition::Cancelled).await,
+        Some(WorkState::Cancelled)
+    );
+    for (fence, consume_attempt) in [(f[4], false), (f[5], true)] {
+        let out = h
+            .coordinator()
+            .release_work(ReleaseWorkParams {
+                instance: me,
+                items: vec![fence],
+                consume_attempt,
+            })
+            .await
+            .expect("release");
+        assert_eq!(out.items[0].state, Some(WorkState::Cancelled));
+    }
+    for fence in &f {
+        let r = row(h, fence.id).await;
+        assert_eq!(
+            (r.state, r.finished, r.instance, r.has_lease, r.attempt),
+            (WorkState::Cancelled, true, None, false, 1),
+            "item {}",
+            fence.id
+        );
+        let last = r.errors.last().expect("a history entry");
+        assert_eq!(last.kind, "cancelled", "item {}: {:?}", fence.id, r.errors);
+        assert_eq!(last.instance, Some(me.to_string()));
+    }
+    // One entry per attempt: it says why the item ended cancelled, and keeps the attempt's
+    // error.
+    let history = |id: WorkId| async move {
+        row(h, id)
+            .await
+            .errors
+            .iter()
+            .map(|e| (e.kind.clone(), e.error.clone()))
+            .collect::<Vec<_>>()
+    };
+    for (fence, instead_of, error) in [
+        (f[0], "instead of a retry", "boom"),
+        (f[1], "instead of a retry", "boom"),
+        (f[2], "instead of a dead letter", "bad input"),
+    ] {
+        let entries = history(fence.id).await;
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let (kind, text) = &entries[0];
+        assert_eq!(kind, "cancelled");
+        for part in ["a cancel was requested", instead_of, error] {
+            assert!(text.contains(part), "{text:?} lacks {part:?}");
+        }
+    }
+    assert_eq!(
+        history(f[3].id).await,
+        vec![("cancelled".to_owned(), "stopped".to_owned())]
+    );
+    for fence in [f[4], f[5]] {
+        let entries = history(fence.id).await;
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert!(
+            entries[0]
+                .1
+                .contains("released after a cancel was requested"),
+            "{entries:?}"
+        );
+    }
+    assert!(claim(h, me, &["q"], 10).await.items.is_empty());
 }

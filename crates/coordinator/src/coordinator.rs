@@ -22,19 +22,27 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     /// oversized batch: an error naming the problem and nothing written.
     async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome>;
 
-    /// Leases runnable and orphaned items; see `sql/migrations/0005_claim_work.sql`.
+    /// Leases runnable and orphaned items; see `claim_work` in
+    /// `sql/migrations/0025_hot_path_fixes.sql`. A queue nobody registered is refused
+    /// ([`crate::Error::UnknownQueue`]); an unregistered or evicted instance too
+    /// ([`crate::Error::NotRegistered`]).
     async fn claim_work(&self, params: ClaimWorkParams) -> Result<ClaimWorkOutcome>;
 
-    /// Extends a batch of leases fenced to the caller; see `0006_renew_leases.sql`.
+    /// Extends a batch of leases fenced to the caller; see `renew_leases` in
+    /// `0025_hot_path_fixes.sql`. One answer per distinct lease; an instance that was reaped
+    /// gets [`RenewalStatus::Evicted`] for every lease.
     async fn renew_leases(&self, params: RenewLeasesParams) -> Result<RenewLeasesOutcome>;
 
-    /// Records success (fenced).
+    /// Records success (fenced). One answer per distinct claim, in the order of its first
+    /// occurrence.
     async fn complete_work(&self, params: CompleteWorkParams) -> Result<CompleteWorkOutcome>;
 
-    /// Records failed attempts and where each item goes next (fenced).
+    /// Records failed attempts and where each item goes next (fenced); a cancel-requested item
+    /// ends cancelled. One answer per distinct claim, its first failure applied.
     async fn fail_work(&self, params: FailWorkParams) -> Result<FailWorkOutcome>;
 
-    /// Gives leases back before they expire (fenced).
+    /// Gives leases back before they expire (fenced); a cancel-requested item ends cancelled.
+    /// One answer per distinct claim.
     async fn release_work(&self, params: ReleaseWorkParams) -> Result<ReleaseWorkOutcome>;
 
     /// Saves a checkpoint (fenced); [`crate::Error::FencedOut`] when the claim lost the item.

@@ -586,6 +586,9 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
     if !st.instances.contains_key(&p.instance) {
         return Err(Error::NotRegistered(p.instance));
     }
+    if let Some(unknown) = p.queues.iter().find(|q| !st.queues.contains_key(*q)) {
+        return Err(Error::UnknownQueue(unknown.clone()));
+    }
     let queues: HashSet<&str> = p
         .queues
         .iter()
@@ -860,6 +863,16 @@ fn cleanup(
     (out, queues)
 }
 
+/// The items whose key was not seen before, in order: the store answers (and applies) a
+/// repeated (id, token) pair once, at its first occurrence.
+fn distinct<T, I: IntoIterator<Item = T>>(
+    items: I,
+    key: impl Fn(&T) -> Fence,
+) -> impl Iterator<Item = T> {
+    let mut seen = HashSet::new();
+    items.into_iter().filter(move |item| seen.insert(key(item)))
+}
+
 /// A delay as the store applies it: at PostgreSQL's interval resolution, so a delay under
 /// 1 µs is none at all (the item is due at once).
 fn store_delay(d: Duration) -> chrono::Duration {
@@ -1004,37 +1017,37 @@ impl WorkCoordinator for FakeCoordinator {
         let now = self.now();
         let lease = chrono::Duration::from_std(params.lease).unwrap_or_default();
         let mut st = self.state();
-        // A repeated pair gets its first answer and is not renewed twice, as in the store.
-        let mut answered: HashMap<Fence, Renewal> = HashMap::new();
-        let items = params
-            .leases
-            .iter()
+        let evicted = !st.instances.contains_key(&params.instance);
+        // One answer per distinct pair, at its first request, as in the store.
+        let items = distinct(params.leases.iter().copied(), |f| *f)
             .map(|f| {
-                if let Some(first) = answered.get(f) {
-                    return *first;
+                if evicted {
+                    return Renewal {
+                        fence: f,
+                        status: RenewalStatus::Evicted,
+                        cancel_requested: false,
+                    };
                 }
                 let row = st.work.get_mut(&f.id).filter(|r| {
                     r.fenced_to(params.instance, f.token)
                         && r.lease_expiry.is_some_and(|e| e >= now)
                 });
-                let renewal = match row {
+                match row {
                     Some(r) => {
                         r.lease_expiry = Some(now + lease);
                         r.renewals += 1;
                         Renewal {
-                            fence: *f,
+                            fence: f,
                             status: RenewalStatus::Renewed,
                             cancel_requested: r.cancel_requested,
                         }
                     }
                     None => Renewal {
-                        fence: *f,
+                        fence: f,
                         status: RenewalStatus::Lost,
                         cancel_requested: false,
                     },
-                };
-                answered.insert(*f, renewal);
-                renewal
+                }
             })
             .collect();
         Ok(RenewLeasesOutcome { items })
@@ -1044,24 +1057,16 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::CompleteWork, params.items.len()).await?;
         let now = self.now();
         let mut st = self.state();
-        let mut done_here = HashSet::new();
-        let items = params
-            .items
-            .iter()
+        let items = distinct(params.items.iter().copied(), |f| *f)
             .map(|f| {
-                let recorded = match st.work.get_mut(&f.id) {
+                let state = match st.work.get_mut(&f.id) {
                     Some(r) if r.fenced_to(params.instance, f.token) => {
                         r.finish(WorkState::Completed, now);
-                        done_here.insert(*f);
-                        true
+                        Some(WorkState::Completed)
                     }
-                    // A repeat, in one batch, of a pair this batch completed.
-                    _ => done_here.contains(f),
+                    _ => None,
                 };
-                OutcomeRecord {
-                    fence: *f,
-                    state: recorded.then_some(WorkState::Completed),
-                }
+                OutcomeRecord { fence: f, state }
             })
             .collect();
         Ok(OutcomeBatch { items })
@@ -1072,18 +1077,15 @@ impl WorkCoordinator for FakeCoordinator {
         validate::validate_fail(&params)?;
         let now = self.now();
         let mut st = self.state();
-        // A repeat, in one batch, of a pair this batch recorded reports the same state.
-        let mut done_here: HashMap<Fence, WorkState> = HashMap::new();
-        let items = params
-            .items
-            .iter()
+        let items = distinct(params.items.iter(), |f| f.fence)
             .map(|f| {
                 let state = match st.work.get_mut(&f.fence.id) {
                     Some(r) if r.fenced_to(params.instance, f.fence.token) => {
-                        let (next, kind) = match f.disposition {
+                        let out_of_attempts = r.attempt >= r.max_attempts;
+                        let (asked, kind) = match f.disposition {
                             FailDisposition::Cancelled => (WorkState::Cancelled, "cancelled"),
                             FailDisposition::DeadLetter => (WorkState::Dead, "rejected"),
-                            FailDisposition::RetryAfter(_) if r.attempt >= r.max_attempts => {
+                            FailDisposition::RetryAfter(_) if out_of_attempts => {
                                 (WorkState::Dead, "failed")
                             }
                             FailDisposition::RetryAfter(d) if validate::micros(d) == 0 => {
@@ -1091,17 +1093,34 @@ impl WorkCoordinator for FakeCoordinator {
                             }
                             FailDisposition::RetryAfter(_) => (WorkState::Scheduled, "failed"),
                         };
-                        r.push_error(now, Some(params.instance), kind, &sanitize_text(&f.error));
+                        let error = sanitize_text(&f.error);
+                        // An operator's cancel is never lost to a retry, nor turned into a
+                        // dead letter; the one entry of the attempt says so.
+                        let next = if r.cancel_requested && asked != WorkState::Cancelled {
+                            let instead_of = if asked == WorkState::Dead {
+                                "a dead letter"
+                            } else {
+                                "a retry"
+                            };
+                            let note = format!(
+                                "a cancel was requested while attempt {} ran: ended cancelled instead of {instead_of}; the attempt's error: {error}",
+                                r.attempt
+                            );
+                            r.push_error(now, Some(params.instance), "cancelled", &note);
+                            WorkState::Cancelled
+                        } else {
+                            r.push_error(now, Some(params.instance), kind, &error);
+                            asked
+                        };
                         if let FailDisposition::RetryAfter(d) = f.disposition {
                             if !next.is_finished() {
                                 r.run_at = now + store_delay(d);
                             }
                         }
                         r.finish(next, now);
-                        done_here.insert(f.fence, next);
                         Some(next)
                     }
-                    _ => done_here.get(&f.fence).copied(),
+                    _ => None,
                 };
                 OutcomeRecord {
                     fence: f.fence,
@@ -1116,15 +1135,18 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::ReleaseWork, params.items.len()).await?;
         let now = self.now();
         let mut st = self.state();
-        // A repeat, in one batch, of a pair this batch released reports the same state.
-        let mut done_here: HashMap<Fence, WorkState> = HashMap::new();
-        let items = params
-            .items
-            .iter()
+        let items = distinct(params.items.iter().copied(), |f| *f)
             .map(|f| {
                 let state = match st.work.get_mut(&f.id) {
                     Some(r) if r.fenced_to(params.instance, f.token) => {
-                        let next = if params.consume_attempt && r.attempt >= r.max_attempts {
+                        let next = if r.cancel_requested {
+                            let note = format!(
+                                "released after a cancel was requested while attempt {} ran: ended cancelled instead of running again",
+                                r.attempt
+                            );
+                            r.push_error(now, Some(params.instance), "cancelled", &note);
+                            WorkState::Cancelled
+                        } else if params.consume_attempt && r.attempt >= r.max_attempts {
                             r.push_error(
                                 now,
                                 Some(params.instance),
@@ -1139,12 +1161,11 @@ impl WorkCoordinator for FakeCoordinator {
                             WorkState::Available
                         };
                         r.finish(next, now);
-                        done_here.insert(*f, next);
                         Some(next)
                     }
-                    _ => done_here.get(f).copied(),
+                    _ => None,
                 };
-                OutcomeRecord { fence: *f, state }
+                OutcomeRecord { fence: f, state }
             })
             .collect();
         Ok(OutcomeBatch { items })

@@ -37,7 +37,7 @@ pub mod conformance;
 mod fake;
 
 pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
-pub use error::{Error, Result};
+pub use error::{Error, LockHolder, Result};
 #[cfg(feature = "testing")]
 pub use fake::{Call, FakeCoordinator, Method};
 pub use identity::{Generation, Identity};
@@ -45,8 +45,8 @@ pub use lease::{
     CancelReason, LeaseSettings, LeaseTracker, TrackedLease, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
 };
 pub use pg::{
-    migrate, DatabaseUrl, FencedTransaction, PgCoordinator, TargetSessionAttrs,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_SCHEMA,
+    migrate, migrate_with, DatabaseUrl, FencedTransaction, MigrateOptions, PgCoordinator,
+    TargetSessionAttrs, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIGRATE_LOCK_TIMEOUT, DEFAULT_SCHEMA,
 };
 pub use types::*;
 pub use validate::{validate_queue_name, validate_schema_name};

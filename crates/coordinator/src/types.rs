@@ -313,6 +313,10 @@ pub enum RenewalStatus {
     /// Held, but its row was locked by another transaction (usually the handler's own fenced
     /// transaction): not extended this time, not lost.
     Busy,
+    /// The instance itself is gone: it was reaped (deleted and tombstoned) by a sweep, so every
+    /// lease it held is lost, whatever the row says. Stop the handler; the instance registers
+    /// afresh under a new id.
+    Evicted,
 }
 
 /// The reply for one lease.
@@ -326,10 +330,11 @@ pub struct Renewal {
     pub cancel_requested: bool,
 }
 
-/// The result of `renew_leases`: one entry per requested lease, in request order.
+/// The result of `renew_leases`: one entry per distinct requested lease (a lease asked for
+/// twice is renewed and answered once), in the order of its first request.
 #[derive(Clone, Debug, Default)]
 pub struct RenewLeasesOutcome {
-    /// In request order.
+    /// In the order of each lease's first request.
     pub items: Vec<Renewal>,
 }
 
@@ -362,10 +367,12 @@ impl OutcomeRecord {
 }
 
 /// The result of a batch outcome write (`complete_work`, `fail_work`, `release_work`): one
-/// entry per requested item, in request order.
+/// entry per distinct requested claim, in the order of its first request. A claim named twice
+/// is written once, with its first outcome (a second, different outcome is not applied, and
+/// not reported as if it were).
 #[derive(Clone, Debug, Default)]
 pub struct OutcomeBatch {
-    /// In request order.
+    /// In the order of each claim's first request.
     pub items: Vec<OutcomeRecord>,
 }
 
@@ -395,7 +402,9 @@ pub type FailWorkOutcome = OutcomeBatch;
 /// The result of `release_work`.
 pub type ReleaseWorkOutcome = OutcomeBatch;
 
-/// Where a failed item goes next.
+/// Where a failed item goes next. An item whose cancel an operator requested ends cancelled
+/// whatever the disposition (an operator's cancel is never lost to a retry, nor turned into
+/// a dead letter), with a history entry saying so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailDisposition {
     /// Retry after this delay (zero: at once) if attempts are left, else a dead letter.
@@ -775,8 +784,9 @@ pub enum Cancellation {
     /// The item was available or scheduled; it is cancelled now.
     Cancelled,
     /// The item is running: the cancel is requested. Its owner learns it in the next renewal
-    /// reply and the item ends cancelled when the handler stops (or at its reclaim, or in the
-    /// next maintenance sweep, when its owner is gone).
+    /// reply and the item ends cancelled when the handler stops, whatever it then records but
+    /// a success (a failure to retry, a rejection and a drain's release end it cancelled too),
+    /// or at its reclaim, or in the next maintenance sweep, when its owner is gone.
     Requested,
 }
 

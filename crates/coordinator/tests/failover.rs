@@ -327,7 +327,25 @@ async fn a_primary_that_turns_read_only_is_left_for_the_next_read_write_host() {
         ],
     )
     .await;
+    // The reload is asynchronous: once a new session sees the setting, the postmaster has
+    // re-read it and signalled every backend, so the pooled sessions apply it before their
+    // next statement.
     let deadline = Instant::now() + DEADLINE;
+    loop {
+        let mut probe = PgConnection::connect(&first.url("postgres"))
+            .await
+            .expect("connect to the first host");
+        let read_only: String = sqlx::query_scalar("SHOW default_transaction_read_only")
+            .fetch_one(&mut probe)
+            .await
+            .expect("read the setting");
+        let _ = probe.close().await;
+        if read_only == "on" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reload never took effect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut failures = 0;
     while let Err(e) = c.record_heartbeat(heartbeat(me)).await {
         failures += 1;

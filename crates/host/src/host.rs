@@ -323,9 +323,11 @@ async fn start(
                     lock_grace: config.heartbeat.lock_grace(),
                 },
             );
-            let status = w.status();
+            // A claim worker that does not claim (switched off, or no handlers) never
+            // registers: readiness does not wait for it.
+            let status = w.claims().then(|| w.status());
             let waker = w.waker();
-            (Arc::new(w), Some(status), Some(waker))
+            (Arc::new(w), status, Some(waker))
         }
     };
     let (maintenance_worker, maintenance_status): (
@@ -643,8 +645,8 @@ impl HostHandle {
         self.inner.identity.current()
     }
 
-    /// Waits until the host is ready ([`Health::ready`](crate::Health)): migrated, registered,
-    /// beating, every worker running. Errors if the host stops first.
+    /// Waits until the host is ready ([`Health::ready`](crate::Health)): migrated, registered
+    /// (when it claims), beating, every worker running. Errors if the host stops first.
     pub async fn ready(&self) -> Result<(), HostError> {
         let i = &self.inner;
         let mut schema = i.schema_ready.clone();

@@ -106,8 +106,10 @@ fn list(problems: &[workpump_coordinator::ConfigProblem]) -> String {
 pub struct Health {
     /// The instance id the host runs as now.
     pub instance: InstanceId,
-    /// Ready for work: schema migrated, instance registered, heartbeat fresh, every worker
-    /// running, not draining.
+    /// Ready for work: schema migrated, instance registered for claiming (only a host that
+    /// claims: one with claiming switched off or without handlers — enqueue-only,
+    /// maintenance-only — has nothing to register), heartbeat fresh, every worker running, not
+    /// draining.
     pub ready: bool,
     /// Alive: no worker has given up (a worker restarting after a failure is still alive).
     pub live: bool,
@@ -117,7 +119,8 @@ pub struct Health {
     pub heartbeat_fresh: bool,
     /// The alive-lock is held.
     pub alive_lock_held: bool,
-    /// LISTEN/NOTIFY delivers wake signals.
+    /// LISTEN/NOTIFY delivers wake signals (false for a host that does not claim: it does not
+    /// listen).
     pub listener_healthy: bool,
     /// The server's NOTIFY queue usage, 0 to 1, as the maintenance sweep last sampled it
     /// (`None` before the first sample, or with sampling off). Server-wide, not this

@@ -267,6 +267,58 @@ async fn a_malformed_or_read_only_database_url_is_refused_at_start_naming_the_se
     }
 }
 
+/// A host that does not claim — claiming switched off (an enqueue-only service), or no
+/// handlers at all (maintenance only) — is ready once its store is migrated and its
+/// heartbeat answers: there is no claim registration to wait for.
+#[tokio::test]
+async fn a_host_that_does_not_claim_is_ready_once_its_store_is_migrated_and_reachable() {
+    let db = workpump_testdb::server()
+        .await
+        .expect("the test PostgreSQL")
+        .create_database()
+        .await
+        .expect("a fresh database");
+    let mut enqueue_only = fast_config();
+    enqueue_only.claim.enabled = false;
+    let a = Host::builder()
+        .config(enqueue_only)
+        .database_url(db.url())
+        .handler(
+            "emails",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+        )
+        .start()
+        .await
+        .expect("the enqueue-only host starts");
+    let b = Host::builder()
+        .config(fast_config())
+        .database_url(db.url())
+        .start()
+        .await
+        .expect("the host without handlers starts");
+    for host in [&a, &b] {
+        wait_ready(host).await;
+        let health = host.health();
+        assert!(
+            health.schema_ready && health.heartbeat_fresh && !health.stopping,
+            "{health:?}"
+        );
+    }
+    let out = a
+        .enqueue(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
+        .await
+        .expect("enqueue");
+    let pool = db.pool().await.expect("pool");
+    assert_eq!(count_state(&pool, "available").await, 1);
+    assert!(out.items[0].inserted);
+    for host in [&a, &b] {
+        host.shutdown();
+        host.stopped().await.expect("a clean stop");
+    }
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
 /// A maintenance worker that panics on its first `panics` runs, then runs until shutdown.
 struct PanicsFirst {
     runs: AtomicU32,

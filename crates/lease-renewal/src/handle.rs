@@ -219,10 +219,19 @@ impl Shared {
 
     /// The database said the lease is gone.
     pub(crate) fn lost(&self) -> Applied {
+        self.gone(CancelReason::LeaseLost)
+    }
+
+    /// The database said the instance is gone (reaped): every lease it held is lost.
+    pub(crate) fn evicted(&self) -> Applied {
+        self.gone(CancelReason::Evicted)
+    }
+
+    fn gone(&self, reason: CancelReason) -> Applied {
         if self.lock().disposed {
             return Applied::Ignored;
         }
-        self.fire(CancelReason::LeaseLost);
+        self.fire(reason);
         Applied::Applied
     }
 

@@ -1,10 +1,10 @@
 //! Keeps the leases of in-flight work items alive, and stops handlers whose lease is gone.
 //! Every dispatched item gets a [`LeaseHandle`] (through [`Leases::register`]) whose
 //! cancellation token fires at the local lease fence — the deadline minus a grace, on tokio's
-//! monotonic clock, with no database reply needed — and when the lease is lost, a cancel is
-//! requested, `max_duration` passes, the host shuts down or the handle is dropped. The
+//! monotonic clock, with no database reply needed — and when the lease is lost (or the whole
+//! instance was evicted), a cancel is requested, `max_duration` passes, the host shuts down or the handle is dropped. The
 //! [`LeaseRenewalWorker`] coalesces the handles' renewal requests into batched calls of the
-//! `renew_leases` SQL function (`sql/migrations/0006_renew_leases.sql`) and moves each
+//! `renew_leases` SQL function (`sql/migrations/0025_hot_path_fixes.sql`) and moves each
 //! deadline only after the database confirmed, from when the call was sent.
 //!
 //! It deliberately does not claim work, run handlers, record outcomes or release leases (the

@@ -5,7 +5,7 @@
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
 /// Renewal requests by what became of them; label `result`: `renewed`, `lost`, `busy`,
-/// `skipped_max_renewals`, `skipped_max_duration`, `skipped_expired`, `skipped_disposed`,
+/// `evicted`, `skipped_max_renewals`, `skipped_max_duration`, `skipped_expired`, `skipped_disposed`,
 /// `skipped_cancelled`, `failed_call`, `channel_full`.
 pub const RENEWALS_TOTAL: &str = "workpump_lease_renewals_total";
 
@@ -40,7 +40,7 @@ pub fn describe() {
     describe_counter!(
         RENEWALS_TOTAL,
         Unit::Count,
-        "Lease renewal requests by result (renewed, lost, busy, skipped_*, failed_call, channel_full)"
+        "Lease renewal requests by result (renewed, lost, busy, evicted, skipped_*, failed_call, channel_full)"
     );
     describe_counter!(
         RENEWAL_CALLS_TOTAL,

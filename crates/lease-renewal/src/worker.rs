@@ -229,6 +229,9 @@ pub struct RenewalCounts {
     pub lost: usize,
     /// Leases held but locked by another transaction: not renewed this time, not lost.
     pub busy: usize,
+    /// Leases of an instance the database no longer knows (reaped): lost with the instance,
+    /// their tokens fired with [`CancelReason::Evicted`](crate::CancelReason::Evicted).
+    pub evicted: usize,
     /// Left out: the handle reached `max_renewals`.
     pub skipped_max_renewals: usize,
     /// Left out: the handle reached `max_duration`.
@@ -275,6 +278,7 @@ impl std::ops::AddAssign for RenewalCounts {
         self.renewed += o.renewed;
         self.lost += o.lost;
         self.busy += o.busy;
+        self.evicted += o.evicted;
         self.skipped_max_renewals += o.skipped_max_renewals;
         self.skipped_max_duration += o.skipped_max_duration;
         self.skipped_expired += o.skipped_expired;
@@ -291,8 +295,9 @@ impl std::ops::AddAssign for RenewalCounts {
 /// guard queues a renewal request every renewal interval on a bounded channel, and this worker
 /// coalesces the requests into one `renew_leases` call per flush (per instance and lease
 /// length, normally one), then applies the reply to the handles: renewed moves the deadline to
-/// the call's send time plus the lease, lost and cancel-requested fire the tokens, busy and a
-/// failed call change nothing. See the crate docs for the timing rules.
+/// the call's send time plus the lease, lost and cancel-requested fire the tokens, evicted (the
+/// instance was reaped) fires them as [`CancelReason::Evicted`](crate::CancelReason::Evicted),
+/// busy and a failed call change nothing. See the crate docs for the timing rules.
 pub struct LeaseRenewalWorker {
     coordinator: Arc<dyn WorkCoordinator>,
     config: LeaseConfig,
@@ -712,6 +717,7 @@ fn settle(
                 }
                 RenewalStatus::Lost => shared.lost(),
                 RenewalStatus::Busy => Applied::Applied,
+                RenewalStatus::Evicted => shared.evicted(),
             },
         };
         let label = match status {
@@ -727,13 +733,24 @@ fn settle(
                 counts.busy += 1;
                 "busy"
             }
+            RenewalStatus::Evicted => {
+                counts.evicted += 1;
+                "evicted"
+            }
         };
         ::metrics::counter!(metrics::RENEWALS_TOTAL, "result" => label).increment(1);
-        if status == RenewalStatus::Lost && applied == Applied::Applied {
-            tracing::info!(
-                item = fence.id,
-                "lease lost: the database no longer holds this claim; cancelling the handler"
-            );
+        if applied == Applied::Applied {
+            match status {
+                RenewalStatus::Lost => tracing::info!(
+                    item = fence.id,
+                    "lease lost: the database no longer holds this claim; cancelling the handler"
+                ),
+                RenewalStatus::Evicted => tracing::warn!(
+                    item = fence.id,
+                    "lease lost: the instance was evicted (reaped by a sweep); cancelling the handler"
+                ),
+                _ => {}
+            }
         }
     }
     if missing > 0 {

@@ -9,8 +9,9 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    AliveLockReport, ClaimWorkParams, EnqueueWorkParams, FakeCoordinator, Fence, InstanceId,
-    Method, NewWork, RecordHeartbeatParams, RegisterQueueParams, WorkCoordinator, Worker,
+    AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams,
+    FakeCoordinator, Fence, InstanceId, Method, NewWork, RecordHeartbeatParams,
+    RegisterQueueParams, WorkCoordinator, Worker,
 };
 use workpump_lease_renewal::{
     CancelReason, LeaseConfig, LeaseHandle, LeaseRenewalWorker, LeaseSettings, Leases,
@@ -288,6 +289,36 @@ async fn a_renewal_reported_lost_fires_the_token_within_the_same_flush() {
     assert_eq!((counts.calls, counts.lost, counts.renewed), (1, 1, 0));
     assert!(h.token().is_cancelled());
     assert_eq!(h.cancel_reason(), Some(CancelReason::LeaseLost));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_of_an_evicted_instance_fires_the_token_as_evicted() {
+    let rig = rig().await;
+    let h = rig.handle(LeaseSettings::default()).await;
+    // A sweep reaps the instance (its heartbeat went stale): it is deleted and tombstoned.
+    rig.fake
+        .age_heartbeat(rig.instance, Duration::from_secs(3600));
+    // The sweeping peer has watched the store for longer than that.
+    rig.fake.age_connections(Duration::from_secs(7200));
+    let reaped = rig
+        .fake
+        .cleanup_stale_instances(CleanupStaleInstancesParams {
+            judge: None,
+            stale_after: Duration::from_secs(30),
+            dead_after: None,
+            lock_grace: None,
+        })
+        .await
+        .expect("sweep");
+    assert_eq!(reaped.reaped.len(), 1);
+    assert!(h.request_renewal());
+    let counts = rig.worker.run_once().await.expect("flush");
+    assert_eq!(
+        (counts.calls, counts.evicted, counts.lost, counts.renewed),
+        (1, 1, 0, 0)
+    );
+    assert!(h.token().is_cancelled());
+    assert_eq!(h.cancel_reason(), Some(CancelReason::Evicted));
 }
 
 #[tokio::test(start_paused = true)]

@@ -31,46 +31,139 @@ pub const DEFAULT_SCHEMA: &str = "workpump";
 
 static MIGRATOR: Migrator = sqlx::migrate!("../../sql/migrations");
 
-/// Applies workpump's migrations to `schema` (created if missing). Running it again is a
-/// no-op; several processes may run it at once (they take turns on an advisory lock). It uses
-/// a dedicated connection with the pool's options, so the pool's connections never see the
-/// migration's `search_path`.
+/// How long [`migrate`] waits for the migration lock. **60 s.**
+pub const DEFAULT_MIGRATE_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How [`migrate_with`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MigrateOptions {
+    /// How long to wait for the schema's migration lock (a session advisory lock that
+    /// migrators of one schema take turns on) before giving up with
+    /// [`Error::MigrationLocked`], which names the session holding it. **Default: 60 s.**
+    pub lock_timeout: Duration,
+}
+
+impl Default for MigrateOptions {
+    fn default() -> Self {
+        MigrateOptions {
+            lock_timeout: DEFAULT_MIGRATE_LOCK_TIMEOUT,
+        }
+    }
+}
+
+/// Applies workpump's migrations to `schema` (created if missing), waiting at most
+/// [`DEFAULT_MIGRATE_LOCK_TIMEOUT`] for the migration lock; see [`migrate_with`].
 pub async fn migrate(pool: &PgPool, schema: &str) -> Result<()> {
+    migrate_with(pool, schema, MigrateOptions::default()).await
+}
+
+/// Applies workpump's migrations to `schema` (created if missing). Running it again is a
+/// no-op; several processes may run it at once (they take turns on an advisory lock, waiting
+/// at most `options.lock_timeout` for it: then [`Error::MigrationLocked`] names the session
+/// that holds it, and nothing was migrated). It uses a dedicated connection with the pool's
+/// options, so the pool's connections never see the migration's `search_path` or lock
+/// timeout.
+pub async fn migrate_with(pool: &PgPool, schema: &str, options: MigrateOptions) -> Result<()> {
     validate::validate_schema_name(schema)?;
+    if options.lock_timeout.as_millis() == 0 || options.lock_timeout > MAX_MIGRATE_LOCK_TIMEOUT {
+        return Err(Error::InvalidArgument(format!(
+            "migrate: lock_timeout must be between 1 ms and 24 h, got {:?}",
+            options.lock_timeout
+        )));
+    }
     let stmts = Statements::new(schema);
     let ctx = || format!("migrating schema {schema:?}");
-    let options: PgConnectOptions = (*pool.connect_options()).clone();
-    let mut conn = PgConnection::connect_with(&options)
+    let options_pg: PgConnectOptions = (*pool.connect_options()).clone();
+    let mut conn = PgConnection::connect_with(&options_pg)
         .await
         .map_err(|e| db_error(ctx(), e))?;
     let result = async {
-        sqlx::query(&stmts.migrate_lock)
+        sqlx::query(&stmts.migrate_lock_timeout)
+            .bind(options.lock_timeout.as_millis().to_string())
+            .execute(&mut conn)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
+        if let Err(e) = sqlx::query(&stmts.migrate_lock)
             .bind(schema)
             .execute(&mut conn)
-            .await?;
-        let exists: bool = sqlx::query_scalar(&stmts.migrate_schema_exists)
-            .bind(schema)
-            .fetch_one(&mut conn)
-            .await?;
-        if !exists {
-            sqlx::query(&stmts.migrate_create_schema)
+            .await
+        {
+            if sqlstate(&e).as_deref() != Some(LOCK_NOT_AVAILABLE) {
+                return Err(db_error(ctx(), e));
+            }
+            let holder = sqlx::query_as::<_, HolderRow>(&stmts.migrate_lock_holder)
+                .bind(schema)
+                .fetch_optional(&mut conn)
+                .await
+                .map_err(|e| db_error(ctx(), e))?;
+            return Err(Error::MigrationLocked {
+                schema: schema.to_owned(),
+                waited: options.lock_timeout,
+                holder: holder.map(|h| Box::new(h.into_holder())),
+            });
+        }
+        let migrated = async {
+            sqlx::query(&stmts.migrate_lock_timeout_reset)
                 .execute(&mut conn)
                 .await?;
+            let exists: bool = sqlx::query_scalar(&stmts.migrate_schema_exists)
+                .bind(schema)
+                .fetch_one(&mut conn)
+                .await?;
+            if !exists {
+                sqlx::query(&stmts.migrate_create_schema)
+                    .execute(&mut conn)
+                    .await?;
+            }
+            sqlx::query(&stmts.migrate_search_path)
+                .execute(&mut conn)
+                .await?;
+            MIGRATOR.run_direct(&mut conn).await?;
+            sqlx::query(&stmts.migrate_unlock)
+                .bind(schema)
+                .execute(&mut conn)
+                .await?;
+            Ok::<_, sqlx::Error>(())
         }
-        sqlx::query(&stmts.migrate_search_path)
-            .execute(&mut conn)
-            .await?;
-        MIGRATOR.run_direct(&mut conn).await?;
-        sqlx::query(&stmts.migrate_unlock)
-            .bind(schema)
-            .execute(&mut conn)
-            .await?;
-        Ok::<_, sqlx::Error>(())
+        .await;
+        migrated.map_err(|e| db_error(ctx(), e))
     }
     .await;
-    // Closing the session drops its lock and its search_path, whatever happened above.
+    // Closing the session drops its lock, its search_path and its lock timeout, whatever
+    // happened above.
     let _ = conn.close().await;
-    result.map_err(|e| db_error(ctx(), e))
+    result
+}
+
+/// The longest [`MigrateOptions::lock_timeout`] accepted.
+const MAX_MIGRATE_LOCK_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// SQLSTATE 55P03: a lock wait outlived `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+#[derive(sqlx::FromRow)]
+struct HolderRow {
+    pid: i32,
+    usename: Option<String>,
+    application_name: Option<String>,
+    client_addr: Option<String>,
+    backend_start: Option<DateTime<Utc>>,
+    state: Option<String>,
+    state_change: Option<DateTime<Utc>>,
+}
+
+impl HolderRow {
+    fn into_holder(self) -> crate::LockHolder {
+        crate::LockHolder {
+            pid: self.pid,
+            user: self.usename,
+            application_name: self.application_name,
+            client_addr: self.client_addr,
+            connected_since: self.backend_start,
+            state: self.state,
+            state_since: self.state_change,
+        }
+    }
 }
 
 /// The statements of `sql/queries`, with the schema filled in (validated and quoted).
@@ -101,6 +194,9 @@ struct Statements {
     retry_dead_work: String,
     discard_work: String,
     migrate_lock: String,
+    migrate_lock_timeout: String,
+    migrate_lock_timeout_reset: String,
+    migrate_lock_holder: String,
     migrate_unlock: String,
     migrate_create_schema: String,
     migrate_schema_exists: String,
@@ -144,6 +240,9 @@ impl Statements {
             retry_dead_work: s(query_file!("retry_dead_work")),
             discard_work: s(query_file!("discard_work")),
             migrate_lock: s(query_file!("migrate_lock")),
+            migrate_lock_timeout: s(query_file!("migrate_lock_timeout")),
+            migrate_lock_timeout_reset: s(query_file!("migrate_lock_timeout_reset")),
+            migrate_lock_holder: s(query_file!("migrate_lock_holder")),
             migrate_unlock: s(query_file!("migrate_unlock")),
             migrate_create_schema: s(query_file!("migrate_create_schema")),
             migrate_schema_exists: s(query_file!("migrate_schema_exists")),
@@ -295,6 +394,12 @@ impl PgCoordinator {
         migrated
     }
 
+    /// Applies the migrations to this coordinator's schema with `options`; see
+    /// [`migrate_with`].
+    pub async fn migrate_with(&self, options: MigrateOptions) -> Result<()> {
+        migrate_with(&self.pool, &self.schema, options).await
+    }
+
     /// Enqueues on the caller's connection, typically inside the caller's transaction, so the
     /// work commits or rolls back with the caller's own writes. Wake signals go out when (and
     /// only if) that transaction commits, once per queue.
@@ -337,13 +442,12 @@ impl PgCoordinator {
             .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
         let mut items = Vec::with_capacity(rows.len());
         for (ord, id, inserted) in rows {
+            // enqueue_work answers every item with an id, or fails whole (0025); a NULL here
+            // is a store that does not keep that promise.
             let id = id.ok_or_else(|| {
                 Error::database(
                     format!("enqueueing {n} items"),
-                    format!(
-                        "item {}: its unique key matched an item that finished meanwhile; enqueue it again",
-                        ord - 1
-                    ),
+                    format!("enqueue_work returned no id for item {}", ord - 1),
                 )
             })?;
             items.push(Enqueued { id, inserted });
@@ -580,17 +684,8 @@ impl WorkCoordinator for PgCoordinator {
         if params.leases.is_empty() {
             return Ok(RenewLeasesOutcome::default());
         }
-        // Each claim goes once: renew_leases answers a repeated pair more than once (its
-        // joins multiply the repeats), and a repeat must not count as a second renewal.
-        // Every request, repeats included, gets the answer of its pair.
-        let mut seen = std::collections::HashSet::with_capacity(params.leases.len());
-        let distinct: Vec<Fence> = params
-            .leases
-            .iter()
-            .copied()
-            .filter(|f| seen.insert(*f))
-            .collect();
-        let (ids, tokens) = split_fences(&distinct);
+        // renew_leases answers each distinct pair once, in the order of its first request.
+        let (ids, tokens) = split_fences(&params.leases);
         let ctx = || format!("renewing {} leases", params.leases.len());
         let rows: Vec<(i64, i64, String, bool)> = sqlx::query_as(&self.stmts.renew_leases)
             .bind(params.instance.0)
@@ -607,6 +702,7 @@ impl WorkCoordinator for PgCoordinator {
                     "renewed" => RenewalStatus::Renewed,
                     "lost" => RenewalStatus::Lost,
                     "busy" => RenewalStatus::Busy,
+                    "evicted" => RenewalStatus::Evicted,
                     other => {
                         return Err(Error::database(
                             ctx(),
@@ -614,24 +710,10 @@ impl WorkCoordinator for PgCoordinator {
                         ))
                     }
                 };
-                let fence = Fence { id, token };
-                let renewal = Renewal {
-                    fence,
+                Ok(Renewal {
+                    fence: Fence { id, token },
                     status,
                     cancel_requested,
-                };
-                Ok((fence, renewal))
-            })
-            .collect::<Result<std::collections::HashMap<_, _>>>()?;
-        let items = params
-            .leases
-            .iter()
-            .map(|f| {
-                items.get(f).copied().ok_or_else(|| {
-                    Error::database(
-                        ctx(),
-                        format!("renew_leases did not answer for item {}", f.id),
-                    )
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -1,0 +1,898 @@
+//! The hot path's SQL against PostgreSQL, where only a real server can show it: row locks held
+//! by a claim in flight, a sweep and a heartbeat beside it, every row a function returns (not
+//! just what `PgCoordinator` makes of them), forced interleavings of two sessions, a caller's
+//! temporary tables, the server ending an idle fenced transaction, and migrating a store that
+//! holds rows written before a fix.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::Connection;
+use tokio::time::Instant;
+use workpump_coordinator::*;
+use workpump_testdb::TestDatabase;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+async fn fresh() -> (TestDatabase, PgPool) {
+    let server = workpump_testdb::server()
+        .await
+        .expect("a PostgreSQL server");
+    let db = server.create_database().await.expect("a fresh database");
+    let pool = db.pool().await.expect("connect");
+    (db, pool)
+}
+
+async fn migrated() -> (TestDatabase, PgPool, PgCoordinator) {
+    let (db, pool) = fresh().await;
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let c = PgCoordinator::new(pool.clone());
+    c.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .expect("queue");
+    (db, pool, c)
+}
+
+fn heartbeat(me: InstanceId) -> RecordHeartbeatParams {
+    RecordHeartbeatParams {
+        instance: me,
+        host: "test".into(),
+        metadata: json!({}),
+        stale_after: Duration::from_secs(30),
+        dead_after: Some(Duration::from_secs(300)),
+        lock_grace: None,
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
+    }
+}
+
+/// A peer that may judge by every rule (sql/migrations/0026_liveness.sql): registered,
+/// holding its alive-lock, and watching the store for an hour.
+async fn judge(c: &PgCoordinator, pool: &PgPool) -> (InstanceId, TakeAliveLockOutcome) {
+    let me = registered(c).await;
+    let lock = c
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("the judge's lock");
+    assert!(lock.held);
+    sqlx::query(
+        "UPDATE workpump.instances SET lock_since = lock_since - interval '1 hour'
+         WHERE instance_id = $1",
+    )
+    .bind(me.0)
+    .execute(pool)
+    .await
+    .expect("age the judge's watch");
+    (me, lock)
+}
+
+async fn registered(c: &PgCoordinator) -> InstanceId {
+    let me = InstanceId::new();
+    c.record_heartbeat(heartbeat(me)).await.expect("heartbeat");
+    me
+}
+
+async fn enqueue(c: &PgCoordinator, items: Vec<NewWork>) -> Vec<Enqueued> {
+    c.enqueue_work(EnqueueWorkParams { items })
+        .await
+        .expect("enqueue")
+        .items
+}
+
+async fn enqueue_n(c: &PgCoordinator, n: usize) -> Vec<WorkId> {
+    enqueue(c, (0..n).map(|i| NewWork::new("q", json!(i))).collect())
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+async fn claim(
+    c: &PgCoordinator,
+    me: InstanceId,
+    max_items: u32,
+    lease: Duration,
+) -> ClaimWorkOutcome {
+    c.claim_work(ClaimWorkParams {
+        instance: me,
+        queues: vec!["q".into()],
+        max_items,
+        lease,
+    })
+    .await
+    .expect("claim")
+}
+
+async fn expire(pool: &PgPool, id: WorkId) {
+    sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .expect("expire the lease");
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+/// Waits until `check` holds, looking every 20 ms; panics naming `what` after `within`.
+async fn wait_until<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The SQLSTATE of a coordinator error that came from the database.
+fn sqlstate(err: &Error) -> Option<String> {
+    match err {
+        Error::Database { source, .. } => source
+            .downcast_ref::<sqlx::Error>()
+            .and_then(|e| e.as_database_error())
+            .and_then(|d| d.code())
+            .map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
+// -- 1. a sweep racing a claim ------------------------------------------------------------------
+
+/// A claim in flight holds its instance's row (FOR KEY SHARE) until it commits: a sweep that
+/// would reap the instance skips it meanwhile (a lease minted for an instance being tombstoned
+/// would never be released), and the instance's heartbeat is not blocked. Once the claim has
+/// committed, the next sweep reaps the instance and releases the lease it just took.
+#[tokio::test]
+async fn a_claim_in_flight_keeps_its_instance_from_the_sweep_and_never_blocks_its_heartbeat() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let id = enqueue_n(&c, 1).await[0];
+    let age = "UPDATE workpump.instances SET last_heartbeat_at = now() - interval '1 hour'
+               WHERE instance_id = $1";
+
+    let mut claimer = pool.begin().await.expect("begin");
+    let claimed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+    )
+    .bind(me.0)
+    .fetch_all(&mut *claimer)
+    .await
+    .expect("claim");
+    assert_eq!(claimed, vec![id]);
+
+    // The instance's own heartbeat (a plain UPDATE of its row) goes through, and so does any
+    // other update of the row that leaves its key alone.
+    tokio::time::timeout(Duration::from_secs(10), c.record_heartbeat(heartbeat(me)))
+        .await
+        .expect("the heartbeat is not blocked by the claim in flight")
+        .expect("heartbeat");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::query(age).bind(me.0).execute(&pool),
+    )
+    .await
+    .expect("an update of the instance row is not blocked")
+    .expect("age the heartbeat");
+
+    let (judge, _judge_lock) = judge(&c, &pool).await;
+    let sweep = CleanupStaleInstancesParams {
+        judge: Some(judge),
+        stale_after: Duration::from_secs(30),
+        dead_after: None,
+        lock_grace: None,
+    };
+    let reaped = c.cleanup_stale_instances(sweep).await.expect("sweep");
+    assert!(
+        reaped.reaped.is_empty(),
+        "the sweep reaped an instance whose claim was in flight: {reaped:?}"
+    );
+
+    claimer.commit().await.expect("commit the claim");
+    let reaped = c.cleanup_stale_instances(sweep).await.expect("sweep");
+    assert_eq!(
+        reaped.reaped,
+        vec![ReapedInstance {
+            instance: me,
+            released: 1
+        }]
+    );
+    let owner: Option<uuid::Uuid> =
+        sqlx::query_scalar("SELECT instance_id FROM workpump.work WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("owner");
+    assert_eq!(owner, None, "the lease the claim took was released");
+}
+
+/// The instance lock is taken only by a claim that leases something: a row lock needs a
+/// transaction id, and an empty poll — most polls of an idle fleet — must stay read-only (no
+/// transaction id, no WAL, no commit flush).
+#[tokio::test]
+async fn an_empty_claim_stays_read_only_and_a_claim_that_leases_holds_its_instance() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let held = "SELECT count(*) FROM pg_locks l JOIN pg_class r ON r.oid = l.relation
+                WHERE r.relname = 'instances' AND l.mode = 'RowShareLock' AND l.pid = pg_backend_pid()";
+    let mut tx = pool.begin().await.expect("begin");
+    let claimed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+    )
+    .bind(me.0)
+    .fetch_all(&mut *tx)
+    .await
+    .expect("claim");
+    assert!(claimed.is_empty());
+    let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("xid");
+    assert_eq!(xid, None, "an empty poll took a transaction id");
+    tx.rollback().await.expect("rollback");
+
+    enqueue_n(&c, 1).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let claimed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+    )
+    .bind(me.0)
+    .fetch_all(&mut *tx)
+    .await
+    .expect("claim");
+    assert_eq!(claimed.len(), 1);
+    let locking: i64 = sqlx::query_scalar(held)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("locks");
+    assert_eq!(
+        locking, 1,
+        "the claim that leased holds a row lock on instances"
+    );
+    // The row lock itself: a FOR UPDATE NOWAIT of the instance row (what a sweep would take,
+    // without SKIP LOCKED) is refused while the claim's transaction is open.
+    let err =
+        sqlx::query("SELECT 1 FROM workpump.instances WHERE instance_id = $1 FOR UPDATE NOWAIT")
+            .bind(me.0)
+            .execute(&pool)
+            .await
+            .expect_err("the instance row is locked");
+    let code = err
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("55P03"), "{err}");
+    tx.commit().await.expect("commit");
+}
+
+/// What the race left behind before the fix — an instance deleted and tombstoned while a
+/// lease is still fenced to it — answers `evicted` to every renewal, renews nothing, and the
+/// instance can claim no more.
+#[tokio::test]
+async fn renewals_of_an_instance_reaped_while_it_still_held_a_lease_answer_evicted() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    enqueue_n(&c, 1).await;
+    let item = claim(&c, me, 1, LEASE).await.items.remove(0);
+    sqlx::query(
+        "WITH gone AS (DELETE FROM workpump.instances WHERE instance_id = $1 RETURNING instance_id)
+         INSERT INTO workpump.evicted_instances (instance_id) SELECT instance_id FROM gone",
+    )
+    .bind(me.0)
+    .execute(&pool)
+    .await
+    .expect("reap the instance, leaving its lease");
+    let out = c
+        .renew_leases(RenewLeasesParams {
+            instance: me,
+            leases: vec![item.fence],
+            lease: LEASE,
+        })
+        .await
+        .expect("renew");
+    let statuses: Vec<RenewalStatus> = out.items.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, vec![RenewalStatus::Evicted]);
+    let renewals: i32 = sqlx::query_scalar("SELECT renewals FROM workpump.work WHERE id = $1")
+        .bind(item.fence.id)
+        .fetch_one(&pool)
+        .await
+        .expect("renewals");
+    assert_eq!(renewals, 0, "an evicted instance renews nothing");
+    let err = c
+        .claim_work(ClaimWorkParams {
+            instance: me,
+            queues: vec!["q".into()],
+            max_items: 1,
+            lease: LEASE,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotRegistered(i) if i == me), "{err}");
+}
+
+// -- 2. repeated pairs, as the functions return them ------------------------------------------
+
+/// Every fenced batch function returns one row per distinct (id, token) pair, whatever
+/// `PgCoordinator` would make of the rows.
+#[tokio::test]
+async fn the_fenced_batch_functions_return_one_row_per_distinct_pair() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    enqueue_n(&c, 4).await;
+    let f: Vec<Fence> = claim(&c, me, 4, LEASE)
+        .await
+        .items
+        .iter()
+        .map(|i| i.fence)
+        .collect();
+    let rows = |sql: &'static str, pair: Fence, other: Fence| {
+        let pool = pool.clone();
+        async move {
+            let ids = vec![pair.id, other.id, pair.id, pair.id];
+            let tokens = vec![pair.token, other.token, pair.token, pair.token];
+            let got: Vec<i64> = sqlx::query_scalar(sql)
+                .bind(me.0)
+                .bind(ids)
+                .bind(tokens)
+                .fetch_all(&pool)
+                .await
+                .expect(sql);
+            (sql, got)
+        }
+    };
+    for (sql, got) in [
+        rows(
+            "SELECT id FROM workpump.renew_leases($1, $2, $3, interval '60 s')",
+            f[0],
+            f[1],
+        )
+        .await,
+        rows(
+            "SELECT id FROM workpump.fail_work($1, $2, $3, ARRAY['x', 'y', 'z', 'w'],
+                                              ARRAY[NULL, NULL, NULL, NULL]::interval[],
+                                              ARRAY[false, false, false, false])",
+            f[0],
+            f[1],
+        )
+        .await,
+        rows(
+            "SELECT id FROM workpump.release_work($1, $2, $3, false)",
+            f[2],
+            f[3],
+        )
+        .await,
+    ] {
+        assert_eq!(got.len(), 2, "{sql}: {got:?}");
+    }
+    // complete_work of items that are finished by now: fenced out, one row per pair still.
+    let (sql, got) = rows(
+        "SELECT id FROM workpump.complete_work($1, $2, $3)",
+        f[0],
+        f[1],
+    )
+    .await;
+    assert_eq!(got, vec![f[0].id, f[1].id], "{sql}");
+}
+
+// -- 3. a cancel lost to a retry or a release ----------------------------------------------------
+
+/// A waiting item never carries a cancel request (the constraint that makes the lost cancel
+/// impossible), so claim_work cannot hand one out.
+#[tokio::test]
+async fn a_waiting_item_cannot_carry_a_cancel_request() {
+    let (_db, pool, c) = migrated().await;
+    let now = enqueue_n(&c, 1).await[0];
+    let later = enqueue(
+        &c,
+        vec![NewWork::new("q", json!(1)).run_after(Duration::from_secs(3600))],
+    )
+    .await[0]
+        .id;
+    for id in [now, later] {
+        let err = sqlx::query("UPDATE workpump.work SET cancel_requested = true WHERE id = $1")
+            .bind(id)
+            .execute(&pool)
+            .await
+            .expect_err("a waiting item with a cancel request");
+        let db = err.as_database_error().expect("a database error");
+        assert_eq!(
+            db.constraint(),
+            Some("work_waiting_is_not_cancel_requested"),
+            "{db}"
+        );
+    }
+}
+
+/// Items that a lost cancel sent back to waiting before the fix end cancelled when the store
+/// is migrated (with an entry saying why), and claim_work never hands them out.
+#[tokio::test]
+async fn migrating_ends_the_waiting_items_a_lost_cancel_left_behind() {
+    let (_db, pool) = fresh().await;
+    // The store as it was before the fix: migrations 0001 to 0024.
+    let dir = std::env::temp_dir().join(format!("wp-migrations-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir(&dir).expect("a temporary directory");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/migrations");
+    for entry in std::fs::read_dir(source).expect("sql/migrations") {
+        let path = entry.expect("an entry").path();
+        let name = path
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .into_owned();
+        if name.as_str() < "0025" {
+            std::fs::copy(&path, dir.join(&name)).expect("copy a migration");
+        }
+    }
+    let old = sqlx::migrate::Migrator::new(dir.as_path())
+        .await
+        .expect("the old migrations");
+    let mut conn = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connect");
+    sqlx::raw_sql("CREATE SCHEMA workpump; SET search_path TO workpump")
+        .execute(&mut conn)
+        .await
+        .expect("the schema");
+    old.run_direct(&mut conn).await.expect("migrate to 0024");
+    conn.close().await.expect("close");
+    std::fs::remove_dir_all(&dir).expect("remove the temporary directory");
+    let me = InstanceId::new();
+    sqlx::raw_sql(&format!(
+        "SELECT workpump.register_queue('q', 10);
+         SELECT * FROM workpump.record_heartbeat('{}', 'test', '{{}}', interval '30 s');
+         INSERT INTO workpump.work (queue, state, max_attempts, attempt, run_at, payload, cancel_requested)
+         VALUES ('q', 'available', 10, 1, now() - interval '1 minute', '\"lost\"', true),
+                ('q', 'scheduled', 10, 1, now() + interval '1 minute', '\"lost later\"', true),
+                ('q', 'available', 10, 0, now(), '\"fine\"', false);",
+        me.0
+    ))
+    .execute(&pool)
+    .await
+    .expect("rows written before the fix");
+
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let rows: Vec<(String, String, bool, serde_json::Value)> = sqlx::query_as(
+        "SELECT payload #>> '{}', state::text, finished_at IS NOT NULL, errors
+         FROM workpump.work ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("rows");
+    let summary: Vec<(&str, &str, bool, Option<&str>)> = rows
+        .iter()
+        .map(|(p, s, f, e)| (p.as_str(), s.as_str(), *f, e[0]["kind"].as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("lost", "cancelled", true, Some("cancelled")),
+            ("lost later", "cancelled", true, Some("cancelled")),
+            ("fine", "available", false, None),
+        ]
+    );
+    let c = PgCoordinator::new(pool.clone());
+    let out = claim(&c, me, 10, LEASE).await;
+    let payloads: Vec<serde_json::Value> = out.items.iter().map(|i| i.payload.clone()).collect();
+    assert_eq!(payloads, vec![json!("fine")]);
+}
+
+// -- 4. an enqueue racing the end of its unique key's holder ------------------------------------
+
+/// Makes every later INSERT statement into `workpump.work` wait, between its insert and
+/// whatever comes next in its statement's function, until the test releases advisory lock
+/// `GATE`; returns the connection that holds it.
+const GATE: i64 = 4_242_042;
+
+async fn gate_enqueues(pool: &PgPool) -> PgConnection {
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION public.wait_at_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM pg_advisory_lock({GATE});
+             PERFORM pg_advisory_unlock({GATE});
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER wait_at_gate AFTER INSERT ON workpump.work
+             FOR EACH STATEMENT EXECUTE FUNCTION public.wait_at_gate();"
+    ))
+    .execute(pool)
+    .await
+    .expect("the gate trigger");
+    let mut gate = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connect the gate");
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(GATE)
+        .execute(&mut gate)
+        .await
+        .expect("close the gate");
+    gate
+}
+
+async fn wait_at_gate(pool: &PgPool) {
+    wait_until(
+        Duration::from_secs(20),
+        "the enqueue waits at the gate",
+        || async {
+            count(
+                pool,
+                &format!(
+                    "SELECT count(*) FROM pg_locks
+                 WHERE locktype = 'advisory' AND NOT granted AND classid = 0 AND objid = {GATE}"
+                ),
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+}
+
+async fn open_gate(mut gate: PgConnection) {
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(GATE)
+        .execute(&mut gate)
+        .await
+        .expect("open the gate");
+    gate.close().await.expect("close");
+}
+
+/// The holder of an item's unique key finishes (an operator cancels it) between the
+/// enqueue's insert, which the key stopped, and its lookup of the holder: the enqueue still
+/// answers with the holder's id, and the whole batch commits.
+#[tokio::test]
+async fn an_enqueue_whose_unique_key_holder_finishes_meanwhile_answers_with_the_holder() {
+    let (_db, pool, c) = migrated().await;
+    let holder = enqueue(&c, vec![NewWork::new("q", json!("holder")).unique_key("k")]).await[0];
+    assert!(holder.inserted);
+    let gate = gate_enqueues(&pool).await;
+    let enqueuing = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.enqueue_work(EnqueueWorkParams {
+                items: vec![
+                    NewWork::new("q", json!("plain")),
+                    NewWork::new("q", json!("keyed")).unique_key("k"),
+                ],
+            })
+            .await
+        }
+    });
+    wait_at_gate(&pool).await;
+    let cancelled = c
+        .cancel_work(CancelWorkParams { id: holder.id })
+        .await
+        .expect("cancel the holder");
+    assert_eq!(cancelled.cancellation, Cancellation::Cancelled);
+    open_gate(gate).await;
+    let out = enqueuing
+        .await
+        .expect("the enqueue task")
+        .expect("the enqueue succeeds");
+    assert!(out.items[0].inserted);
+    assert_eq!(
+        out.items[1],
+        Enqueued {
+            id: holder.id,
+            inserted: false
+        }
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM workpump.work").await, 2);
+}
+
+/// The holder finishes and is deleted in between: no holder can be named, so the whole batch
+/// is refused with a retryable SQLSTATE (40001) and a message saying nothing was enqueued —
+/// and indeed nothing was, not even the batch's other items.
+#[tokio::test]
+async fn an_enqueue_whose_unique_key_holder_vanishes_meanwhile_is_refused_whole_and_retryable() {
+    let (_db, pool, c) = migrated().await;
+    let holder = enqueue(&c, vec![NewWork::new("q", json!("holder")).unique_key("k")]).await[0];
+    let gate = gate_enqueues(&pool).await;
+    let enqueuing = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.enqueue_work(EnqueueWorkParams {
+                items: vec![
+                    NewWork::new("q", json!("plain")),
+                    NewWork::new("q", json!("keyed")).unique_key("k"),
+                ],
+            })
+            .await
+        }
+    });
+    wait_at_gate(&pool).await;
+    c.cancel_work(CancelWorkParams { id: holder.id })
+        .await
+        .expect("cancel the holder");
+    c.discard_work(DiscardWorkParams { id: holder.id })
+        .await
+        .expect("discard the holder");
+    open_gate(gate).await;
+    let err = enqueuing
+        .await
+        .expect("the enqueue task")
+        .expect_err("no holder to name");
+    assert_eq!(sqlstate(&err).as_deref(), Some("40001"), "{err}");
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains("nothing was enqueued"), "{err}");
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM workpump.work").await,
+        0,
+        "nothing of the batch was written"
+    );
+}
+
+// -- 5. a caller's temporary tables ---------------------------------------------------------------
+
+/// A caller's temporary table named `queues` does not shadow the store's: an unregistered
+/// queue is still refused, and a registered one still accepted, on that very session.
+#[tokio::test]
+async fn a_callers_temporary_queues_table_does_not_let_an_unregistered_queue_in() {
+    let (_db, pool, c) = migrated().await;
+    let mut conn = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connect");
+    sqlx::raw_sql(
+        "CREATE TEMPORARY TABLE queues (
+             name text PRIMARY KEY,
+             max_attempts integer NOT NULL DEFAULT 10,
+             paused boolean NOT NULL DEFAULT false);
+         INSERT INTO queues (name) VALUES ('ghost'), ('q');",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("a temporary queues table");
+    let err = c
+        .enqueue_with(
+            &mut conn,
+            EnqueueWorkParams {
+                items: vec![NewWork::new("ghost", json!(1))],
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::UnknownQueue(q) if q == "ghost"),
+        "{err}"
+    );
+    c.enqueue_with(
+        &mut conn,
+        EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!(2))],
+        },
+    )
+    .await
+    .expect("a registered queue");
+    conn.close().await.expect("close");
+    let queues: Vec<String> = sqlx::query_scalar("SELECT queue FROM workpump.work ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .expect("queues");
+    assert_eq!(queues, vec!["q"]);
+}
+
+/// Every function of the store searches its own schema, then `pg_temp` last (and
+/// `pg_catalog` first, implicitly): those of released migrations (altered by 0025) and those
+/// created since, which capture the migrating session's path.
+#[tokio::test]
+async fn every_function_of_the_store_searches_pg_temp_last() {
+    let (_db, pool) = fresh().await;
+    for schema in [DEFAULT_SCHEMA, "tenant_two"] {
+        migrate(&pool, schema).await.expect("migrate");
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT p.oid::regprocedure::text,
+                    (SELECT c FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = $1 ORDER BY 1",
+        )
+        .bind(schema)
+        .fetch_all(&pool)
+        .await
+        .expect("functions");
+        assert!(rows.len() >= 25, "{schema}: {} functions", rows.len());
+        let want = format!("search_path={schema}, pg_temp");
+        for (function, path) in rows {
+            assert_eq!(
+                path.as_deref(),
+                Some(want.as_str()),
+                "{function} in {schema}"
+            );
+        }
+    }
+}
+
+// -- 6. claim_work of a paused queue --------------------------------------------------------------
+
+/// A paused queue yields nothing and is no error (an unknown one is refused: see the
+/// conformance suite).
+#[tokio::test]
+async fn a_paused_queue_yields_nothing_without_an_error() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    enqueue_n(&c, 1).await;
+    sqlx::query("UPDATE workpump.queues SET paused = true WHERE name = 'q'")
+        .execute(&pool)
+        .await
+        .expect("pause");
+    assert!(claim(&c, me, 10, LEASE).await.items.is_empty());
+    sqlx::query("UPDATE workpump.queues SET paused = false WHERE name = 'q'")
+        .execute(&pool)
+        .await
+        .expect("resume");
+    assert_eq!(claim(&c, me, 10, LEASE).await.items.len(), 1);
+}
+
+// -- 7. the drain hint on every row ---------------------------------------------------------------
+
+async fn claim_rows(pool: &PgPool, me: InstanceId, max_items: i32) -> Vec<(i64, bool, bool)> {
+    sqlx::query_as(
+        "SELECT id, reclaimed, has_more FROM workpump.claim_work($1, ARRAY['q'], $2, interval '60 s')",
+    )
+    .bind(me.0)
+    .bind(max_items)
+    .fetch_all(pool)
+    .await
+    .expect("claim")
+}
+
+/// Every row of one claim carries the same drain hint, reclaimed orphans and new items alike.
+#[tokio::test]
+async fn every_row_of_one_claim_carries_the_same_drain_hint() {
+    let (_db, pool, c) = migrated().await;
+    let a = registered(&c).await;
+    let b = registered(&c).await;
+    let orphan = enqueue_n(&c, 1).await[0];
+    claim(&c, a, 1, LEASE).await;
+    expire(&pool, orphan).await;
+    enqueue_n(&c, 5).await;
+
+    // One orphan and two new items, with three new items left over.
+    let rows = claim_rows(&pool, b, 3).await;
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.iter().filter(|r| r.1).count(), 1, "{rows:?}");
+    assert!(rows.iter().all(|r| r.2), "more were left: {rows:?}");
+
+    // One orphan and the last three new items: nothing left over.
+    expire(&pool, rows[1].0).await;
+    let rows = claim_rows(&pool, b, 10).await;
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.iter().filter(|r| r.1).count(), 1, "{rows:?}");
+    assert!(rows.iter().all(|r| !r.2), "none were left: {rows:?}");
+
+    // Orphans alone fill the batch: more may be left.
+    let all: Vec<i64> = sqlx::query_scalar("SELECT id FROM workpump.work ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .expect("ids");
+    for id in &all[..2] {
+        expire(&pool, *id).await;
+    }
+    let rows = claim_rows(&pool, b, 1).await;
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].1 && rows[0].2, "{rows:?}");
+}
+
+// -- 8. a fenced transaction left idle --------------------------------------------------------
+
+/// A process that freezes inside its fenced transaction (lock_lease taken, transaction open,
+/// nothing sent) no longer keeps its row locked for as long as the server keeps the
+/// connection: the server ends the session once it has been idle for the remaining lease, the
+/// item is reclaimed, and the frozen transaction's business write never happened.
+#[tokio::test]
+async fn a_fenced_transaction_left_idle_is_ended_by_the_server_and_its_item_reclaimed() {
+    let (_db, pool, c) = migrated().await;
+    sqlx::query("CREATE TABLE effects (item bigint PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .expect("table");
+    let frozen = registered(&c).await;
+    let peer = registered(&c).await;
+    let id = enqueue_n(&c, 1).await[0];
+    let item = claim(&c, frozen, 1, Duration::from_secs(2))
+        .await
+        .items
+        .remove(0);
+    let mut tx = c.begin_fenced(frozen, item.fence).await.expect("fenced tx");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(tx.connection())
+        .await
+        .expect("pid");
+    sqlx::query("INSERT INTO effects VALUES ($1)")
+        .bind(id)
+        .execute(tx.connection())
+        .await
+        .expect("business write");
+    let idle_since = Instant::now();
+
+    // The process freezes here: the transaction stays open, idle.
+    wait_until(
+        Duration::from_secs(30),
+        "the server ends the idle fenced transaction's session",
+        || async {
+            count(
+                &pool,
+                &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"),
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    assert!(
+        idle_since.elapsed() >= Duration::from_millis(900),
+        "ended after {:?}: sooner than the remaining lease",
+        idle_since.elapsed()
+    );
+
+    let taken = claim(&c, peer, 10, LEASE).await;
+    assert_eq!(taken.items.len(), 1);
+    assert_eq!(taken.items[0].fence.id, id);
+    assert!(taken.items[0].reclaimed);
+    assert_eq!(count(&pool, "SELECT count(*) FROM effects").await, 0);
+    // The thawed process can commit nothing.
+    assert!(tx.complete().await.is_err());
+    assert_eq!(count(&pool, "SELECT count(*) FROM effects").await, 0);
+}
+
+/// The timeout is the transaction's own: the session's setting is back once it ends, and a
+/// session's stricter setting is kept.
+#[tokio::test]
+async fn the_fenced_transactions_idle_timeout_is_its_own_and_never_looser_than_the_sessions() {
+    let (_db, _pool, c) = migrated().await;
+    let me = registered(&c).await;
+    enqueue_n(&c, 2).await;
+    let items = claim(&c, me, 2, LEASE).await.items;
+    let setting = "SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'";
+
+    let mut tx = c.begin_fenced(me, items[0].fence).await.expect("fenced tx");
+    let inside: i64 = sqlx::query_scalar(setting)
+        .fetch_one(tx.connection())
+        .await
+        .expect("setting");
+    assert!(
+        (50_000..=60_000).contains(&inside),
+        "the remaining lease of about 60 s, got {inside} ms"
+    );
+    let mut conn = PgConnection::connect_with(&c.pool().connect_options())
+        .await
+        .expect("connect");
+    sqlx::query("SET idle_in_transaction_session_timeout = 5000")
+        .execute(&mut conn)
+        .await
+        .expect("a stricter session setting");
+    sqlx::query("BEGIN")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    let locked: bool = sqlx::query_scalar("SELECT workpump.lock_lease($1, $2, $3)")
+        .bind(me.0)
+        .bind(items[1].fence.id)
+        .bind(items[1].fence.token)
+        .fetch_one(&mut conn)
+        .await
+        .expect("lock_lease");
+    assert!(locked);
+    let stricter: i64 = sqlx::query_scalar(setting)
+        .fetch_one(&mut conn)
+        .await
+        .expect("setting");
+    assert_eq!(stricter, 5000);
+    sqlx::query("COMMIT")
+        .execute(&mut conn)
+        .await
+        .expect("commit");
+    tx.rollback().await.expect("rollback");
+    conn.close().await.expect("close");
+    let mut conn = c.pool().acquire().await.expect("a pooled connection");
+    let after: i64 = sqlx::query_scalar(setting)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("setting");
+    assert_eq!(after, 0, "the pool's sessions keep their own setting");
+}
