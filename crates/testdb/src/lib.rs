@@ -23,6 +23,7 @@
 //! # }
 //! ```
 
+mod backend;
 mod cluster;
 mod error;
 mod install;

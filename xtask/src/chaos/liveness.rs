@@ -1,0 +1,644 @@
+//! The liveness scenarios: faults after which nobody may be judged dead, and the one fault
+//! (a process frozen inside its fenced transaction) whose work must still come back within
+//! its lease. Each runs under the short settings and the shipped defaults alike; every wait
+//! and bound below is derived from the profile's settings ([`Timing`]).
+//!
+//! What they hold the code to (docs/guarantees.md, "Liveness"): an instance is judged dead
+//! only on evidence its judge gathered while it could itself see the server continuously —
+//! a server restart, an outage, a backend crash or a lock blip is never evidence that a
+//! client died; the lock grace applies on every path; a sweep never reaps its caller; a
+//! frozen fenced transaction is bounded by its lease.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::fleet::{Life, Timing, WorkerSpec};
+use super::harness::{Fault, Harness};
+use super::proxy::Proxy;
+use super::report::Recovery;
+use super::scenarios::{holding_deadline, stopped_handlers_of, zombie_note, CONCURRENCY};
+use super::store::{self, Mix};
+use super::Result;
+
+/// A steady workload for a scenario that lasts `span_s`: items due uniformly over it, with
+/// sleepers of a quarter to two thirds of the lease (renewed at least once at the defaults),
+/// at a rate that keeps about `in_flight` sleepers running at any time — so that every fault
+/// finds work in flight and an eviction would cost something.
+fn steady_mix(t: &Timing, span_s: f64, in_flight: f64) -> Mix {
+    let sleep_ms = (
+        (t.lease_s * 250.0) as u64,
+        ((t.lease_s * 2000.0 / 3.0) as u64).max(1_000),
+    );
+    let mean_s = (sleep_ms.0 + sleep_ms.1) as f64 / 2000.0;
+    // 22 % of the items are sleepers (store::plan).
+    let rate = in_flight / (0.22 * mean_s);
+    let items = ((rate * span_s) as usize).clamp(300, 6_000);
+    let mut mix = Mix::new(items, (span_s * 1000.0) as u64);
+    mix.sleep_ms = sleep_ms;
+    mix
+}
+
+/// After a server-side fault: measures how long until every live worker holds its
+/// alive-lock again, listens again and some item completes; holds that against
+/// [`Timing::comeback_s`]. `what` opens the recovery's detail (e.g. "server down 5.1 s").
+pub(crate) async fn comeback(h: &mut Harness<'_>, label: String, what: &str) -> Option<f64> {
+    let t = h.timing();
+    let live = h.fleet.live().len() as i64;
+    let bound = t.comeback_s();
+    let give_up = (3.0 * bound).max(60.0);
+    let up = Instant::now();
+    let deadline = up + Duration::from_secs_f64(give_up);
+    let mut up_db = None;
+    let (mut locks_back, mut listen_back, mut work_back) = (None, None, None);
+    while Instant::now() < deadline {
+        if up_db.is_none() {
+            up_db = h.db.now().await.ok();
+        }
+        if let Ok((locks, listening)) = h.db.sessions().await {
+            let since = up.elapsed().as_secs_f64();
+            if locks >= live && locks_back.is_none() {
+                locks_back = Some(since);
+            }
+            if listening >= live && listen_back.is_none() {
+                listen_back = Some(since);
+            }
+        }
+        if let (Some(t), None) = (up_db, work_back) {
+            if h.db.completed_since(t).await.is_ok_and(|n| n > 0) {
+                work_back = Some(up.elapsed().as_secs_f64());
+            }
+        }
+        if locks_back.is_some() && listen_back.is_some() && work_back.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fmt = |s: Option<f64>| {
+        s.map(|s| format!("{s:.2} s"))
+            .unwrap_or_else(|| format!("never ({give_up:.0} s)"))
+    };
+    h.say(&format!(
+        "{what}; alive-locks {} / LISTEN {} / first completion {} later",
+        fmt(locks_back),
+        fmt(listen_back),
+        fmt(work_back)
+    ));
+    let all = match (locks_back, listen_back, work_back) {
+        (Some(a), Some(b), Some(c)) => Some(a.max(b).max(c)),
+        _ => {
+            h.violations.push(format!(
+                "after the {label} the workers did not all come back within {give_up:.0} s \
+                 (alive-locks {}, LISTEN {}, work {})",
+                fmt(locks_back),
+                fmt(listen_back),
+                fmt(work_back)
+            ));
+            None
+        }
+    };
+    h.recovery.push(Recovery {
+        label,
+        seconds: all,
+        bound,
+        bound_why: format!(
+            "reconnect backoff (250 ms doubling) 10 s + a fast heartbeat interval {} s (the \
+             lock is re-taken at least that often) + 2 s",
+            t.fast_s
+        ),
+        detail: format!(
+            "{what}; then every alive-lock held again after {}, every LISTEN after {}, first \
+             completion after {}",
+            fmt(locks_back),
+            fmt(listen_back),
+            fmt(work_back)
+        ),
+    });
+    all
+}
+
+/// Fast stops of PostgreSQL with outages of 1 s, 5 s and `stale_after` + 15 s (quick: the
+/// last two), three workers running. After each, the suite watches for
+/// [`Timing::settle_s`] (stale after + lock grace + 2 sweeps + 5 s) from the moment the
+/// server is back, so that an eviction the outage causes, if one is coming, happens inside
+/// the scenario. Nobody may be evicted; the work ends once.
+pub(crate) async fn pg_outage(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let outages: Vec<f64> = if h.quick {
+        vec![5.0, t.stale_after_s + 15.0]
+    } else {
+        vec![1.0, 5.0, t.stale_after_s + 15.0]
+    };
+    let span = 5.0
+        + outages
+            .iter()
+            .map(|o| o + t.comeback_s() + t.settle_s())
+            .sum::<f64>();
+    let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
+    h.start_workers(specs).await?;
+    let mix = steady_mix(&t, span, 15.0);
+    h.enqueue(&mix).await?;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    for down_s in outages {
+        let in_flight = h.wait_running(holding_deadline(h)).await;
+        h.mark(&format!(
+            "fast stop of PostgreSQL for {down_s:.0} s, {in_flight} items running"
+        ));
+        let label = format!("outage (fast stop, {down_s:.0} s down)");
+        if in_flight == 0 {
+            h.violations.push(format!(
+                "vacuous: no item was running at the {label}, so it tested nothing"
+            ));
+        }
+        let began = Instant::now();
+        let cluster = h.cluster;
+        tokio::task::block_in_place(|| cluster.stop())?;
+        tokio::time::sleep(Duration::from_secs_f64(down_s)).await;
+        tokio::task::block_in_place(|| cluster.start())?;
+        let back = Instant::now();
+        let down = began.elapsed().as_secs_f64();
+        h.mark(&format!("PostgreSQL back after {down:.2} s"));
+        comeback(h, label, &format!("server down {down:.2} s")).await;
+        h.watch_until(
+            back + Duration::from_secs_f64(t.settle_s()),
+            "stale_after + lock grace + 2 sweeps + 5 s from the server's return",
+        )
+        .await;
+    }
+    let by = h.finish_by(t.finish_s(span));
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// SIGKILL one server backend (a worker's, chosen at random), as the OOM killer would: the
+/// postmaster terminates every other session, runs crash recovery and accepts connections
+/// again, without restarting itself (`pg_postmaster_start_time()` does not change). The
+/// workers must come back and nobody may be evicted, watched as after an outage. A full run
+/// crashes twice.
+pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let crashes = if h.quick { 1 } else { 2 };
+    let span = 5.0 + crashes as f64 * (5.0 + t.comeback_s() + t.settle_s());
+    let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
+    h.start_workers(specs).await?;
+    let mix = steady_mix(&t, span, 15.0);
+    h.enqueue(&mix).await?;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    for k in 0..crashes {
+        let in_flight = h.wait_running(holding_deadline(h)).await;
+        let backends = h.db.worker_backends().await?;
+        if backends.is_empty() {
+            return Err("no worker backend to kill".into());
+        }
+        let (pid, app) = backends[h.rng.below(backends.len())].clone();
+        let label = format!("backend crash #{} (SIGKILL {app}'s backend {pid})", k + 1);
+        h.mark(&format!("{label}, {in_flight} items running"));
+        if in_flight == 0 {
+            h.violations.push(format!(
+                "vacuous: no item was running at the {label}, so it tested nothing"
+            ));
+        }
+        let began = Instant::now();
+        let cluster = h.cluster;
+        let pid_u32 = u32::try_from(pid).map_err(|_| format!("backend pid {pid}"))?;
+        tokio::task::block_in_place(|| cluster.kill_backend(pid_u32))?;
+        // The server resets every session and recovers; wait until it answers again.
+        let deadline = began + Duration::from_secs(60);
+        while h.db.now().await.is_err() {
+            if Instant::now() >= deadline {
+                return Err(
+                    format!("the server did not come back within 60 s of the {label}").into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let back = Instant::now();
+        let down = began.elapsed().as_secs_f64();
+        // The fault must have reset the other sessions (crash recovery), or it tested nothing.
+        let others: Vec<i32> = backends
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| *p != pid)
+            .collect();
+        let survived = h.db.surviving(&others).await?;
+        if !survived.is_empty() {
+            h.violations.push(format!(
+                "vacuous: after the {label}, {} of the other {} worker sessions survived (no \
+                 crash recovery)",
+                survived.len(),
+                others.len()
+            ));
+        }
+        h.mark(&format!(
+            "PostgreSQL answers again {down:.2} s after the kill; {} of {} other sessions \
+             survived",
+            survived.len(),
+            others.len()
+        ));
+        comeback(h, label, &format!("server recovered after {down:.2} s")).await;
+        h.watch_until(
+            back + Duration::from_secs_f64(t.settle_s()),
+            "stale_after + lock grace + 2 sweeps + 5 s from the server's return",
+        )
+        .await;
+    }
+    let by = h.finish_by(t.finish_s(span));
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// One worker (behind the proxy) loses its alive-lock session — `pg_terminate_backend` on
+/// the pid holding its key — exactly when its last heartbeat is 0, 1/3, 7/12 and 11/12 of
+/// the slow cadence old (at the defaults 0 s, 20 s, 35 s and 55 s: the last two past
+/// stale_after), and its new connections are refused for 2/3 of the lock grace while its
+/// open ones carry on. The age is checked in the statement that kills the session. After
+/// each blip the suite watches for the lock grace + 2 sweeps + 2 s. It must never be
+/// evicted; a blip that cannot be landed at its age is a vacuous run, not a pass. Quick:
+/// the two ages past the middle of the slow cadence.
+pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let fractions: &[(f64, &str)] = if h.quick {
+        &[(7.0 / 12.0, "7/12"), (11.0 / 12.0, "11/12")]
+    } else {
+        &[
+            (0.0, "0"),
+            (1.0 / 3.0, "1/3"),
+            (7.0 / 12.0, "7/12"),
+            (11.0 / 12.0, "11/12"),
+        ]
+    };
+    // The window an age must be hit in: 1/24 of the slow cadence (2.5 s at the defaults).
+    let tolerance = t.slow_s / 24.0;
+    let refuse = t.lock_grace_s * 2.0 / 3.0;
+    let watch = t.lock_grace_s + 2.0 * t.sweep_s + 2.0;
+    // Reaching an age may take a whole slow interval, plus the fast ones after a blip.
+    let reach = 2.0 * t.slow_s + t.fast_s + 10.0;
+    let span = 5.0 + fractions.len() as f64 * (t.slow_s + t.fast_s + refuse + watch) + t.slow_s;
+
+    let proxy = Proxy::start(h.cluster.port()).await?;
+    let mut specs: Vec<WorkerSpec> = (0..2).map(|_| h.direct(CONCURRENCY)).collect();
+    let mut behind = WorkerSpec::new(h.profile, proxy.port(), CONCURRENCY);
+    behind.label = Some(format!("behind the proxy on port {}", proxy.port()));
+    specs.push(behind);
+    h.proxy = Some(proxy);
+    h.start_workers(specs).await?;
+    let victim = h.fleet.procs.len() - 1;
+    let name = h.fleet.procs[victim].name.clone();
+    let mix = steady_mix(&t, span, 15.0);
+    h.enqueue(&mix).await?;
+    h.say(&format!(
+        "{name}'s alive-lock session will be killed at heartbeat ages {} s (± {tolerance:.2} s), \
+         its new connections refused for {refuse:.1} s each time (lock grace {} s)",
+        fractions
+            .iter()
+            .map(|(f, _)| format!("{:.2}", f * t.slow_s))
+            .collect::<Vec<_>>()
+            .join(", "),
+        t.lock_grace_s
+    ));
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+
+    for (k, &(fraction, written)) in fractions.iter().enumerate() {
+        let age = fraction * t.slow_s;
+        let label = format!(
+            "lock blip #{} at heartbeat age {age:.2} s ({written} of the slow cadence)",
+            k + 1
+        );
+        h.wait_holding(victim, holding_deadline(h)).await;
+        let deadline = Instant::now() + Duration::from_secs_f64(reach);
+        let mut last_age = None;
+        let landed = loop {
+            if Instant::now() >= deadline.min(h.deadline) {
+                break None;
+            }
+            let Some(instance) = h.db.instance_named(&name).await.ok().flatten() else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            let Ok(Some(now_age)) = h.db.beat_age(instance).await else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            last_age = Some(now_age);
+            if now_age >= age && now_age < age + tolerance {
+                // Refuse first, so that the worker cannot reconnect in between; the age is
+                // checked again inside the killing statement.
+                if let Some(p) = &h.proxy {
+                    p.set_refusing(true);
+                }
+                let refused_before = h.proxy.as_ref().map_or(0, Proxy::refused);
+                match h
+                    .db
+                    .kill_lock_session_at_age(instance, &name, age, age + tolerance)
+                    .await
+                {
+                    Ok(Some(hit)) => break Some((instance, hit, refused_before, Instant::now())),
+                    other => {
+                        if let Some(p) = &h.proxy {
+                            p.set_refusing(false);
+                        }
+                        other?;
+                    }
+                }
+            }
+            // Far from the window: poll less often (the age grows by the database clock).
+            let wait = if now_age < age - 1.0 {
+                (age - 1.0 - now_age).min(1.0)
+            } else {
+                0.02
+            };
+            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+        };
+        let Some((instance, (hit_age, pid, terminated), refused_before, at)) = landed else {
+            h.violations.push(format!(
+                "vacuous: the {label} never landed: within {reach:.0} s {name}'s heartbeat was \
+                 never between {age:.2} and {:.2} s old while a session of its own held its \
+                 alive-lock (last age seen: {})",
+                age + tolerance,
+                last_age.map_or("none".into(), |a| format!("{a:.2} s"))
+            ));
+            continue;
+        };
+        let held = h.leases_of(victim).await.map(|(_, l)| l.len()).unwrap_or(0);
+        let still = h.db.lock_holder(instance).await?;
+        h.mark(&format!(
+            "{label}: pg_terminate_backend({pid}) on {name}'s alive-lock session at age \
+             {hit_age:.2} s ({}), {held} leases held; new connections refused for {refuse:.1} s",
+            if terminated {
+                "gone"
+            } else {
+                "NOT gone within 5 s"
+            }
+        ));
+        if !terminated || still.as_ref().is_some_and(|(p, _)| *p == pid) {
+            h.violations.push(format!(
+                "vacuous: the {label} did not take the lock away (session {pid} still holds it)"
+            ));
+        }
+        if held == 0 {
+            h.violations.push(format!(
+                "vacuous: {name} held no lease at the {label}: an eviction would have cost \
+                 nothing"
+            ));
+        }
+        tokio::time::sleep_until(at + Duration::from_secs_f64(refuse)).await;
+        let refused = h.proxy.as_ref().map_or(0, |p| {
+            p.set_refusing(false);
+            p.refused() - refused_before
+        });
+        h.say(&format!(
+            "{name}'s new connections accepted again ({refused} refused meanwhile)"
+        ));
+        // When does it hold its lock again (under whatever instance it runs as now)?
+        let lock_deadline = at + Duration::from_secs_f64(refuse + t.fast_s + 10.0);
+        let mut lock_back = None;
+        while Instant::now() < lock_deadline {
+            let current = h.db.instance_named(&name).await.ok().flatten();
+            if let Some(current) = current {
+                if let Ok(Some((_, app))) = h.db.lock_holder(current).await {
+                    if app == name {
+                        lock_back = Some(at.elapsed().as_secs_f64());
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        h.recovery.push(Recovery {
+            label: label.clone(),
+            seconds: lock_back,
+            bound: refuse + t.fast_s + 2.0,
+            bound_why: format!(
+                "new connections refused {refuse:.1} s + a fast heartbeat interval {} s (the \
+                 lock is re-taken at least that often) + 2 s",
+                t.fast_s
+            ),
+            detail: format!(
+                "{name}'s alive-lock back after {}; {refused} connections refused; {held} \
+                 leases held at the blip",
+                lock_back.map_or("never".into(), |s| format!("{s:.2} s"))
+            ),
+        });
+        if lock_back.is_none() {
+            h.violations.push(format!(
+                "after the {label}, {name} did not hold its alive-lock again within {:.0} s",
+                refuse + t.fast_s + 10.0
+            ));
+        }
+        h.watch_until(
+            at + Duration::from_secs_f64(refuse + watch),
+            "the refusal, the lock grace, 2 sweeps and 2 s",
+        )
+        .await;
+    }
+    let by = h.finish_by(t.finish_s(span));
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// A worker SIGSTOPped inside its fenced transaction: an item `{"kind":"tx","hold_ms":..}`
+/// holds its open transaction (`lock_lease` taken, the effect inserted) for half a lease on
+/// its first attempt; the suite finds that session in `pg_stat_activity` (idle in
+/// transaction, the item's marker as its last query), checks that the row is locked, and
+/// stops the process owning it for the bound + 5 s. The item must be claimed anew within
+/// the bound — the lease plus the longest claim poll wait + 2 s, as for any frozen process —
+/// while the process is still stopped, and its effect must exist once.
+pub(crate) async fn frozen_tx(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let hold_ms = (t.lease_s * 500.0) as u64;
+    let bound = t.lease_s + t.poll_max_s + 2.0;
+    let freeze = bound + 5.0;
+    let span = 5.0 + t.lease_s / 2.0 + freeze + 5.0;
+    let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
+    h.start_workers(specs).await?;
+    let mix = steady_mix(&t, span, 10.0);
+    h.enqueue(&mix).await?;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    h.wait_running(holding_deadline(h)).await;
+
+    let item = store::enqueue_one(
+        &h.db,
+        json!({ "kind": "tx", "hold_ms": hold_ms, "times": 1 }),
+    )
+    .await?;
+    h.items += 1;
+    h.say(&format!(
+        "enqueued item {item}: a tx item that holds its fenced transaction open for {} s",
+        hold_ms as f64 / 1000.0
+    ));
+    let find_by = Instant::now() + Duration::from_secs_f64(t.poll_max_s + t.sweep_s + 5.0);
+    let (pid, app) = loop {
+        if let Some(found) = h.db.holding_session(item).await? {
+            break found;
+        }
+        if Instant::now() >= find_by {
+            h.violations.push(format!(
+                "vacuous: no session was seen holding item {item}'s fenced transaction within \
+                 {:.0} s of its enqueue",
+                t.poll_max_s + t.sweep_s + 5.0
+            ));
+            let by = h.finish_by(t.finish_s(span));
+            h.wait_finished(by).await;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let Some(victim) = h.fleet.procs.iter().position(|p| p.name == app) else {
+        return Err(
+            format!("item {item}'s transaction runs in {app}, not a worker of the suite").into(),
+        );
+    };
+    let locked = h.db.row_locked(item).await?;
+    let (state, token) = h.db.claim_of(item).await?;
+    let token = token.ok_or_else(|| format!("item {item} is {state} without a claim token"))?;
+    let before = stopped_handlers_of(h, victim).await;
+    let at = h.db.now().await?;
+    h.fleet.signal(victim, "STOP").await?;
+    let stopped = Instant::now();
+    let (instances, _) = h.leases_of(victim).await?;
+    let inside =
+        h.db.holding_session(item)
+            .await?
+            .is_some_and(|(p, _)| p == pid);
+    h.mark(&format!(
+        "SIGSTOP {app} inside the fenced transaction of item {item} (session {pid}, {state}, \
+         token {token}, row locked: {locked}) for {freeze:.0} s"
+    ));
+    if !locked || !inside || state != "running" {
+        h.violations.push(format!(
+            "vacuous: {app} was not frozen inside a fenced transaction holding item {item}'s \
+             row (row locked: {locked}, still in the transaction: {inside}, state {state})"
+        ));
+    }
+    h.faults.push(Fault {
+        label: format!("SIGSTOP {app} inside item {item}'s fenced transaction"),
+        at,
+        until: None,
+        procs: vec![app.clone()],
+        instances,
+        affected: vec![(item, token)],
+        bound,
+        bound_why: format!(
+            "lease {} s + the longest claim poll wait {} s + 2 s",
+            t.lease_s, t.poll_max_s
+        ),
+    });
+    // While it is stopped: is the item claimed anew?
+    let thaw = stopped + Duration::from_secs_f64(freeze);
+    let mut reclaimed = None;
+    while Instant::now() < thaw {
+        if let Ok((_, now_token)) = h.db.claim_of(item).await {
+            if now_token != Some(token) {
+                reclaimed = Some(stopped.elapsed().as_secs_f64());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    match reclaimed {
+        Some(s) => h.say(&format!(
+            "item {item} claimed anew {s:.1} s after the freeze (bound {bound:.0} s)"
+        )),
+        None => {
+            let still_locked = h.db.row_locked(item).await.unwrap_or(false);
+            h.violations.push(format!(
+                "frozen fenced transaction: item {item} was not claimed anew during the \
+                 {freeze:.0} s that {app} stayed frozen inside its transaction (bound \
+                 {bound:.0} s); its row still locked at the end: {still_locked} — claim_work, \
+                 the sweeps and cancel_work skip or wait for a locked row, so the frozen \
+                 holder's open transaction, not its lease, bounds the item"
+            ));
+        }
+    }
+    tokio::time::sleep_until(thaw).await;
+    h.fleet.signal(victim, "CONT").await?;
+    h.say(&format!("SIGCONT {app}"));
+    if let Some(fault) = h.faults.last_mut() {
+        fault.until = h.db.now().await.ok();
+    }
+    zombie_note(h, victim, "SIGCONT", before).await;
+    let by = h.finish_by(t.finish_s(span));
+    h.wait_finished(by).await;
+    Ok(())
+}
+
+/// The only worker, behind the proxy, has its connections frozen for stale_after + the lock
+/// grace + 2 sweeps (37 s at the defaults, 8 s short; less than dead_after), then thawed.
+/// Nobody else can reap it; it must not reap itself (docs/guarantees.md, finding 3). Its
+/// leases, expired meanwhile, are its own to finish or claim back.
+pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let secs = t.stale_after_s + t.lock_grace_s + 2.0 * t.sweep_s;
+    if secs >= t.dead_after_s {
+        return Err(format!(
+            "partition-alone needs stale_after + lock grace + 2 sweeps ({secs:.0} s) below \
+             dead_after ({:.0} s)",
+            t.dead_after_s
+        )
+        .into());
+    }
+    let span = 5.0 + secs + t.settle_s();
+    let proxy = Proxy::start(h.cluster.port()).await?;
+    let mut spec = WorkerSpec::new(h.profile, proxy.port(), 2 * CONCURRENCY);
+    spec.label = Some(format!("alone, behind the proxy on port {}", proxy.port()));
+    h.proxy = Some(proxy);
+    h.start_workers(vec![spec]).await?;
+    let victim = 0;
+    let name = h.fleet.procs[victim].name.clone();
+    let mix = steady_mix(&t, span, 15.0);
+    h.enqueue(&mix).await?;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    h.wait_holding(victim, holding_deadline(h)).await;
+
+    let before = stopped_handlers_of(h, victim).await;
+    let at = h.db.now().await?;
+    if let Some(p) = &h.proxy {
+        p.set_frozen(true);
+    }
+    h.fleet.note(victim, Life::Frozen);
+    let frozen = Instant::now();
+    let (instances, held) = h.leases_of(victim).await?;
+    h.mark(&format!(
+        "partition: {name}, the only worker, has its connections frozen for {secs:.0} s \
+         (stale_after {} s + lock grace {} s + 2 sweeps), holding {} leases",
+        t.stale_after_s,
+        t.lock_grace_s,
+        held.len()
+    ));
+    tokio::time::sleep_until(frozen + Duration::from_secs_f64(secs)).await;
+    if let Some(p) = &h.proxy {
+        p.set_frozen(false);
+    }
+    h.fleet.note(victim, Life::Thawed);
+    let thawed = Instant::now();
+    let until = h.db.now().await?;
+    h.mark(&format!("partition healed: {name}'s held bytes flow again"));
+    h.faults.push(Fault {
+        label: format!("partition of {name} (alone) {secs:.0} s"),
+        at,
+        until: Some(until),
+        procs: vec![name],
+        instances,
+        affected: held,
+        bound: secs + t.poll_max_s + 2.0,
+        bound_why: format!(
+            "the {secs:.0} s partition + the longest claim poll wait {} s + 2 s",
+            t.poll_max_s
+        ),
+    });
+    zombie_note(h, victim, "the thaw", before).await;
+    h.watch_until(
+        thawed + Duration::from_secs_f64(t.settle_s()),
+        "stale_after + lock grace + 2 sweeps + 5 s from the thaw",
+    )
+    .await;
+    let by = h.finish_by(t.finish_s(span));
+    h.wait_finished(by).await;
+    Ok(())
+}
