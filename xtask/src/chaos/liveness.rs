@@ -40,6 +40,76 @@ fn steady_mix(t: &Timing, span_s: f64, in_flight: f64) -> Mix {
     mix
 }
 
+/// Keeps work due while a scenario of unknown length runs: whenever less than a chunk of
+/// work lies ahead, enqueues the next chunk (the same steady mix), so that every fault finds
+/// work in flight and the work ends soon after the last fault.
+struct Feeder {
+    mix: Mix,
+    chunk: Duration,
+    fed_until: Instant,
+}
+
+impl Feeder {
+    /// Enqueues the first chunk (the scenario's t = 0) and cancels a few items of it.
+    async fn start(h: &mut Harness<'_>, in_flight: f64) -> Result<Feeder> {
+        let t = h.timing();
+        let chunk_s = (t.slow_s / 2.0).max(30.0);
+        let mix = steady_mix(&t, chunk_s, in_flight);
+        h.enqueue(&mix).await?;
+        Ok(Feeder {
+            mix,
+            chunk: Duration::from_secs_f64(chunk_s),
+            fed_until: Instant::now() + Duration::from_secs_f64(chunk_s),
+        })
+    }
+
+    /// Enqueues another chunk when less than one lies ahead.
+    async fn feed(&mut self, h: &mut Harness<'_>) -> Result<()> {
+        if Instant::now() + self.chunk < self.fed_until {
+            return Ok(());
+        }
+        let planned = store::plan(&mut h.rng, &self.mix);
+        h.items += planned.len();
+        store::enqueue(&h.db, planned).await?;
+        self.fed_until = self.fed_until.max(Instant::now()) + self.chunk;
+        Ok(())
+    }
+
+    /// When the last chunk's items are due.
+    fn due_until(&self) -> Instant {
+        self.fed_until
+    }
+}
+
+/// Waits (at most `within` seconds) until the workers' heartbeat ages, summarised by `of`,
+/// lie in `lo..hi` seconds; that age, or None when they never
+/// did. A server fault is timed by it: right after a beat, the next scheduled beat is as far
+/// off as it gets; late in the slow cadence, every heartbeat is past stale_after.
+async fn at_beat_age(
+    h: &Harness<'_>,
+    of: fn(&[f64]) -> Option<f64>,
+    lo: f64,
+    hi: f64,
+    within: f64,
+) -> Option<f64> {
+    let deadline = Instant::now() + Duration::from_secs_f64(within);
+    while Instant::now() < deadline.min(h.deadline) {
+        if let Some(age) = h.db.beat_ages().await.ok().as_deref().and_then(of) {
+            if age >= lo && age < hi {
+                return Some(age);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// The youngest heartbeat: "some worker just beat" below a bound, "every heartbeat at
+/// least this old" above one.
+fn youngest(ages: &[f64]) -> Option<f64> {
+    ages.iter().copied().reduce(f64::min)
+}
+
 /// After a server-side fault: measures how long until every live worker holds its
 /// alive-lock again, listens again and some item completes; holds that against
 /// [`Timing::comeback_s`]. `what` opens the recovery's detail (e.g. "server down 5.1 s").
@@ -143,8 +213,15 @@ pub(crate) async fn pg_outage(h: &mut Harness<'_>) -> Result<()> {
     h.cancel_some(mix.cancels).await?;
     for down_s in outages {
         let in_flight = h.wait_running(holding_deadline(h)).await;
+        // Right after a heartbeat: the next scheduled one is a whole slow interval away.
+        let fresh = t.slow_s / 24.0;
+        let age = at_beat_age(h, youngest, 0.0, fresh, t.slow_s + t.fast_s + 10.0).await;
         h.mark(&format!(
-            "fast stop of PostgreSQL for {down_s:.0} s, {in_flight} items running"
+            "fast stop of PostgreSQL for {down_s:.0} s, {in_flight} items running, {}",
+            age.map_or(
+                format!("no heartbeat seen younger than {fresh:.2} s"),
+                |a| { format!("right after a heartbeat ({a:.2} s old)") }
+            )
         ));
         let label = format!("outage (fast stop, {down_s:.0} s down)");
         if in_flight == 0 {
@@ -189,13 +266,22 @@ pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
     h.cancel_some(mix.cancels).await?;
     for k in 0..crashes {
         let in_flight = h.wait_running(holding_deadline(h)).await;
+        // Late in the slow cadence: every heartbeat past stale_after where the cadence
+        // allows it (at the defaults), so that only the locks keep the instances alive.
+        let old = (t.stale_after_s + t.sweep_s).min(0.9 * t.slow_s);
+        let age = at_beat_age(h, youngest, old, f64::MAX, t.slow_s + 10.0).await;
         let backends = h.db.worker_backends().await?;
         if backends.is_empty() {
             return Err("no worker backend to kill".into());
         }
         let (pid, app) = backends[h.rng.below(backends.len())].clone();
         let label = format!("backend crash #{} (SIGKILL {app}'s backend {pid})", k + 1);
-        h.mark(&format!("{label}, {in_flight} items running"));
+        h.mark(&format!(
+            "{label}, {in_flight} items running, {}",
+            age.map_or(format!("not every heartbeat {old:.1} s old yet"), |a| {
+                format!("every heartbeat at least {a:.1} s old")
+            })
+        ));
         if in_flight == 0 {
             h.violations.push(format!(
                 "vacuous: no item was running at the {label}, so it tested nothing"
@@ -281,7 +367,6 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
     let watch = t.lock_grace_s + 2.0 * t.sweep_s + 2.0;
     // Reaching an age may take a whole slow interval, plus the fast ones after a blip.
     let reach = 2.0 * t.slow_s + t.fast_s + 10.0;
-    let span = 5.0 + fractions.len() as f64 * (t.slow_s + t.fast_s + refuse + watch) + t.slow_s;
 
     let proxy = Proxy::start(h.cluster.port()).await?;
     let mut specs: Vec<WorkerSpec> = (0..2).map(|_| h.direct(CONCURRENCY)).collect();
@@ -292,8 +377,7 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
     h.start_workers(specs).await?;
     let victim = h.fleet.procs.len() - 1;
     let name = h.fleet.procs[victim].name.clone();
-    let mix = steady_mix(&t, span, 15.0);
-    h.enqueue(&mix).await?;
+    let mut feeder = Feeder::start(h, 15.0).await?;
     h.say(&format!(
         "{name}'s alive-lock session will be killed at heartbeat ages {} s (± {tolerance:.2} s), \
          its new connections refused for {refuse:.1} s each time (lock grace {} s)",
@@ -305,7 +389,7 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
         t.lock_grace_s
     ));
     h.at(2.0).await;
-    h.cancel_some(mix.cancels).await?;
+    h.cancel_some(feeder.mix.cancels).await?;
 
     for (k, &(fraction, written)) in fractions.iter().enumerate() {
         let age = fraction * t.slow_s;
@@ -320,6 +404,7 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
             if Instant::now() >= deadline.min(h.deadline) {
                 break None;
             }
+            feeder.feed(h).await?;
             let Some(instance) = h.db.instance_named(&name).await.ok().flatten() else {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
@@ -440,6 +525,11 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
         )
         .await;
     }
+    let span = h.started.elapsed().as_secs_f64()
+        + feeder
+            .due_until()
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
     let by = h.finish_by(t.finish_s(span));
     h.wait_finished(by).await;
     Ok(())

@@ -390,6 +390,17 @@ impl Db {
         .await?)
     }
 
+    /// How old each registered worker instance's last heartbeat is (database clock,
+    /// seconds).
+    pub(crate) async fn beat_ages(&self) -> Result<Vec<f64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8
+             FROM workpump.instances WHERE host LIKE 'chaos-w%'",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// The session holding `instance`'s alive-lock, if one does: its pid and
     /// `application_name`.
     pub(crate) async fn lock_holder(&self, instance: Uuid) -> Result<Option<(i32, String)>> {
