@@ -257,7 +257,7 @@ impl Harness<'_> {
     }
 
     /// Watches until `until` for evictions (the window in which one caused by the last
-    /// fault would show), printing each as the store records it. The checks at the end
+    /// fault would show), printing each the store recorded since the last mark. The checks at the end
     /// judge them; this only makes the timeline readable. Tolerates a database that is
     /// briefly away.
     pub(crate) async fn watch_until(&mut self, until: Instant, why: &str) {
@@ -266,7 +266,9 @@ impl Harness<'_> {
             .saturating_duration_since(Instant::now())
             .as_secs_f64();
         self.say(&format!("watching {secs:.0} s for evictions ({why})"));
-        let mut since = self.db_now();
+        // Since the fault: an eviction may already have come while the suite measured the
+        // recovery.
+        let mut since = self.marks.last().map_or(self.t0, |(at, _)| *at);
         while Instant::now() < until {
             if let Ok(found) = self.db.evictions_since(since).await {
                 for (instance, owner, reaper, at) in found {

@@ -34,7 +34,7 @@ fn steady_mix(t: &Timing, span_s: f64, in_flight: f64) -> Mix {
     let mean_s = (sleep_ms.0 + sleep_ms.1) as f64 / 2000.0;
     // 22 % of the items are sleepers (store::plan).
     let rate = in_flight / (0.22 * mean_s);
-    let items = ((rate * span_s) as usize).clamp(300, 6_000);
+    let items = ((rate * span_s) as usize).clamp(50, 6_000);
     let mut mix = Mix::new(items, (span_s * 1000.0) as u64);
     mix.sleep_ms = sleep_ms;
     mix
@@ -251,15 +251,27 @@ pub(crate) async fn pg_outage(h: &mut Harness<'_>) -> Result<()> {
 
 /// SIGKILL one server backend (a worker's, chosen at random), as the OOM killer would: the
 /// postmaster terminates every other session, runs crash recovery and accepts connections
-/// again, without restarting itself (`pg_postmaster_start_time()` does not change). The
-/// workers must come back and nobody may be evicted, watched as after an outage. A full run
-/// crashes twice.
+/// again, without restarting itself (`pg_postmaster_start_time()` does not change). Each
+/// crash comes when every heartbeat is past stale_after where the cadence allows it (so
+/// that only the alive-locks vouch for the instances), and one of the three workers, behind
+/// the proxy, reconnects 2/3 of the lock grace late. The workers must come back and nobody
+/// may be evicted, watched as after an outage. A full run crashes twice.
 pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
     let t = h.timing();
     let crashes = if h.quick { 1 } else { 2 };
-    let span = 5.0 + crashes as f64 * (5.0 + t.comeback_s() + t.settle_s());
-    let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
+    let refuse = t.lock_grace_s * 2.0 / 3.0;
+    let span = 5.0 + crashes as f64 * (t.slow_s + t.comeback_s() + t.settle_s());
+    let proxy = Proxy::start(h.cluster.port()).await?;
+    let mut specs: Vec<WorkerSpec> = (0..2).map(|_| h.direct(CONCURRENCY)).collect();
+    let mut behind = WorkerSpec::new(h.profile, proxy.port(), CONCURRENCY);
+    behind.label = Some(format!(
+        "behind the proxy on port {}: reconnects {refuse:.1} s late after each crash",
+        proxy.port()
+    ));
+    specs.push(behind);
+    h.proxy = Some(proxy);
     h.start_workers(specs).await?;
+    let slow_one = h.fleet.procs[h.fleet.procs.len() - 1].name.clone();
     let mix = steady_mix(&t, span, 15.0);
     h.enqueue(&mix).await?;
     h.at(2.0).await;
@@ -290,7 +302,13 @@ pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
         let began = Instant::now();
         let cluster = h.cluster;
         let pid_u32 = u32::try_from(pid).map_err(|_| format!("backend pid {pid}"))?;
+        // One worker reconnects late (a loaded client, a pool at its limit): its new
+        // connections are refused for 2/3 of the lock grace from the crash.
+        if let Some(p) = &h.proxy {
+            p.set_refusing(true);
+        }
         tokio::task::block_in_place(|| cluster.kill_backend(pid_u32))?;
+        let refused_until = began + Duration::from_secs_f64(refuse);
         // The postmaster resets every other session and recovers: wait until it answers
         // again with none of them left. Sessions that survive for good mean the fault tested
         // nothing.
@@ -328,6 +346,15 @@ pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
              left",
             survived.len(),
             others.len()
+        ));
+        tokio::time::sleep_until(refused_until).await;
+        let refused = h.proxy.as_ref().map_or(0, |p| {
+            p.set_refusing(false);
+            p.refused()
+        });
+        h.say(&format!(
+            "{slow_one}'s new connections accepted again, {refuse:.1} s after the crash \
+             ({refused} refused so far)"
         ));
         comeback(h, label, &format!("server recovered after {down:.2} s")).await;
         h.watch_until(
@@ -663,7 +690,8 @@ pub(crate) async fn frozen_tx(h: &mut Harness<'_>) -> Result<()> {
 }
 
 /// The only worker, behind the proxy, has its connections frozen for stale_after + the lock
-/// grace + 2 sweeps (37 s at the defaults, 8 s short; less than dead_after), then thawed.
+/// grace + 2 sweeps (37 s at the defaults, 8 s short; less than dead_after), from just
+/// before its heartbeat falls due, then thawed.
 /// Nobody else can reap it; it must not reap itself (docs/guarantees.md, finding 3). Its
 /// leases, expired meanwhile, are its own to finish or claim back.
 pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
@@ -677,7 +705,7 @@ pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
         )
         .into());
     }
-    let span = 5.0 + secs + t.settle_s();
+    let span = 5.0 + t.slow_s + secs + t.settle_s();
     let proxy = Proxy::start(h.cluster.port()).await?;
     let mut spec = WorkerSpec::new(h.profile, proxy.port(), 2 * CONCURRENCY);
     spec.label = Some(format!("alone, behind the proxy on port {}", proxy.port()));
@@ -690,6 +718,16 @@ pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
     h.at(2.0).await;
     h.cancel_some(mix.cancels).await?;
     h.wait_holding(victim, holding_deadline(h)).await;
+    // Just before a heartbeat falls due (its age 11/12 of the slow cadence), so that the
+    // freeze stalls a beat and the alive-lock check (finding 3's path).
+    let due = at_beat_age(
+        h,
+        youngest,
+        t.slow_s * 11.0 / 12.0,
+        t.slow_s,
+        2.0 * t.slow_s + 10.0,
+    )
+    .await;
 
     let before = stopped_handlers_of(h, victim).await;
     let at = h.db.now().await?;
@@ -701,10 +739,11 @@ pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
     let (instances, held) = h.leases_of(victim).await?;
     h.mark(&format!(
         "partition: {name}, the only worker, has its connections frozen for {secs:.0} s \
-         (stale_after {} s + lock grace {} s + 2 sweeps), holding {} leases",
+         (stale_after {} s + lock grace {} s + 2 sweeps), holding {} leases, its heartbeat {}",
         t.stale_after_s,
         t.lock_grace_s,
-        held.len()
+        held.len(),
+        due.map_or("not seen due".into(), |a| format!("{a:.1} s old"))
     ));
     tokio::time::sleep_until(frozen + Duration::from_secs_f64(secs)).await;
     if let Some(p) = &h.proxy {
