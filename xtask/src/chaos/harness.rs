@@ -341,7 +341,7 @@ impl Harness<'_> {
         self.items = planned.len();
         self.t0 = self.db.now().await?;
         self.started = Instant::now();
-        store::enqueue(&self.db, planned).await?;
+        store::enqueue(&self.db.pool, planned).await?;
         println!(
             "   {} workers, {} items due over {:.0} s ({} settings)",
             self.fleet.procs.len(),

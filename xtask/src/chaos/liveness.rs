@@ -9,6 +9,8 @@
 //! client died; the lock grace applies on every path; a sweep never reaps its caller; a
 //! frozen fenced transaction is bounded by its lease.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -20,7 +22,7 @@ use super::proxy::Proxy;
 use super::report::Recovery;
 use super::scenarios::{holding_deadline, stopped_handlers_of, zombie_note, CONCURRENCY};
 use super::store::{self, Mix};
-use super::Result;
+use super::{Result, Rng};
 
 /// A steady workload for a scenario that lasts `span_s`: items due uniformly over it, with
 /// sleepers of a quarter to two thirds of the lease (renewed at least once at the defaults),
@@ -40,44 +42,81 @@ fn steady_mix(t: &Timing, span_s: f64, in_flight: f64) -> Mix {
     mix
 }
 
-/// Keeps work due while a scenario of unknown length runs: whenever less than a chunk of
-/// work lies ahead, enqueues the next chunk (the same steady mix), so that every fault finds
-/// work in flight and the work ends soon after the last fault.
+/// Keeps work due while a scenario of unknown length runs (its faults wait for heartbeat
+/// ages): the first chunk of a steady mix is the scenario's t = 0, and a task of the suite
+/// enqueues the next chunk every chunk-length until [`Feeder::stop`] (or until dropped: it
+/// is aborted), so that every fault finds work in flight and the work ends soon after the
+/// last fault. Its choices come from its own generator, seeded from the scenario's.
 struct Feeder {
-    mix: Mix,
-    chunk: Duration,
-    fed_until: Instant,
+    /// Taken by `stop`; aborted on drop otherwise.
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+    enqueued: Arc<AtomicUsize>,
+    cancels: usize,
+}
+
+impl Drop for Feeder {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
 }
 
 impl Feeder {
-    /// Enqueues the first chunk (the scenario's t = 0) and cancels a few items of it.
     async fn start(h: &mut Harness<'_>, in_flight: f64) -> Result<Feeder> {
         let t = h.timing();
         let chunk_s = (t.slow_s / 2.0).max(30.0);
         let mix = steady_mix(&t, chunk_s, in_flight);
         h.enqueue(&mix).await?;
+        let enqueued = Arc::new(AtomicUsize::new(0));
+        let pool = h.db.pool.clone();
+        let mut rng = Rng::new(h.rng.next_u64());
+        let count = Arc::clone(&enqueued);
+        let cancels = mix.cancels;
+        let task = tokio::spawn(async move {
+            let chunk = Duration::from_secs_f64(chunk_s);
+            let mut next = Instant::now() + chunk;
+            loop {
+                tokio::time::sleep_until(next).await;
+                let planned = store::plan(&mut rng, &mix);
+                let n = planned.len();
+                // The server may be away (the scenario's own fault): enqueue once it answers.
+                // (A retried enqueue whose first commit landed but whose reply was lost would
+                // show as items the suite never enqueued; the window is one commit's round
+                // trip, and the checks would report it rather than pass.)
+                loop {
+                    let up = sqlx::query("SELECT 1").execute(&pool).await.is_ok();
+                    if up && store::enqueue(&pool, planned.clone()).await.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                count.fetch_add(n, Ordering::SeqCst);
+                next += chunk;
+            }
+        });
         Ok(Feeder {
-            mix,
-            chunk: Duration::from_secs_f64(chunk_s),
-            fed_until: Instant::now() + Duration::from_secs_f64(chunk_s),
+            task: Some(task),
+            enqueued,
+            cancels,
         })
     }
 
-    /// Enqueues another chunk when less than one lies ahead.
-    async fn feed(&mut self, h: &mut Harness<'_>) -> Result<()> {
-        if Instant::now() + self.chunk < self.fed_until {
-            return Ok(());
+    /// Stops feeding; counts what it enqueued into the scenario's items. An error of the
+    /// feeding task (the database away for a whole chunk's enqueue) is the scenario's.
+    async fn stop(mut self, h: &mut Harness<'_>) -> Result<()> {
+        let ended = match self.task.take() {
+            Some(task) => {
+                task.abort();
+                task.await
+            }
+            None => Ok(Ok(())),
+        };
+        h.items += self.enqueued.load(Ordering::SeqCst);
+        match ended {
+            Ok(Err(e)) => Err(format!("feeding the workload: {e}").into()),
+            _ => Ok(()),
         }
-        let planned = store::plan(&mut h.rng, &self.mix);
-        h.items += planned.len();
-        store::enqueue(&h.db, planned).await?;
-        self.fed_until = self.fed_until.max(Instant::now()) + self.chunk;
-        Ok(())
-    }
-
-    /// When the last chunk's items are due.
-    fn due_until(&self) -> Instant {
-        self.fed_until
     }
 }
 
@@ -200,17 +239,11 @@ pub(crate) async fn pg_outage(h: &mut Harness<'_>) -> Result<()> {
     } else {
         vec![1.0, 5.0, t.stale_after_s + 15.0]
     };
-    let span = 5.0
-        + outages
-            .iter()
-            .map(|o| o + t.comeback_s() + t.settle_s())
-            .sum::<f64>();
     let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
     h.start_workers(specs).await?;
-    let mix = steady_mix(&t, span, 15.0);
-    h.enqueue(&mix).await?;
+    let feeder = Feeder::start(h, 15.0).await?;
     h.at(2.0).await;
-    h.cancel_some(mix.cancels).await?;
+    h.cancel_some(feeder.cancels).await?;
     for down_s in outages {
         let in_flight = h.wait_running(holding_deadline(h)).await;
         // Right after a heartbeat: the next scheduled one is a whole slow interval away.
@@ -244,7 +277,8 @@ pub(crate) async fn pg_outage(h: &mut Harness<'_>) -> Result<()> {
         )
         .await;
     }
-    let by = h.finish_by(t.finish_s(span));
+    feeder.stop(h).await?;
+    let by = h.finish_by(t.finish_s(h.elapsed()));
     h.wait_finished(by).await;
     Ok(())
 }
@@ -260,7 +294,6 @@ pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
     let t = h.timing();
     let crashes = if h.quick { 1 } else { 2 };
     let refuse = t.lock_grace_s * 2.0 / 3.0;
-    let span = 5.0 + crashes as f64 * (t.slow_s + t.comeback_s() + t.settle_s());
     let proxy = Proxy::start(h.cluster.port()).await?;
     let mut specs: Vec<WorkerSpec> = (0..2).map(|_| h.direct(CONCURRENCY)).collect();
     let mut behind = WorkerSpec::new(h.profile, proxy.port(), CONCURRENCY);
@@ -272,10 +305,9 @@ pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
     h.proxy = Some(proxy);
     h.start_workers(specs).await?;
     let slow_one = h.fleet.procs[h.fleet.procs.len() - 1].name.clone();
-    let mix = steady_mix(&t, span, 15.0);
-    h.enqueue(&mix).await?;
+    let feeder = Feeder::start(h, 15.0).await?;
     h.at(2.0).await;
-    h.cancel_some(mix.cancels).await?;
+    h.cancel_some(feeder.cancels).await?;
     for k in 0..crashes {
         let in_flight = h.wait_running(holding_deadline(h)).await;
         // Late in the slow cadence: every heartbeat past stale_after where the cadence
@@ -363,7 +395,8 @@ pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
         )
         .await;
     }
-    let by = h.finish_by(t.finish_s(span));
+    feeder.stop(h).await?;
+    let by = h.finish_by(t.finish_s(h.elapsed()));
     h.wait_finished(by).await;
     Ok(())
 }
@@ -404,7 +437,7 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
     h.start_workers(specs).await?;
     let victim = h.fleet.procs.len() - 1;
     let name = h.fleet.procs[victim].name.clone();
-    let mut feeder = Feeder::start(h, 15.0).await?;
+    let feeder = Feeder::start(h, 15.0).await?;
     h.say(&format!(
         "{name}'s alive-lock session will be killed at heartbeat ages {} s (± {tolerance:.2} s), \
          its new connections refused for {refuse:.1} s each time (lock grace {} s)",
@@ -416,7 +449,7 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
         t.lock_grace_s
     ));
     h.at(2.0).await;
-    h.cancel_some(feeder.mix.cancels).await?;
+    h.cancel_some(feeder.cancels).await?;
 
     for (k, &(fraction, written)) in fractions.iter().enumerate() {
         let age = fraction * t.slow_s;
@@ -431,7 +464,6 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
             if Instant::now() >= deadline.min(h.deadline) {
                 break None;
             }
-            feeder.feed(h).await?;
             let Some(instance) = h.db.instance_named(&name).await.ok().flatten() else {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
@@ -552,12 +584,8 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
         )
         .await;
     }
-    let span = h.started.elapsed().as_secs_f64()
-        + feeder
-            .due_until()
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64();
-    let by = h.finish_by(t.finish_s(span));
+    feeder.stop(h).await?;
+    let by = h.finish_by(t.finish_s(h.elapsed()));
     h.wait_finished(by).await;
     Ok(())
 }
@@ -705,7 +733,6 @@ pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
         )
         .into());
     }
-    let span = 5.0 + t.slow_s + secs + t.settle_s();
     let proxy = Proxy::start(h.cluster.port()).await?;
     let mut spec = WorkerSpec::new(h.profile, proxy.port(), 2 * CONCURRENCY);
     spec.label = Some(format!("alone, behind the proxy on port {}", proxy.port()));
@@ -713,10 +740,9 @@ pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
     h.start_workers(vec![spec]).await?;
     let victim = 0;
     let name = h.fleet.procs[victim].name.clone();
-    let mix = steady_mix(&t, span, 15.0);
-    h.enqueue(&mix).await?;
+    let feeder = Feeder::start(h, 15.0).await?;
     h.at(2.0).await;
-    h.cancel_some(mix.cancels).await?;
+    h.cancel_some(feeder.cancels).await?;
     h.wait_holding(victim, holding_deadline(h)).await;
     // Just before a heartbeat falls due (its age 11/12 of the slow cadence), so that the
     // freeze stalls a beat and the alive-lock check (finding 3's path).
@@ -772,7 +798,8 @@ pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
         "stale_after + lock grace + 2 sweeps + 5 s from the thaw",
     )
     .await;
-    let by = h.finish_by(t.finish_s(span));
+    feeder.stop(h).await?;
+    let by = h.finish_by(t.finish_s(h.elapsed()));
     h.wait_finished(by).await;
     Ok(())
 }

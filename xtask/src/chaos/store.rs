@@ -624,8 +624,8 @@ pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
 }
 
 /// Enqueues the planned items in one call per 10 000; returns their ids.
-pub(crate) async fn enqueue(db: &Db, planned: Vec<(Value, u64)>) -> Result<Vec<i64>> {
-    let coordinator = PgCoordinator::new(db.pool.clone());
+pub(crate) async fn enqueue(pool: &PgPool, planned: Vec<(Value, u64)>) -> Result<Vec<i64>> {
+    let coordinator = PgCoordinator::new(pool.clone());
     let mut ids = Vec::with_capacity(planned.len());
     let mut planned = planned.into_iter().peekable();
     while planned.peek().is_some() {
@@ -645,10 +645,23 @@ pub(crate) async fn enqueue(db: &Db, planned: Vec<(Value, u64)>) -> Result<Vec<i
             .enqueue_work(EnqueueWorkParams { items })
             .await?;
         let batch: Vec<i64> = out.items.iter().map(|e| e.id).collect();
-        sqlx::query("INSERT INTO chaos_enqueued (item) SELECT unnest($1::bigint[])")
-            .bind(&batch)
-            .execute(&db.pool)
-            .await?;
+        // The items are in; their record must follow even if the server blips now (the
+        // suite restarts it), or the checks would call them foreign.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let recorded =
+                sqlx::query("INSERT INTO chaos_enqueued (item) SELECT unnest($1::bigint[])")
+                    .bind(&batch)
+                    .execute(pool)
+                    .await;
+            match recorded {
+                Ok(_) => break,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(format!("recording {} enqueued ids: {e}", batch.len()).into())
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
         ids.extend(batch);
     }
     Ok(ids)
@@ -656,7 +669,7 @@ pub(crate) async fn enqueue(db: &Db, planned: Vec<(Value, u64)>) -> Result<Vec<i
 
 /// Enqueues one item, due now; its id.
 pub(crate) async fn enqueue_one(db: &Db, payload: Value) -> Result<i64> {
-    let ids = enqueue(db, vec![(payload, 0)]).await?;
+    let ids = enqueue(&db.pool, vec![(payload, 0)]).await?;
     Ok(ids.first().copied().ok_or("enqueue_work returned no id")?)
 }
 
