@@ -428,16 +428,19 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
     // Reaching an age may take a whole slow interval, plus the fast ones after a blip.
     let reach = 2.0 * t.slow_s + t.fast_s + 10.0;
 
+    // Few handlers each, kept busy: the worker behind the proxy (slower to claim) holds
+    // leases at every blip too, so an eviction would cost something.
+    let concurrency = 6;
     let proxy = Proxy::start(h.cluster.port()).await?;
-    let mut specs: Vec<WorkerSpec> = (0..2).map(|_| h.direct(CONCURRENCY)).collect();
-    let mut behind = WorkerSpec::new(h.profile, proxy.port(), CONCURRENCY);
+    let mut specs: Vec<WorkerSpec> = (0..2).map(|_| h.direct(concurrency)).collect();
+    let mut behind = WorkerSpec::new(h.profile, proxy.port(), concurrency);
     behind.label = Some(format!("behind the proxy on port {}", proxy.port()));
     specs.push(behind);
     h.proxy = Some(proxy);
     h.start_workers(specs).await?;
     let victim = h.fleet.procs.len() - 1;
     let name = h.fleet.procs[victim].name.clone();
-    let feeder = Feeder::start(h, 15.0).await?;
+    let feeder = Feeder::start(h, 14.0).await?;
     h.say(&format!(
         "{name}'s alive-lock session will be killed at heartbeat ages {} s (± {tolerance:.2} s), \
          its new connections refused for {refuse:.1} s each time (lock grace {} s)",
