@@ -47,11 +47,12 @@ fn steady_mix(t: &Timing, span_s: f64, in_flight: f64) -> Mix {
 /// enqueues the next chunk every chunk-length until [`Feeder::stop`] (or until dropped: it
 /// is aborted), so that every fault finds work in flight and the work ends soon after the
 /// last fault. Its choices come from its own generator, seeded from the scenario's.
-struct Feeder {
+pub(crate) struct Feeder {
     /// Taken by `stop`; aborted on drop otherwise.
     task: Option<tokio::task::JoinHandle<Result<()>>>,
     enqueued: Arc<AtomicUsize>,
-    cancels: usize,
+    /// How many items the scenario cancels (of the first chunk).
+    pub(crate) cancels: usize,
 }
 
 impl Drop for Feeder {
@@ -63,19 +64,30 @@ impl Drop for Feeder {
 }
 
 impl Feeder {
+    /// The first chunk is a steady mix of about `in_flight` sleepers in flight.
     async fn start(h: &mut Harness<'_>, in_flight: f64) -> Result<Feeder> {
+        let t = h.timing();
+        let first = steady_mix(&t, (t.slow_s / 2.0).max(30.0), in_flight);
+        Feeder::after(h, &first, in_flight).await
+    }
+
+    /// Enqueues `first` (the scenario's t = 0), then, once its items are all due, keeps
+    /// steady chunks coming (about `in_flight` sleepers in flight): a scenario that ends
+    /// within `first`'s spread gets nothing more.
+    pub(crate) async fn after(h: &mut Harness<'_>, first: &Mix, in_flight: f64) -> Result<Feeder> {
         let t = h.timing();
         let chunk_s = (t.slow_s / 2.0).max(30.0);
         let mix = steady_mix(&t, chunk_s, in_flight);
-        h.enqueue(&mix).await?;
+        h.enqueue(first).await?;
         let enqueued = Arc::new(AtomicUsize::new(0));
         let pool = h.db.pool.clone();
         let mut rng = Rng::new(h.rng.next_u64());
         let count = Arc::clone(&enqueued);
-        let cancels = mix.cancels;
+        let cancels = first.cancels;
+        let first_s = first.spread_ms as f64 / 1000.0;
         let task = tokio::spawn(async move {
             let chunk = Duration::from_secs_f64(chunk_s);
-            let mut next = Instant::now() + chunk;
+            let mut next = Instant::now() + Duration::from_secs_f64(first_s);
             loop {
                 tokio::time::sleep_until(next).await;
                 let planned = store::plan(&mut rng, &mix);
@@ -102,9 +114,8 @@ impl Feeder {
         })
     }
 
-    /// Stops feeding; counts what it enqueued into the scenario's items. An error of the
-    /// feeding task (the database away for a whole chunk's enqueue) is the scenario's.
-    async fn stop(mut self, h: &mut Harness<'_>) -> Result<()> {
+    /// Stops feeding; counts what it enqueued into the scenario's items.
+    pub(crate) async fn stop(mut self, h: &mut Harness<'_>) -> Result<()> {
         let ended = match self.task.take() {
             Some(task) => {
                 task.abort();

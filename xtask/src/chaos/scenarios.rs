@@ -490,7 +490,9 @@ async fn pg_restart(h: &mut Harness<'_>) -> Result<()> {
     let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
     h.start_workers(specs).await?;
     let mix = Mix::new(items, spread_ms);
-    h.enqueue(&mix).await?;
+    // Work keeps coming if the restarts outlast the spread (waiting for the workers to come
+    // back can take longer than the spread with the defaults).
+    let feeder = liveness::Feeder::after(h, &mix, 15.0).await?;
     h.at(2.0).await;
     h.cancel_some(mix.cancels).await?;
     for &(when, mode, down_s) in restarts {
@@ -521,7 +523,11 @@ async fn pg_restart(h: &mut Harness<'_>) -> Result<()> {
         let down = began.elapsed().as_secs_f64();
         liveness::comeback(h, label, &format!("server down {down:.2} s")).await;
     }
-    let by = h.finish_by(h.timing().finish_s(spread_ms as f64 / 1000.0));
+    feeder.stop(h).await?;
+    let by = h.finish_by(
+        h.timing()
+            .finish_s(h.elapsed().max(spread_ms as f64 / 1000.0)),
+    );
     h.wait_finished(by).await;
     Ok(())
 }

@@ -588,7 +588,8 @@ impl Mix {
 /// checkpointed long jobs (2 %), sleepers that renew their lease (22 %), no-ops for the rest,
 /// and a burst of `hold` items when asked.
 pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
-    let dead = (mix.items / 200).max(5);
+    // At least 5 of a workload, but no more than 5 % of a small chunk (a feeder's).
+    let dead = (mix.items / 200).max(5).min((mix.items / 20).max(1));
     let holds = mix.hold.map_or(0, |b| b.count);
     let mut planned = Vec::with_capacity(mix.items);
     for i in 0..mix.items {
