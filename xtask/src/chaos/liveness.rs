@@ -68,13 +68,18 @@ impl Feeder {
     async fn start(h: &mut Harness<'_>, in_flight: f64) -> Result<Feeder> {
         let t = h.timing();
         let first = steady_mix(&t, (t.slow_s / 2.0).max(30.0), in_flight);
-        Feeder::after(h, &first, in_flight).await
+        Feeder::after(h, &first, 0.0, in_flight).await
     }
 
-    /// Enqueues `first` (the scenario's t = 0), then, once its items are all due, keeps
-    /// steady chunks coming (about `in_flight` sleepers in flight): a scenario that ends
-    /// within `first`'s spread gets nothing more.
-    pub(crate) async fn after(h: &mut Harness<'_>, first: &Mix, in_flight: f64) -> Result<Feeder> {
+    /// Enqueues `first` (the scenario's t = 0), then, `delay_s` after its items are all
+    /// due, keeps steady chunks coming (about `in_flight` sleepers in flight): a scenario
+    /// that ends by then gets nothing more.
+    pub(crate) async fn after(
+        h: &mut Harness<'_>,
+        first: &Mix,
+        delay_s: f64,
+        in_flight: f64,
+    ) -> Result<Feeder> {
         let t = h.timing();
         let chunk_s = (t.slow_s / 2.0).max(30.0);
         let mix = steady_mix(&t, chunk_s, in_flight);
@@ -84,7 +89,7 @@ impl Feeder {
         let mut rng = Rng::new(h.rng.next_u64());
         let count = Arc::clone(&enqueued);
         let cancels = first.cancels;
-        let first_s = first.spread_ms as f64 / 1000.0;
+        let first_s = first.spread_ms as f64 / 1000.0 + delay_s;
         let task = tokio::spawn(async move {
             let chunk = Duration::from_secs_f64(chunk_s);
             let mut next = Instant::now() + Duration::from_secs_f64(first_s);

@@ -490,9 +490,10 @@ async fn pg_restart(h: &mut Harness<'_>) -> Result<()> {
     let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
     h.start_workers(specs).await?;
     let mix = Mix::new(items, spread_ms);
-    // Work keeps coming if the restarts outlast the spread (waiting for the workers to come
-    // back can take longer than the spread with the defaults).
-    let feeder = liveness::Feeder::after(h, &mix, 15.0).await?;
+    // Work keeps coming if the restarts outlast the spread by more than a come-back bound
+    // (with the defaults, waiting for the workers to come back can).
+    let comeback = h.timing().comeback_s();
+    let feeder = liveness::Feeder::after(h, &mix, comeback, 15.0).await?;
     h.at(2.0).await;
     h.cancel_some(mix.cancels).await?;
     for &(when, mode, down_s) in restarts {
