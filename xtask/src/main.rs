@@ -20,9 +20,11 @@ commands:
   bench [--quick] [--json PATH] [--only LIST] [--concurrency N] [--items N] [--workers LIST]
         [--worker-bin PATH]
                         measure workpump on the durable bench cluster (docs/performance.md)
-  chaos [--quick] [--scenario NAME] [--seed N] [--json PATH] [--release] [--keep]
+  chaos [--quick] [--scenario NAME]... [--exclude NAME]... [--profile short|defaults|all]
+        [--seed N] [--json PATH] [--release] [--keep]
                         the fault suite: kill, pause, partition and starve real workers, restart
-                        PostgreSQL, then prove nothing was lost or recorded twice (docs/guarantees.md)
+                        and crash PostgreSQL, blip their locks, then prove nothing was lost or
+                        recorded twice and no live instance evicted (docs/guarantees.md)
   demo                  start a throwaway PostgreSQL and show workpump at work
   pg start [--bench]    start the throwaway PostgreSQL (reusing a running one) and print its URL
   pg stop [--bench]     stop it

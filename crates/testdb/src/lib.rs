@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+mod backend;
 mod cluster;
 mod error;
 mod install;

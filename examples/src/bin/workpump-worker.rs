@@ -25,6 +25,7 @@
 //! | `{"kind":"dead"}` | rejects the item for good (a dead letter) |
 //! | `{"kind":"panic","times":1}` | panics on attempts 1..=times, then completes |
 //! | `{"kind":"tx"}` | inserts `workpump_effects(item)` and completes in one fenced transaction |
+//! | `{"kind":"tx","hold_ms":30000,"times":1}` | the same, but on attempts 1..=times it first holds the open transaction for `hold_ms` (ignoring cancellation), showing `holding the fenced transaction of item <id>` as its session's query in `pg_stat_activity` (a frozen fenced transaction) |
 //! | `{"kind":"checkpoint","units":5,"unit_ms":100}` | does units of work, saving a cursor after each; a later attempt resumes |
 //! | `{"kind":"hold","ms":2000}` | holds a pool connection in an open transaction for `ms`, ignoring cancellation, then completes (pool exhaustion) |
 //!
@@ -50,6 +51,8 @@ struct Payload {
     units: Option<u32>,
     #[serde(default)]
     unit_ms: Option<u64>,
+    #[serde(default)]
+    hold_ms: Option<u64>,
 }
 
 struct Args {
@@ -282,6 +285,20 @@ async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>, pool: sqlx::PgP
                 .bind(job.id())
                 .execute(tx.connection())
                 .await?;
+            if let Some(ms) = p.hold_ms.filter(|_| job.attempt() <= p.times.unwrap_or(1)) {
+                // The lease's row stays locked (lock_lease) while the transaction is open. The
+                // marker names the item, so that a fault suite can find this session in
+                // pg_stat_activity (its last query) and freeze this process inside it.
+                let marker = format!(
+                    "SELECT 'holding the fenced transaction of item {}'",
+                    job.id()
+                );
+                sqlx::query(&marker)
+                    .persistent(false)
+                    .execute(tx.connection())
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             tx.complete().await
         }
         "checkpoint" => {

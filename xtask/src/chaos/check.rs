@@ -30,6 +30,7 @@ use serde_json::Value;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
 
+use super::store::SUITE_APP;
 use super::Result;
 
 /// One work item at the end.
@@ -43,10 +44,14 @@ pub(crate) struct Item {
 }
 
 /// One audited change.
-#[derive(Clone, sqlx::FromRow)]
+#[derive(Clone, Debug, sqlx::FromRow)]
 pub(crate) struct Change {
+    /// `insert`, `update` or `delete`.
+    pub(crate) op: String,
     pub(crate) item: i64,
+    /// `-` before an insert.
     pub(crate) from_state: String,
+    /// `-` after a delete.
     pub(crate) to_state: String,
     pub(crate) from_instance: Option<Uuid>,
     pub(crate) to_instance: Option<Uuid>,
@@ -54,18 +59,41 @@ pub(crate) struct Change {
     pub(crate) to_token: Option<i64>,
     pub(crate) from_attempt: i32,
     pub(crate) to_attempt: i32,
+    /// Lease expiry before and after (database seconds).
+    pub(crate) from_expiry: Option<f64>,
+    pub(crate) to_expiry: Option<f64>,
+    pub(crate) from_renewals: i32,
+    pub(crate) to_renewals: i32,
+    /// The checkpoint changed.
+    pub(crate) checkpointed: bool,
+    pub(crate) from_cancel: bool,
+    pub(crate) to_cancel: bool,
     pub(crate) error: Option<Value>,
     pub(crate) proc: String,
+    /// When the row changed (database seconds).
     pub(crate) at: f64,
+    /// The writing transaction's `now()` (database seconds): the clock the store's
+    /// functions compare a lease's expiry with.
+    pub(crate) txn_at: f64,
 }
 
 /// What kind of change an audit row is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
+    /// The item was enqueued.
+    Insert,
+    /// The item's row was deleted: nothing in a scenario may delete one.
+    Delete,
     Claim,
     Outcome,
     StoreEnd,
     Release,
+    /// A lease extended (`renew_leases`).
+    Renewal,
+    /// A checkpoint saved (`checkpoint_work`).
+    Checkpoint,
+    /// `cancel_work` on a running item.
+    CancelRequest,
     OperatorCancel,
     Promotion,
     Unexpected,
@@ -73,6 +101,11 @@ pub(crate) enum Kind {
 
 impl Change {
     pub(crate) fn kind(&self) -> Kind {
+        match self.op.as_str() {
+            "insert" => return Kind::Insert,
+            "delete" => return Kind::Delete,
+            _ => {}
+        }
         if self.to_token != self.from_token {
             return Kind::Claim;
         }
@@ -86,6 +119,21 @@ impl Change {
                 if self.to_instance.is_none() && self.from_instance.is_some() =>
             {
                 Kind::Release
+            }
+            ("running", "running")
+                if self.from_instance.is_some() && self.from_instance == self.to_instance =>
+            {
+                let renewed = self.to_expiry != self.from_expiry
+                    && self.to_renewals == self.from_renewals + 1;
+                let expiry_kept =
+                    self.to_expiry == self.from_expiry && self.to_renewals == self.from_renewals;
+                let cancel_changed = self.to_cancel != self.from_cancel;
+                match (renewed, self.checkpointed, cancel_changed) {
+                    (true, false, false) => Kind::Renewal,
+                    (false, true, false) if expiry_kept => Kind::Checkpoint,
+                    (false, false, true) if expiry_kept && self.to_cancel => Kind::CancelRequest,
+                    _ => Kind::Unexpected,
+                }
             }
             ("running", "running") => Kind::Unexpected,
             ("running", _) if error_kind == Some("lease_expired") => Kind::StoreEnd,
@@ -114,6 +162,30 @@ pub(crate) struct Exec {
     pub(crate) proc: String,
 }
 
+/// A registration, deletion or eviction tombstone of an instance (`chaos_instance_audit`).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub(crate) struct InstanceEvent {
+    /// `register`, `delete` or `tombstone`.
+    pub(crate) op: String,
+    pub(crate) instance: Uuid,
+    /// The instance's own process (its `host`); None on a tombstone.
+    pub(crate) host: Option<String>,
+    /// The writing process.
+    pub(crate) proc: String,
+    /// Database seconds.
+    pub(crate) at: f64,
+    /// How old its heartbeat was then.
+    pub(crate) heartbeat_age: Option<f64>,
+    /// Whether it was lock-proven (`alive_lock`).
+    pub(crate) alive_lock: Option<bool>,
+    /// How long ago a sweep first saw its lock missing.
+    pub(crate) lock_lost_for: Option<f64>,
+    /// Whether some session held its lock when the row was deleted.
+    pub(crate) lock_held: Option<bool>,
+    /// Seconds since the server's postmaster started.
+    pub(crate) since_server_start: f64,
+}
+
 /// Everything the checks read.
 pub(crate) struct Evidence {
     pub(crate) items: Vec<Item>,
@@ -125,6 +197,10 @@ pub(crate) struct Evidence {
     pub(crate) cancels: HashMap<i64, String>,
     /// Reaped instances: id → when (database seconds).
     pub(crate) evicted: HashMap<Uuid, f64>,
+    /// The ids the suite enqueued.
+    pub(crate) enqueued: Vec<i64>,
+    /// Registrations, deletions and eviction tombstones of instances, in order.
+    pub(crate) instance_events: Vec<InstanceEvent>,
 }
 
 impl Evidence {
@@ -149,8 +225,18 @@ impl Evidence {
         })
         .collect();
         let changes = sqlx::query_as::<_, Change>(
-            "SELECT item, from_state, to_state, from_instance, to_instance, from_token, to_token,
-                    from_attempt, to_attempt, error, proc, extract(epoch FROM at)::float8 AS at
+            "SELECT op, item, coalesce(from_state, '-') AS from_state,
+                    coalesce(to_state, '-') AS to_state, from_instance, to_instance,
+                    from_token, to_token, coalesce(from_attempt, 0) AS from_attempt,
+                    coalesce(to_attempt, 0) AS to_attempt,
+                    extract(epoch FROM from_expiry)::float8 AS from_expiry,
+                    extract(epoch FROM to_expiry)::float8 AS to_expiry,
+                    coalesce(from_renewals, 0) AS from_renewals,
+                    coalesce(to_renewals, 0) AS to_renewals, checkpointed,
+                    coalesce(from_cancel, false) AS from_cancel,
+                    coalesce(to_cancel, false) AS to_cancel, error, proc,
+                    extract(epoch FROM at)::float8 AS at,
+                    extract(epoch FROM txn_at)::float8 AS txn_at
              FROM chaos_audit ORDER BY seq",
         )
         .fetch_all(pool)
@@ -190,6 +276,20 @@ impl Evidence {
         .await?
         .into_iter()
         .collect();
+        let enqueued = sqlx::query_scalar("SELECT item FROM chaos_enqueued ORDER BY item")
+            .fetch_all(pool)
+            .await?;
+        let instance_events = sqlx::query_as::<_, InstanceEvent>(
+            "SELECT op, instance, host, proc, extract(epoch FROM at)::float8 AS at,
+                    extract(epoch FROM at - last_heartbeat_at)::float8 AS heartbeat_age,
+                    alive_lock,
+                    extract(epoch FROM at - lock_lost_at)::float8 AS lock_lost_for,
+                    lock_held,
+                    extract(epoch FROM at - postmaster_start)::float8 AS since_server_start
+             FROM chaos_instance_audit ORDER BY seq",
+        )
+        .fetch_all(pool)
+        .await?;
         Ok(Evidence {
             items,
             changes,
@@ -197,6 +297,8 @@ impl Evidence {
             effects,
             cancels,
             evicted,
+            enqueued,
+            instance_events,
         })
     }
 
@@ -219,8 +321,14 @@ pub(crate) struct Verdict {
     /// Transactional effects missing, doubled, or from the wrong claim.
     pub(crate) effects: Vec<String>,
     /// Histories inconsistent with the claims (attempt counts, error entries, unexpected
-    /// transitions, executions under claims the store never made).
+    /// transitions, executions under claims the store never made, items the suite did not
+    /// enqueue).
     pub(crate) history: Vec<String>,
+    /// Writes the fence should have refused, or that nobody asked for: a renewal by a
+    /// process that did not hold the lease under its token, or of a lease that had expired;
+    /// a checkpoint under a claim that was not the current one; a cancel request the suite
+    /// did not make.
+    pub(crate) fence: Vec<String>,
     /// Executions in the ledger.
     pub(crate) executions: usize,
     /// Items executed more than once (at-least-once at work).
@@ -249,6 +357,40 @@ pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
     let none = Vec::new();
     let none_execs = Vec::new();
 
+    // Every item the suite enqueued is still there, and nothing else is.
+    if ev.enqueued.is_empty() {
+        v.lost.push(
+            "the suite enqueued nothing (chaos_enqueued is empty): every check below would \
+             pass vacuously"
+                .to_owned(),
+        );
+    }
+    let present: std::collections::HashSet<i64> = ev.items.iter().map(|i| i.id).collect();
+    let enqueued: std::collections::HashSet<i64> = ev.enqueued.iter().copied().collect();
+    for id in ev.enqueued.iter().filter(|id| !present.contains(id)) {
+        let deleted = by_item
+            .get(id)
+            .and_then(|cs| cs.iter().find(|c| c.kind() == Kind::Delete))
+            .map(|c| {
+                format!(
+                    "deleted by {} at {:+.3}s while {}",
+                    c.proc,
+                    c.at - t0,
+                    c.from_state
+                )
+            })
+            .unwrap_or_else(|| "no delete audited".to_owned());
+        v.lost.push(format!(
+            "item {id}: enqueued, but it is gone at the end ({deleted})"
+        ));
+    }
+    for item in ev.items.iter().filter(|i| !enqueued.contains(&i.id)) {
+        v.history.push(format!(
+            "item {} ({}): at the end, but the suite never enqueued it",
+            item.id, item.kind
+        ));
+    }
+
     for item in &ev.items {
         let changes = by_item.get(&item.id).unwrap_or(&none);
         let execs = execs_by_item.get(&item.id).unwrap_or(&none_execs);
@@ -269,12 +411,106 @@ pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
         let mut ended: Vec<i32> = Vec::new();
         let mut gave_back = 0i32;
         let mut entries = 0usize;
-        for c in changes {
+        let mut inserts = 0usize;
+        // The claim an operator's cancel request reached, once one did.
+        let mut cancel_under: Option<(i64, f64)> = None;
+        for (n, c) in changes.iter().enumerate() {
             if c.error.is_some() {
                 entries += 1;
             }
             match c.kind() {
+                Kind::Insert => {
+                    inserts += 1;
+                    if n > 0 || c.proc != SUITE_APP {
+                        v.history.push(format!(
+                            "item {}: inserted by {} as change #{} (the suite enqueues every item, \
+                             before anything else happens to it)\n{}",
+                            item.id,
+                            c.proc,
+                            n + 1,
+                            evidence()
+                        ));
+                    }
+                }
+                Kind::Delete => v.lost.push(format!(
+                    "item {}: its row was deleted by {} at {:+.3}s (and written again)\n{}",
+                    item.id,
+                    c.proc,
+                    c.at - t0,
+                    evidence()
+                )),
+                Kind::Renewal | Kind::Checkpoint => {
+                    let what = if c.kind() == Kind::Renewal {
+                        "renewal"
+                    } else {
+                        "checkpoint"
+                    };
+                    let current = claims.last();
+                    let problem = match current {
+                        None => Some("before any claim".to_owned()),
+                        Some(k) if Some(k.token) != c.from_token => Some(format!(
+                            "under token {:?}, but the current claim is {}",
+                            c.from_token, k.token
+                        )),
+                        Some(k) if k.proc != c.proc => Some(format!(
+                            "written by {}, but claim {} is {}'s",
+                            c.proc, k.token, k.proc
+                        )),
+                        Some(k) if k.instance != c.from_instance => Some(format!(
+                            "on a lease owned by {:?}, not by the claim's instance {:?}",
+                            c.from_instance, k.instance
+                        )),
+                        _ => None,
+                    };
+                    let expired =
+                        c.kind() == Kind::Renewal && c.from_expiry.is_none_or(|e| e < c.txn_at);
+                    if let Some(problem) = problem {
+                        v.fence.push(format!(
+                            "item {}: a {what} at {:+.3}s {problem}\n{}",
+                            item.id,
+                            c.at - t0,
+                            evidence()
+                        ));
+                    } else if expired {
+                        v.fence.push(format!(
+                            "item {}: a renewal at {:+.3}s extended a lease that had expired {:.3} s \
+                             earlier (renewal is conditional on expiry >= now)\n{}",
+                            item.id,
+                            c.at - t0,
+                            c.from_expiry.map_or(f64::NAN, |e| c.txn_at - e),
+                            evidence()
+                        ));
+                    }
+                }
+                Kind::CancelRequest => {
+                    let asked = ev.cancels.get(&item.id).map(String::as_str);
+                    if c.proc != SUITE_APP || asked != Some("requested") {
+                        v.fence.push(format!(
+                            "item {}: a cancel request by {} at {:+.3}s, but the suite's cancel_work \
+                             answered {asked:?} for it\n{}",
+                            item.id,
+                            c.proc,
+                            c.at - t0,
+                            evidence()
+                        ));
+                    }
+                    if cancel_under.is_none() {
+                        cancel_under = c.from_token.map(|t| (t, c.at));
+                    }
+                }
                 Kind::Claim => {
+                    if let Some((token, at)) = cancel_under {
+                        v.lost.push(format!(
+                            "item {}: an operator's cancel reached claim {token} at {:+.3}s, but the \
+                             item was claimed again at {:+.3}s instead of ending cancelled (the \
+                             cancel was lost)\n{}",
+                            item.id,
+                            at - t0,
+                            c.at - t0,
+                            evidence()
+                        ));
+                        cancel_under = None;
+                    }
                     if c.to_attempt != c.from_attempt + 1 || c.to_state != "running" {
                         v.history.push(format!(
                             "item {}: a claim moved attempt {} -> {} into state {}\n{}",
@@ -416,6 +652,14 @@ pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
                     evidence()
                 )),
             }
+        }
+
+        if inserts != 1 {
+            v.history.push(format!(
+                "item {}: {inserts} inserts audited, expected 1 (the enqueue)\n{}",
+                item.id,
+                evidence()
+            ));
         }
 
         // 1. Nothing lost.
@@ -588,7 +832,34 @@ pub(crate) fn trail(item: &Item, changes: &[&Change], execs: &[&Exec], t0: f64) 
         u.map(|u| u.to_string()[..8].to_owned())
             .unwrap_or_else(|| "-".into())
     };
-    for c in changes.iter().take(30) {
+    for c in changes.iter().take(40) {
+        if matches!(
+            c.kind(),
+            Kind::Renewal | Kind::Checkpoint | Kind::CancelRequest
+        ) {
+            let expiry = |e: Option<f64>| {
+                e.map(|e| format!("{:+.3}s", e - t0))
+                    .unwrap_or_else(|| "-".into())
+            };
+            let _ = writeln!(
+                s,
+                "    {:>+8.3}s {:<15} {:?}: token {:?}, owner {}, expiry {} -> {} (its now {:+.3}s), \
+                 renewals {} -> {}, cancel requested {} -> {}",
+                c.at - t0,
+                c.proc,
+                c.kind(),
+                c.from_token,
+                short(c.from_instance),
+                expiry(c.from_expiry),
+                expiry(c.to_expiry),
+                c.txn_at - t0,
+                c.from_renewals,
+                c.to_renewals,
+                c.from_cancel,
+                c.to_cancel
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
             "    {:>+8.3}s {:<15} {:?}: {} -> {}, owner {} -> {}, token {:?} -> {:?}, attempt {} -> {}{}",
@@ -690,6 +961,181 @@ pub(crate) fn kinds(ev: &Evidence) -> BTreeMap<String, usize> {
     m
 }
 
+/// One eviction, from the audit of the store: the tombstone `cleanup_stale_instances` wrote,
+/// and what the deleted instance row said.
+#[derive(Clone, Debug)]
+pub(crate) struct Eviction {
+    pub(crate) instance: Uuid,
+    /// The instance's own process (its row's `host`); `?` when no row was audited.
+    pub(crate) owner: String,
+    /// The process whose sweep reaped it.
+    pub(crate) reaper: String,
+    /// Database seconds.
+    pub(crate) at: f64,
+    pub(crate) heartbeat_age: Option<f64>,
+    pub(crate) alive_lock: Option<bool>,
+    pub(crate) lock_lost_for: Option<f64>,
+    pub(crate) lock_held: Option<bool>,
+    pub(crate) since_server_start: f64,
+}
+
+impl Eviction {
+    /// What the store knew when it reaped it.
+    pub(crate) fn evidence(&self) -> String {
+        let secs = |s: Option<f64>| s.map(|s| format!("{s:.1} s")).unwrap_or_else(|| "?".into());
+        format!(
+            "heartbeat {} old, {}, lock {} at the deletion{}, server (re)started {:.1} s before",
+            secs(self.heartbeat_age),
+            match self.alive_lock {
+                Some(true) => "lock-proven",
+                Some(false) => "not lock-proven",
+                None => "lock state unknown",
+            },
+            match self.lock_held {
+                Some(true) => "held",
+                Some(false) => "not held",
+                None => "?",
+            },
+            self.lock_lost_for
+                .map(|s| format!(" (a sweep first saw it missing {s:.1} s before)"))
+                .unwrap_or_default(),
+            self.since_server_start
+        )
+    }
+}
+
+/// The evictions in the instance audit, oldest first.
+pub(crate) fn evictions(ev: &Evidence) -> Vec<Eviction> {
+    ev.instance_events
+        .iter()
+        .filter(|e| e.op == "tombstone")
+        .map(|t| {
+            let deleted = ev
+                .instance_events
+                .iter()
+                .rev()
+                .find(|e| e.op == "delete" && e.instance == t.instance);
+            let owner = deleted
+                .or_else(|| {
+                    ev.instance_events
+                        .iter()
+                        .find(|e| e.op == "register" && e.instance == t.instance)
+                })
+                .and_then(|e| e.host.clone())
+                .unwrap_or_else(|| "?".into());
+            Eviction {
+                instance: t.instance,
+                owner,
+                reaper: t.proc.clone(),
+                at: t.at,
+                heartbeat_age: deleted.and_then(|d| d.heartbeat_age),
+                alive_lock: deleted.and_then(|d| d.alive_lock),
+                lock_lost_for: deleted.and_then(|d| d.lock_lost_for),
+                lock_held: deleted.and_then(|d| d.lock_held),
+                since_server_start: deleted.map_or(t.since_server_start, |d| d.since_server_start),
+            }
+        })
+        .collect()
+}
+
+/// A worker process's life as the suite saw it, on the database clock.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Lifeline {
+    pub(crate) name: String,
+    /// When it was killed or exited.
+    pub(crate) exited: Option<f64>,
+    /// Its freezes (SIGSTOP, proxy freeze): from, until (None: never thawed).
+    pub(crate) frozen: Vec<(f64, Option<f64>)>,
+}
+
+/// What an evicted instance's process was doing when it was reaped.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum OwnerWas {
+    /// Dead: killed or exited before the eviction.
+    Gone,
+    /// Frozen (or just thawed, within `thaw_window`) for this many seconds.
+    Frozen(f64),
+    /// Running and reachable: a live instance.
+    Live,
+    /// No process of the suite.
+    Unknown,
+}
+
+/// What `e`'s process was doing at the eviction. An eviction within `thaw_window` after a
+/// freeze ended counts as the freeze's (its stale state reaches the store at the thaw).
+pub(crate) fn owner_was(e: &Eviction, lives: &[Lifeline], thaw_window: f64) -> OwnerWas {
+    let Some(life) = lives.iter().find(|l| l.name == e.owner) else {
+        return OwnerWas::Unknown;
+    };
+    if life.exited.is_some_and(|x| x <= e.at) {
+        return OwnerWas::Gone;
+    }
+    for &(from, until) in &life.frozen {
+        if from <= e.at && until.is_none_or(|u| e.at <= u + thaw_window) {
+            return OwnerWas::Frozen(until.map_or(e.at, |u| u.min(e.at)) - from);
+        }
+    }
+    OwnerWas::Live
+}
+
+/// Judges every eviction: the violations (a live instance evicted; an instance reaped by
+/// its own process's sweep; one frozen for no longer than `stale_after` that was reaped;
+/// one of no known process) and a note per eviction. `marks` are the scenario's faults
+/// (database seconds, label), to say which one an eviction followed.
+pub(crate) fn judge_evictions(
+    evictions: &[Eviction],
+    lives: &[Lifeline],
+    stale_after: f64,
+    thaw_window: f64,
+    marks: &[(f64, String)],
+    t0: f64,
+) -> (Vec<String>, Vec<String>) {
+    let (mut violations, mut notes) = (Vec::new(), Vec::new());
+    for e in evictions {
+        let after = marks
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= e.at)
+            .map(|(at, label)| format!(", {:.1} s after {label}", e.at - at))
+            .unwrap_or_default();
+        let what = format!(
+            "{}'s instance {} evicted at {:+.1}s by {}{after} ({})",
+            e.owner,
+            &e.instance.to_string()[..8],
+            e.at - t0,
+            e.reaper,
+            e.evidence()
+        );
+        let was = owner_was(e, lives, thaw_window);
+        let mut wrong = Vec::new();
+        if e.reaper == e.owner {
+            wrong.push("its own sweep reaped it (a sweep must never reap its caller)".to_owned());
+        }
+        match was {
+            OwnerWas::Live => wrong.push("its process was alive and reachable".to_owned()),
+            OwnerWas::Frozen(secs) if secs <= stale_after => wrong.push(format!(
+                "its process had been frozen for only {secs:.1} s, not longer than stale_after \
+                 ({stale_after:.0} s)"
+            )),
+            OwnerWas::Unknown => wrong.push("no process of the suite registered it".to_owned()),
+            OwnerWas::Gone | OwnerWas::Frozen(_) => {}
+        }
+        if wrong.is_empty() {
+            notes.push(format!(
+                "{what}: its process was {}",
+                match was {
+                    OwnerWas::Gone => "dead".to_owned(),
+                    OwnerWas::Frozen(secs) => format!("frozen for {secs:.1} s"),
+                    _ => "?".to_owned(),
+                }
+            ));
+        } else {
+            violations.push(format!("{what}: {}", wrong.join("; ")));
+        }
+    }
+    (violations, notes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,7 +1171,11 @@ mod tests {
         proc: &str,
         at: f64,
     ) -> Change {
+        // A running item's lease: 3 s from its claim (the short profile's).
+        let lease =
+            |running: bool, owner: Option<Uuid>| (running && owner.is_some()).then_some(at + 3.0);
         Change {
+            op: "update".into(),
             item,
             from_state: states.0.into(),
             to_state: states.1.into(),
@@ -735,9 +1185,37 @@ mod tests {
             to_token: tokens.1,
             from_attempt: attempts.0,
             to_attempt: attempts.1,
+            from_expiry: lease(states.0 == "running", owners.0).map(|e| e - 1.0),
+            to_expiry: lease(states.1 == "running", owners.1),
+            from_renewals: 0,
+            to_renewals: 0,
+            checkpointed: false,
+            from_cancel: false,
+            to_cancel: false,
             error,
             proc: proc.into(),
             at,
+            txn_at: at,
+        }
+    }
+
+    /// A renewal of `token`'s lease by `who` at `at`: expiry `at + 1` → `at + 3`.
+    fn renew(item: i64, token: i64, attempt: i32, who: (Uuid, &str), at: f64) -> Change {
+        Change {
+            from_expiry: Some(at + 1.0),
+            to_expiry: Some(at + 3.0),
+            from_renewals: 0,
+            to_renewals: 1,
+            ..change(
+                item,
+                ("running", "running"),
+                (Some(who.0), Some(who.0)),
+                (Some(token), Some(token)),
+                (attempt, attempt),
+                None,
+                who.1,
+                at,
+            )
         }
     }
 
@@ -777,15 +1255,48 @@ mod tests {
         }
     }
 
+    /// The evidence of `items`, each enqueued by the suite (its insert audited first).
     fn evidence(items: Vec<Item>, changes: Vec<Change>, execs: Vec<Exec>) -> Evidence {
+        let mut all: Vec<Change> = items
+            .iter()
+            .map(|i| Change {
+                op: "insert".into(),
+                from_state: "-".into(),
+                to_state: "scheduled".into(),
+                from_expiry: None,
+                to_expiry: None,
+                ..change(
+                    i.id,
+                    ("-", "-"),
+                    (None, None),
+                    (None, None),
+                    (0, 0),
+                    None,
+                    SUITE_APP,
+                    0.0,
+                )
+            })
+            .collect();
+        all.extend(changes);
         Evidence {
+            enqueued: items.iter().map(|i| i.id).collect(),
             items,
-            changes,
+            changes: all,
             execs,
             effects: HashMap::new(),
             cancels: HashMap::new(),
             evicted: HashMap::new(),
+            instance_events: Vec::new(),
         }
+    }
+
+    /// Nothing found, in any list.
+    fn clean(v: &Verdict) -> bool {
+        v.lost.is_empty()
+            && v.double.is_empty()
+            && v.effects.is_empty()
+            && v.history.is_empty()
+            && v.fence.is_empty()
     }
 
     #[test]
@@ -1005,5 +1516,395 @@ mod tests {
         assert!(v.history.is_empty(), "{:?}", v.history);
         assert!(v.double.is_empty(), "{:?}", v.double);
         assert_eq!(v.redelivered, 1);
+    }
+
+    #[test]
+    fn renewals_by_the_owner_under_its_token_pass_every_check() {
+        let a = (id(1), A);
+        let ev = evidence(
+            vec![item(1, "sleep", "completed", 1, 10, 0)],
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                renew(1, 10, 1, a, 2.0),
+                renew(1, 10, 1, a, 3.0),
+                complete(1, 10, 1, a, 4.0),
+            ],
+            vec![exec(1, 1, 10, a)],
+        );
+        let v = check(&ev, 0.0);
+        assert!(clean(&v), "{:?} {:?} {:?}", v.lost, v.history, v.fence);
+    }
+
+    #[test]
+    fn an_item_deleted_from_the_store_is_lost() {
+        let a = (id(1), A);
+        let mut ev = evidence(
+            vec![item(1, "noop", "completed", 1, 10, 0)],
+            vec![claim(1, 10, 1, a, 1.0)],
+            vec![exec(1, 1, 10, a)],
+        );
+        // Item 1 is deleted by a bug and never seen again.
+        ev.changes.push(Change {
+            op: "delete".into(),
+            to_state: "-".into(),
+            ..change(
+                1,
+                ("running", "-"),
+                (Some(a.0), None),
+                (Some(10), None),
+                (1, 0),
+                None,
+                A,
+                2.0,
+            )
+        });
+        ev.items.clear();
+        let v = check(&ev, 0.0);
+        assert!(
+            v.lost
+                .iter()
+                .any(|l| l.contains("gone at the end") && l.contains("deleted by chaos-w1")),
+            "{:?}",
+            v.lost
+        );
+    }
+
+    #[test]
+    fn an_item_the_suite_did_not_enqueue_is_a_history_mismatch() {
+        let a = (id(1), A);
+        let mut ev = evidence(
+            vec![item(1, "noop", "completed", 1, 10, 0)],
+            vec![claim(1, 10, 1, a, 1.0), complete(1, 10, 1, a, 2.0)],
+            vec![exec(1, 1, 10, a)],
+        );
+        ev.enqueued.clear();
+        ev.enqueued.push(2);
+        ev.changes[0].proc = A.into();
+        let v = check(&ev, 0.0);
+        assert!(
+            v.history.iter().any(|h| h.contains("never enqueued")),
+            "{:?}",
+            v.history
+        );
+        assert!(
+            v.history.iter().any(|h| h.contains("inserted by chaos-w1")),
+            "{:?}",
+            v.history
+        );
+        assert!(
+            v.lost.iter().any(|l| l.starts_with("item 2: enqueued")),
+            "{:?}",
+            v.lost
+        );
+    }
+
+    #[test]
+    fn a_renewal_by_a_process_that_does_not_hold_the_lease_is_a_fence_violation() {
+        let a = (id(1), A);
+        let ev = evidence(
+            vec![item(1, "sleep", "completed", 1, 10, 0)],
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                // B's session extends A's lease (an owner check missing).
+                renew(1, 10, 1, (a.0, B), 2.0),
+                complete(1, 10, 1, a, 3.0),
+            ],
+            vec![exec(1, 1, 10, a)],
+        );
+        let v = check(&ev, 0.0);
+        assert!(
+            v.fence
+                .iter()
+                .any(|f| f.contains("renewal") && f.contains("written by chaos-w2")),
+            "{:?}",
+            v.fence
+        );
+    }
+
+    #[test]
+    fn a_renewal_of_an_expired_lease_is_a_fence_violation() {
+        let a = (id(1), A);
+        let mut late = renew(1, 10, 1, a, 5.0);
+        late.from_expiry = Some(4.0);
+        let ev = evidence(
+            vec![item(1, "sleep", "completed", 1, 10, 0)],
+            vec![claim(1, 10, 1, a, 1.0), late, complete(1, 10, 1, a, 6.0)],
+            vec![exec(1, 1, 10, a)],
+        );
+        let v = check(&ev, 0.0);
+        assert!(
+            v.fence.iter().any(|f| f.contains("had expired")),
+            "{:?}",
+            v.fence
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_under_a_former_claim_is_a_fence_violation() {
+        let (a, b) = ((id(1), A), (id(2), B));
+        let expired =
+            serde_json::json!({ "attempt": 1, "kind": "lease_expired", "error": "lease expired" });
+        let reclaim = change(
+            1,
+            ("running", "running"),
+            (Some(a.0), Some(b.0)),
+            (Some(10), Some(11)),
+            (1, 2),
+            Some(expired.clone()),
+            B,
+            3.0,
+        );
+        // After B's reclaim, the zombie A's checkpoint lands on B's claim (a fence that
+        // checked only the item).
+        let zombie = Change {
+            checkpointed: true,
+            from_expiry: Some(6.0),
+            to_expiry: Some(6.0),
+            ..change(
+                1,
+                ("running", "running"),
+                (Some(b.0), Some(b.0)),
+                (Some(11), Some(11)),
+                (2, 2),
+                None,
+                A,
+                4.0,
+            )
+        };
+        let ev = evidence(
+            vec![Item {
+                errors: vec![expired],
+                ..item(1, "checkpoint", "completed", 2, 11, 0)
+            }],
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                reclaim,
+                zombie,
+                complete(1, 11, 2, b, 5.0),
+            ],
+            vec![exec(1, 1, 10, a), exec(1, 2, 11, b)],
+        );
+        let v = check(&ev, 0.0);
+        assert!(
+            v.fence
+                .iter()
+                .any(|f| f.contains("checkpoint") && f.contains("written by chaos-w1")),
+            "{:?}",
+            v.fence
+        );
+    }
+
+    fn cancel_request(item: i64, token: i64, attempt: i32, owner: Uuid, at: f64) -> Change {
+        Change {
+            from_expiry: Some(at + 1.0),
+            to_expiry: Some(at + 1.0),
+            from_cancel: false,
+            to_cancel: true,
+            ..change(
+                item,
+                ("running", "running"),
+                (Some(owner), Some(owner)),
+                (Some(token), Some(token)),
+                (attempt, attempt),
+                None,
+                SUITE_APP,
+                at,
+            )
+        }
+    }
+
+    #[test]
+    fn a_cancel_request_the_suite_did_not_make_is_a_fence_violation() {
+        let a = (id(1), A);
+        let cancelled = serde_json::json!({ "attempt": 1, "kind": "cancelled" });
+        let end = change(
+            1,
+            ("running", "cancelled"),
+            (Some(a.0), None),
+            (Some(10), Some(10)),
+            (1, 1),
+            Some(cancelled.clone()),
+            A,
+            3.0,
+        );
+        let ev = evidence(
+            vec![Item {
+                errors: vec![cancelled],
+                ..item(1, "sleep", "cancelled", 1, 10, 0)
+            }],
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                cancel_request(1, 10, 1, a.0, 2.0),
+                end,
+            ],
+            vec![exec(1, 1, 10, a)],
+        );
+        let v = check(&ev, 0.0);
+        assert!(
+            v.fence.iter().any(|f| f.contains("a cancel request")),
+            "{:?}",
+            v.fence
+        );
+        // Asked for, the same history is clean.
+        let mut asked = ev;
+        asked.cancels.insert(1, "requested".into());
+        let v = check(&asked, 0.0);
+        assert!(clean(&v), "{:?} {:?} {:?}", v.lost, v.history, v.fence);
+    }
+
+    #[test]
+    fn a_claim_after_a_cancel_request_is_a_lost_cancel() {
+        let (a, b) = ((id(1), A), (id(2), B));
+        let failed = serde_json::json!({ "attempt": 1, "kind": "failed" });
+        // The claim the cancel reached fails and is retried; the retry runs and completes.
+        let retry = change(
+            1,
+            ("running", "available"),
+            (Some(a.0), None),
+            (Some(10), Some(10)),
+            (1, 1),
+            Some(failed.clone()),
+            A,
+            3.0,
+        );
+        let mut again = claim(1, 11, 2, b, 4.0);
+        again.from_token = Some(10);
+        let mut ev = evidence(
+            vec![Item {
+                errors: vec![failed],
+                ..item(1, "fail", "completed", 2, 11, 0)
+            }],
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                cancel_request(1, 10, 1, a.0, 2.0),
+                retry,
+                again,
+                complete(1, 11, 2, b, 5.0),
+            ],
+            vec![exec(1, 1, 10, a), exec(1, 2, 11, b)],
+        );
+        ev.cancels.insert(1, "requested".into());
+        let v = check(&ev, 0.0);
+        assert!(
+            v.lost.iter().any(|l| l.contains("the cancel was lost")),
+            "{:?}",
+            v.lost
+        );
+    }
+
+    fn eviction(owner: &str, reaper: &str, at: f64) -> Eviction {
+        Eviction {
+            instance: id(7),
+            owner: owner.into(),
+            reaper: reaper.into(),
+            at,
+            heartbeat_age: Some(31.0),
+            alive_lock: Some(true),
+            lock_lost_for: None,
+            lock_held: Some(false),
+            since_server_start: 30.5,
+        }
+    }
+
+    fn life(name: &str, exited: Option<f64>, frozen: Vec<(f64, Option<f64>)>) -> Lifeline {
+        Lifeline {
+            name: name.into(),
+            exited,
+            frozen,
+        }
+    }
+
+    #[test]
+    fn an_evicted_live_instance_is_a_violation_and_a_dead_ones_eviction_is_not() {
+        let lives = [life(A, None, vec![]), life(B, Some(10.0), vec![])];
+        let marks = [(5.0, "fast restart".to_owned())];
+        let (violations, notes) = judge_evictions(
+            &[eviction(A, B, 20.0), eviction(B, A, 14.0)],
+            &lives,
+            30.0,
+            7.0,
+            &marks,
+            0.0,
+        );
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(
+            violations[0].contains("alive and reachable")
+                && violations[0].contains("15.0 s after fast restart"),
+            "{violations:?}"
+        );
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("was dead"), "{notes:?}");
+    }
+
+    #[test]
+    fn an_instance_reaped_by_its_own_sweep_is_a_violation() {
+        // Frozen past stale_after, which alone would be allowed — but it reaped itself.
+        let lives = [life(A, None, vec![(1.0, Some(40.0))])];
+        let (violations, _) = judge_evictions(&[eviction(A, A, 41.0)], &lives, 30.0, 7.0, &[], 0.0);
+        assert!(
+            violations.len() == 1 && violations[0].contains("its own sweep"),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn an_instance_frozen_no_longer_than_stale_after_must_not_be_evicted() {
+        let lives = [life(A, None, vec![(1.0, Some(9.0)), (20.0, None)])];
+        // Reaped 2 s after an 8 s freeze ended (stale_after 30 s): too early.
+        let (violations, _) = judge_evictions(&[eviction(A, B, 11.0)], &lives, 30.0, 7.0, &[], 0.0);
+        assert!(
+            violations.len() == 1 && violations[0].contains("frozen for only 8.0 s"),
+            "{violations:?}"
+        );
+        // Reaped 35 s into a freeze that lasts: allowed.
+        let (violations, notes) =
+            judge_evictions(&[eviction(A, B, 55.0)], &lives, 30.0, 7.0, &[], 0.0);
+        assert!(violations.is_empty(), "{violations:?}");
+        assert!(notes[0].contains("frozen for 35.0 s"), "{notes:?}");
+    }
+
+    #[test]
+    fn an_evicted_instance_of_no_known_process_is_a_violation() {
+        let (violations, _) = judge_evictions(
+            &[eviction("?", B, 5.0)],
+            &[life(B, None, vec![])],
+            30.0,
+            7.0,
+            &[],
+            0.0,
+        );
+        assert!(
+            violations.len() == 1 && violations[0].contains("no process of the suite"),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn evictions_are_read_from_the_tombstones_and_the_deleted_rows() {
+        let event = |op: &str, host: Option<&str>, proc: &str, at: f64| InstanceEvent {
+            op: op.into(),
+            instance: id(7),
+            host: host.map(Into::into),
+            proc: proc.into(),
+            at,
+            heartbeat_age: (op == "delete").then_some(35.0),
+            alive_lock: (op != "tombstone").then_some(true),
+            lock_lost_for: None,
+            lock_held: (op == "delete").then_some(false),
+            since_server_start: 40.0,
+        };
+        let mut ev = evidence(vec![], vec![], vec![]);
+        ev.instance_events = vec![
+            event("register", Some(A), A, 1.0),
+            event("delete", Some(A), B, 36.0),
+            event("tombstone", None, B, 36.0),
+        ];
+        let found = evictions(&ev);
+        assert_eq!(found.len(), 1);
+        assert_eq!((found[0].owner.as_str(), found[0].reaper.as_str()), (A, B));
+        assert_eq!(found[0].heartbeat_age, Some(35.0));
+        assert!(found[0]
+            .evidence()
+            .contains("heartbeat 35.0 s old, lock-proven, lock not held"));
     }
 }

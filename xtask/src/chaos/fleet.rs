@@ -15,49 +15,131 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{timeout_at, Instant};
 
+use figment::providers::Serialized;
+use figment::Figment;
+use workpump_host::HostConfig;
+
 use super::Result;
 use crate::procs::{self, free_port, tail, Metrics};
 
 /// The queue every worker serves.
 pub(crate) const QUEUE: &str = "chaos";
 
-/// The lease of the short profile.
-pub(crate) const SHORT_LEASE_MS: u64 = 3_000;
-
-/// Short liveness settings, so that a scenario's recovery takes seconds: lease 3 s (renewed
-/// every 1 s, fence grace 0.5 s), heartbeat 1 s / 2 s, stale after 3 s, definitively dead
-/// after 12 s, lock grace 3 s (the default), a sweep every second, retries from 100 ms.
-pub(crate) const SHORT_ENV: [(&str, &str); 7] = [
-    ("WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS", "1000"),
-    ("WORKPUMP_HEARTBEAT__SLOW_INTERVAL_MS", "2000"),
-    ("WORKPUMP_HEARTBEAT__STALE_AFTER_MS", "3000"),
-    ("WORKPUMP_HEARTBEAT__DEAD_AFTER_MS", "12000"),
-    ("WORKPUMP_MAINTENANCE__INTERVAL_MS", "1000"),
-    ("WORKPUMP_QUEUES__CHAOS__BACKOFF_BASE_MS", "100"),
-    ("WORKPUMP_SHUTDOWN_TIMEOUT_MS", "5000"),
+/// The short profile: the shipped defaults with these settings changed (dotted paths of
+/// `HostConfig`, values in milliseconds), so that a scenario's recovery takes seconds:
+/// lease 3 s (renewed every 1 s, fence grace 0.5 s), heartbeat 1 s / 2 s, stale after 3 s,
+/// definitively dead after 12 s, lock grace 3 s (the default), a sweep every second, retries
+/// from 100 ms, a 5 s drain. The workers get them as `WORKPUMP_*` variables, and the suite's
+/// bounds are derived from the same `HostConfig` (see [`Timing::of`]).
+pub(crate) const SHORT_SETTINGS: [(&str, u64); 9] = [
+    ("heartbeat.fast_interval_ms", 1_000),
+    ("heartbeat.slow_interval_ms", 2_000),
+    ("heartbeat.stale_after_ms", 3_000),
+    ("heartbeat.dead_after_ms", 12_000),
+    ("heartbeat.lock_grace_ms", 3_000),
+    ("maintenance.interval_ms", 1_000),
+    ("queues.chaos.lease_ms", 3_000),
+    ("queues.chaos.backoff_base_ms", 100),
+    ("shutdown_timeout_ms", 5_000),
 ];
 
-/// The numbers of a settings profile that recovery bounds are derived from.
-#[derive(Clone, Copy, Debug)]
+/// The settings of a profile that the scenarios' timelines and recovery bounds are derived
+/// from, in seconds: read from the profile's `HostConfig`, never written down twice.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Timing {
+    /// The lease of the chaos queue.
     pub(crate) lease_s: f64,
-    pub(crate) lock_grace_s: f64,
-    pub(crate) sweep_s: f64,
-    pub(crate) poll_max_s: f64,
+    /// Its renewal interval (lease / 3 unless set).
+    pub(crate) renew_s: f64,
+    /// Its lease-fence grace (lease / 6 unless set).
+    pub(crate) fence_grace_s: f64,
+    /// The retry delay unit of the chaos queue.
+    pub(crate) backoff_base_s: f64,
+    /// Heartbeat cadence without the alive-lock.
+    pub(crate) fast_s: f64,
+    /// Heartbeat cadence while the alive-lock is held.
+    pub(crate) slow_s: f64,
+    pub(crate) stale_after_s: f64,
     pub(crate) dead_after_s: f64,
+    pub(crate) lock_grace_s: f64,
+    /// The maintenance sweep's interval.
+    pub(crate) sweep_s: f64,
+    /// The longest claim poll wait.
+    pub(crate) poll_max_s: f64,
     pub(crate) shutdown_s: f64,
+}
+
+impl Timing {
+    /// The figures of `config` for the chaos queue.
+    pub(crate) fn of(config: &HostConfig) -> Timing {
+        let secs = |ms: u64| ms as f64 / 1000.0;
+        let queue = config.queue_settings(QUEUE);
+        let hb = &config.heartbeat;
+        Timing {
+            lease_s: queue.lease.lease.as_secs_f64(),
+            renew_s: queue.lease.renewal_interval.as_secs_f64(),
+            fence_grace_s: queue.lease.grace.as_secs_f64(),
+            backoff_base_s: queue.backoff.base.as_secs_f64(),
+            fast_s: secs(hb.fast_interval_ms),
+            slow_s: secs(hb.slow_interval_ms),
+            stale_after_s: secs(hb.stale_after_ms),
+            // Without the bypass nothing is definitively dead; a day stands for "never".
+            dead_after_s: secs(hb.dead_after_ms.unwrap_or(86_400_000)),
+            lock_grace_s: secs(hb.lock_grace_ms.unwrap_or(0)),
+            sweep_s: secs(config.maintenance.interval_ms),
+            poll_max_s: secs(config.claim.poll_max_ms),
+            shutdown_s: secs(config.shutdown_timeout_ms),
+        }
+    }
+
+    /// How long after a fault an eviction it causes shows up at the latest, if one is
+    /// coming: the liveness cutoff (stale after), the lock grace, two sweeps and a margin.
+    /// Scenarios that must show "nobody evicted" watch this long after each fault.
+    pub(crate) fn settle_s(&self) -> f64 {
+        self.stale_after_s + self.lock_grace_s + 2.0 * self.sweep_s + 5.0
+    }
+
+    /// How long after a worker's server connection comes back its alive-lock, LISTEN and
+    /// claims must be back: the reconnect backoff (250 ms doubling, under 10 s) plus one
+    /// fast heartbeat interval (the lock is re-taken at least at the fast cadence) and 2 s.
+    pub(crate) fn comeback_s(&self) -> f64 {
+        10.0 + self.fast_s + 2.0
+    }
+
+    /// A deadline for the work of a scenario whose items are due within `spread_s`: the
+    /// spread, then room for a lapsed lease and its reclaim, for retries with backoff (up to
+    /// the 3rd attempt) and their promotion, twice over, and a minute.
+    pub(crate) fn finish_s(&self, spread_s: f64) -> f64 {
+        spread_s
+            + 2.0 * (self.lease_s + self.poll_max_s + 8.0 * self.backoff_base_s + self.sweep_s)
+            + 60.0
+    }
 }
 
 /// Which settings the workers run with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Profile {
-    /// [`SHORT_ENV`] and a 3 s lease.
+    /// [`SHORT_SETTINGS`] over the defaults.
     Short,
     /// The shipped defaults, untouched.
     Defaults,
 }
 
+/// What happened to a worker process, and when: what evictions are judged against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Life {
+    /// Gone: killed, drained or crashed.
+    Exited,
+    /// Unable to act or to reach the server: SIGSTOP, or its connections frozen by the proxy.
+    Frozen,
+    /// Running again after a freeze.
+    Thawed,
+}
+
 impl Profile {
+    /// Every profile, in the order `--profile all` runs them.
+    pub(crate) const ALL: [Profile; 2] = [Profile::Short, Profile::Defaults];
+
     pub(crate) fn label(self) -> &'static str {
         match self {
             Profile::Short => "short",
@@ -65,25 +147,44 @@ impl Profile {
         }
     }
 
-    pub(crate) fn timing(self) -> Timing {
-        match self {
-            Profile::Short => Timing {
-                lease_s: SHORT_LEASE_MS as f64 / 1000.0,
-                lock_grace_s: 3.0,
-                sweep_s: 1.0,
-                poll_max_s: 10.0,
-                dead_after_s: 12.0,
-                shutdown_s: 5.0,
-            },
-            Profile::Defaults => Timing {
-                lease_s: 60.0,
-                lock_grace_s: 3.0,
-                sweep_s: 5.0,
-                poll_max_s: 10.0,
-                dead_after_s: 300.0,
-                shutdown_s: 30.0,
-            },
+    pub(crate) fn parse(s: &str) -> Option<Profile> {
+        Profile::ALL.into_iter().find(|p| p.label() == s)
+    }
+
+    /// The settings the workers run with: the shipped defaults, with the profile's changes.
+    pub(crate) fn config(self) -> Result<HostConfig> {
+        let mut figment = Figment::from(Serialized::defaults(HostConfig::default()));
+        for (key, value) in self.settings() {
+            figment = figment.merge((*key, *value));
         }
+        figment
+            .extract()
+            .map_err(|e| format!("the {} profile's settings: {e}", self.label()).into())
+    }
+
+    /// The settings this profile changes.
+    pub(crate) fn settings(self) -> &'static [(&'static str, u64)] {
+        match self {
+            Profile::Short => &SHORT_SETTINGS,
+            Profile::Defaults => &[],
+        }
+    }
+
+    /// The same changes as `WORKPUMP_*` variables for the workers.
+    pub(crate) fn env(self) -> Vec<(String, String)> {
+        self.settings()
+            .iter()
+            .map(|(key, value)| {
+                (
+                    format!("WORKPUMP_{}", key.to_uppercase().replace('.', "__")),
+                    value.to_string(),
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) fn timing(self) -> Result<Timing> {
+        Ok(Timing::of(&self.config()?))
     }
 }
 
@@ -128,6 +229,8 @@ pub(crate) struct Proc {
     pub(crate) exited: bool,
     /// SIGSTOPped and not continued yet.
     pub(crate) stopped: bool,
+    /// Its exits and freezes, as they happened (the suite's monotonic clock).
+    pub(crate) life: Vec<(Instant, Life)>,
     child: Child,
     /// Held open: the worker exits when it closes (`--exit-on-stdin-close`).
     stdin: Option<ChildStdin>,
@@ -182,9 +285,6 @@ impl Fleet {
             .args(["--concurrency", &spec.concurrency.to_string()])
             .args(["--metrics", &metrics.to_string(), "--name", &name])
             .arg("--exit-on-stdin-close");
-        if spec.profile == Profile::Short {
-            command.args(["--lease-ms", &SHORT_LEASE_MS.to_string()]);
-        }
         // Nothing from the suite's own environment leaks into the worker's settings.
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
@@ -193,10 +293,8 @@ impl Fleet {
                 command.env_remove(key.as_ref());
             }
         }
-        if spec.profile == Profile::Short {
-            command.envs(SHORT_ENV);
-        }
         command
+            .envs(spec.profile.env())
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "0")
             .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -234,6 +332,7 @@ impl Fleet {
             spawned_at,
             exited: false,
             stopped: false,
+            life: Vec::new(),
             child,
             stdin,
             lines,
@@ -263,17 +362,30 @@ impl Fleet {
             return Err(format!("kill -{signal} {} ({}) failed", proc.pid, proc.name).into());
         }
         match signal {
-            "STOP" => proc.stopped = true,
-            "CONT" => proc.stopped = false,
+            "STOP" => {
+                proc.stopped = true;
+                proc.life.push((Instant::now(), Life::Frozen));
+            }
+            "CONT" => {
+                proc.stopped = false;
+                proc.life.push((Instant::now(), Life::Thawed));
+            }
             _ => {}
         }
         Ok(())
+    }
+
+    /// Records that worker `index` was frozen or thawed by other means than a signal (the
+    /// proxy).
+    pub(crate) fn note(&mut self, index: usize, life: Life) {
+        self.procs[index].life.push((Instant::now(), life));
     }
 
     /// SIGKILL, and wait for the process to be gone.
     pub(crate) async fn kill(&mut self, index: usize) -> Result<()> {
         let proc = &mut self.procs[index];
         proc.child.start_kill()?;
+        proc.life.push((Instant::now(), Life::Exited));
         let waited = tokio::time::timeout(Duration::from_secs(10), proc.child.wait()).await;
         proc.exited = true;
         proc.stopped = false;
@@ -321,6 +433,7 @@ impl Fleet {
         for proc in self.procs.iter_mut().filter(|p| !p.exited) {
             if let Ok(Some(status)) = proc.child.try_wait() {
                 proc.exited = true;
+                proc.life.push((Instant::now(), Life::Exited));
                 crashed.push(format!("{} ({status})", proc.name));
             }
         }
@@ -353,6 +466,7 @@ impl Proc {
             let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
         }
         self.exited = true;
+        self.life.push((Instant::now(), Life::Exited));
         clean
     }
 
@@ -390,4 +504,73 @@ impl Proc {
 /// Reads a worker's `/metrics` within 3 s.
 pub(crate) async fn scrape(addr: SocketAddr) -> Result<Metrics> {
     Ok(procs::scrape(addr, Duration::from_secs(3)).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_short_profile_is_a_configuration_the_host_accepts() {
+        let config = Profile::Short.config().expect("the short settings load");
+        let problems = config.validate([QUEUE]);
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+
+    #[test]
+    fn each_profile_derives_its_figures_from_its_settings() {
+        let short = Profile::Short.timing().expect("short");
+        assert_eq!(
+            (
+                short.lease_s,
+                short.renew_s,
+                short.fence_grace_s,
+                short.backoff_base_s
+            ),
+            (3.0, 1.0, 0.5, 0.1)
+        );
+        assert_eq!(
+            (
+                short.fast_s,
+                short.slow_s,
+                short.stale_after_s,
+                short.dead_after_s
+            ),
+            (1.0, 2.0, 3.0, 12.0)
+        );
+        assert_eq!(
+            (short.lock_grace_s, short.sweep_s, short.shutdown_s),
+            (3.0, 1.0, 5.0)
+        );
+        // The shipped defaults, as docs/guarantees.md states them.
+        let defaults = Profile::Defaults.timing().expect("defaults");
+        assert_eq!(
+            (defaults.lease_s, defaults.fast_s, defaults.slow_s),
+            (60.0, 10.0, 60.0)
+        );
+        assert_eq!(
+            (
+                defaults.stale_after_s,
+                defaults.dead_after_s,
+                defaults.lock_grace_s
+            ),
+            (30.0, 300.0, 3.0)
+        );
+        assert_eq!((defaults.sweep_s, defaults.poll_max_s), (2.0, 10.0));
+        assert_eq!(defaults.settle_s(), 30.0 + 3.0 + 4.0 + 5.0);
+    }
+
+    #[test]
+    fn the_short_settings_reach_the_workers_as_workpump_variables() {
+        let env = Profile::Short.env();
+        assert!(env.contains(&(
+            "WORKPUMP_HEARTBEAT__STALE_AFTER_MS".to_owned(),
+            "3000".to_owned()
+        )));
+        assert!(env.contains(&(
+            "WORKPUMP_QUEUES__CHAOS__LEASE_MS".to_owned(),
+            "3000".to_owned()
+        )));
+        assert!(Profile::Defaults.env().is_empty());
+    }
 }

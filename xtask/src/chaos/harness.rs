@@ -8,8 +8,8 @@ use sqlx::types::Uuid;
 use tokio::time::Instant;
 use workpump_testdb::Cluster;
 
-use super::check::{self, Evidence};
-use super::fleet::{self, Fleet, Profile, WorkerSpec};
+use super::check::{self, Evidence, Lifeline};
+use super::fleet::{self, Fleet, Life, Profile, WorkerSpec};
 use super::proxy::Proxy;
 use super::report::{Recovery, Report};
 use super::store::{self, Db, Mix};
@@ -37,13 +37,35 @@ pub(crate) struct Fault {
     pub(crate) bound_why: String,
 }
 
+impl Fault {
+    /// Why the fault proves nothing, when it took no lease away: the scenario's checks would
+    /// pass whatever the code does.
+    pub(crate) fn vacuous(&self) -> Option<String> {
+        self.affected.is_empty().then(|| {
+            format!(
+                "vacuous: {} hit no lease (its process held none at the fault), so it tested \
+                 nothing",
+                self.label
+            )
+        })
+    }
+}
+
 pub(crate) struct Harness<'a> {
     pub(crate) cluster: &'a Cluster,
     pub(crate) db: Db,
     pub(crate) fleet: Fleet,
     pub(crate) rng: Rng,
     pub(crate) quick: bool,
+    /// The settings the workers run with, and the figures derived from them.
     pub(crate) profile: Profile,
+    pub(crate) t: fleet::Timing,
+    /// The database clock at a local instant: how the suite's local times (signals sent,
+    /// processes exited) are put on the database's clock.
+    pub(crate) clock: (f64, Instant),
+    /// The faults as they happened (database seconds, label): evictions are reported
+    /// against the latest one before them.
+    pub(crate) marks: Vec<(f64, String)>,
     /// Database seconds when the workload was enqueued: the origin of the timeline.
     pub(crate) t0: f64,
     /// Local time of the same moment.
@@ -58,14 +80,13 @@ pub(crate) struct Harness<'a> {
     pub(crate) skipped: Option<String>,
     /// No lease may lapse while its owner is registered (no fault takes leases away).
     pub(crate) no_lapse: bool,
-    /// No instance may be reaped (every worker lives throughout).
-    pub(crate) no_eviction: bool,
     /// Kept until the workers behind it drained.
     pub(crate) proxy: Option<Proxy>,
 }
 
 pub(crate) async fn run_scenario(
     name: &'static str,
+    profile: Profile,
     cluster: &Cluster,
     exe: &Path,
     logs: &Path,
@@ -73,18 +94,32 @@ pub(crate) async fn run_scenario(
     options: &Options,
 ) -> Report {
     let began = Instant::now();
-    let mut report = Report::new(name, seed);
-    println!("── {name} (seed {seed})");
-    let logs = logs.join(name);
+    let mut report = Report::new(name, profile.label(), seed);
+    println!("── {name}, {} settings (seed {seed})", profile.label());
+    let t = match profile.timing() {
+        Ok(t) => t,
+        Err(e) => {
+            report.error = Some(e.to_string());
+            return report;
+        }
+    };
+    let logs = logs.join(format!("{name}-{}", profile.label()));
     if let Err(e) = std::fs::create_dir_all(&logs) {
         report.error = Some(format!("creating {}: {e}", logs.display()));
         return report;
     }
-    let db_name = format!("chaos_{}", name.replace('-', "_"));
+    let db_name = format!("chaos_{}_{}", name.replace('-', "_"), profile.label());
     let db = match Db::create(cluster, &db_name).await {
         Ok(db) => db,
         Err(e) => {
             report.error = Some(format!("creating the database: {e}"));
+            return report;
+        }
+    };
+    let clock = match db.now().await {
+        Ok(now) => (now, Instant::now()),
+        Err(e) => {
+            report.error = Some(format!("reading the database clock: {e}"));
             return report;
         }
     };
@@ -95,7 +130,10 @@ pub(crate) async fn run_scenario(
         fleet,
         rng: Rng::new(seed),
         quick: options.quick,
-        profile: Profile::Short,
+        profile,
+        t,
+        clock,
+        marks: Vec::new(),
         t0: 0.0,
         started: Instant::now(),
         deadline: Instant::now() + SCENARIO_CAP,
@@ -106,7 +144,6 @@ pub(crate) async fn run_scenario(
         violations: Vec::new(),
         skipped: None,
         no_lapse: false,
-        no_eviction: false,
         proxy: None,
     };
 
@@ -124,8 +161,7 @@ pub(crate) async fn run_scenario(
             logs.display()
         ));
     }
-    let drain_deadline =
-        Instant::now() + Duration::from_secs(h.profile.timing().shutdown_s as u64 + 15);
+    let drain_deadline = Instant::now() + Duration::from_secs_f64(h.t.shutdown_s + 15.0);
     let killed = h.fleet.stop_all(drain_deadline).await;
     if !killed.is_empty() {
         h.notes.push(format!(
@@ -150,7 +186,6 @@ pub(crate) async fn run_scenario(
     if let Err(e) = h.db.finish(options.keep).await {
         h.notes.push(format!("dropping the database: {e}"));
     }
-    report.profile = h.profile.label();
     report.items = h.items;
     report.workers = h.fleet.procs.len();
     report.notes.append(&mut h.notes);
@@ -164,7 +199,120 @@ pub(crate) async fn run_scenario(
 impl Harness<'_> {
     /// The profile's timing.
     pub(crate) fn timing(&self) -> fleet::Timing {
-        self.profile.timing()
+        self.t
+    }
+
+    /// A local instant on the database clock (seconds since the epoch).
+    pub(crate) fn db_secs(&self, at: Instant) -> f64 {
+        let (db, local) = self.clock;
+        if at >= local {
+            db + (at - local).as_secs_f64()
+        } else {
+            db - (local - at).as_secs_f64()
+        }
+    }
+
+    /// The database clock now, without asking the database (which may be down).
+    pub(crate) fn db_now(&self) -> f64 {
+        self.db_secs(Instant::now())
+    }
+
+    /// Records a fault on the timeline (evictions are reported against the latest one) and
+    /// prints it.
+    pub(crate) fn mark(&mut self, label: &str) {
+        self.marks.push((self.db_now(), label.to_owned()));
+        self.say(label);
+    }
+
+    /// Waits until worker `index` holds at least one lease (so that a fault on it takes
+    /// something away), at most until `deadline`; false if it never did.
+    pub(crate) async fn wait_holding(&self, index: usize, deadline: Instant) -> bool {
+        loop {
+            if let Ok((_, held)) = self.leases_of(index).await {
+                if !held.is_empty() {
+                    return true;
+                }
+            }
+            if Instant::now() >= deadline.min(self.deadline) {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until some item runs, at most until `deadline`; how many run then (0: none
+    /// did).
+    pub(crate) async fn wait_running(&self, deadline: Instant) -> i64 {
+        loop {
+            if let Ok(n) = self.db.running().await {
+                if n > 0 {
+                    return n;
+                }
+            }
+            if Instant::now() >= deadline.min(self.deadline) {
+                return 0;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Watches until `until` for evictions (the window in which one caused by the last
+    /// fault would show), printing each the store recorded since the last mark. The checks at the end
+    /// judge them; this only makes the timeline readable. Tolerates a database that is
+    /// briefly away.
+    pub(crate) async fn watch_until(&mut self, until: Instant, why: &str) {
+        let until = until.min(self.deadline);
+        let secs = until
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        self.say(&format!("watching {secs:.0} s for evictions ({why})"));
+        // Since the fault: an eviction may already have come while the suite measured the
+        // recovery.
+        let mut since = self.marks.last().map_or(self.t0, |(at, _)| *at);
+        while Instant::now() < until {
+            if let Ok(found) = self.db.evictions_since(since).await {
+                for (instance, owner, reaper, at) in found {
+                    self.say(&format!(
+                        "EVICTED: {owner}'s instance {} by {reaper} ({:+.1}s)",
+                        &instance.to_string()[..8],
+                        at - self.t0
+                    ));
+                    since = since.max(at);
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            tokio::time::sleep(left.min(Duration::from_millis(250))).await;
+        }
+    }
+
+    /// Each worker's exits and freezes on the database clock.
+    fn lifelines(&self) -> Vec<Lifeline> {
+        self.fleet
+            .procs
+            .iter()
+            .map(|p| {
+                let mut line = Lifeline {
+                    name: p.name.clone(),
+                    ..Lifeline::default()
+                };
+                for &(at, life) in &p.life {
+                    let at = self.db_secs(at);
+                    match life {
+                        Life::Exited => {
+                            line.exited.get_or_insert(at);
+                        }
+                        Life::Frozen => line.frozen.push((at, None)),
+                        Life::Thawed => {
+                            if let Some(open) = line.frozen.iter_mut().rev().find(|f| f.1.is_none())
+                            {
+                                open.1 = Some(at);
+                            }
+                        }
+                    }
+                }
+                line
+            })
+            .collect()
     }
 
     /// Starts the workers and waits for every `READY`.
@@ -193,7 +341,7 @@ impl Harness<'_> {
         self.items = planned.len();
         self.t0 = self.db.now().await?;
         self.started = Instant::now();
-        store::enqueue(&self.db, planned).await?;
+        store::enqueue(&self.db.pool, planned).await?;
         println!(
             "   {} workers, {} items due over {:.0} s ({} settings)",
             self.fleet.procs.len(),
@@ -289,6 +437,9 @@ impl Harness<'_> {
     fn conclude(&mut self, ev: &Evidence, report: &mut Report) {
         let verdict = check::check(ev, self.t0);
         for fault in &self.faults {
+            if let Some(why) = fault.vacuous() {
+                self.violations.push(why);
+            }
             let procs: Vec<&str> = fault.procs.iter().map(String::as_str).collect();
             let rerun = check::rerun(ev, fault.at, &fault.affected, &procs);
             let reaped = fault
@@ -348,33 +499,22 @@ impl Harness<'_> {
                 verdict.lapsed
             ));
         }
-        if self.no_eviction && !ev.evicted.is_empty() {
-            let owners: Vec<String> = ev
-                .evicted
-                .keys()
-                .map(|id| {
-                    let proc = ev
-                        .changes
-                        .iter()
-                        .find(|c| c.to_instance == Some(*id))
-                        .map(|c| c.proc.clone())
-                        .or_else(|| {
-                            self.fleet
-                                .procs
-                                .iter()
-                                .find(|p| p.instance == Some(*id))
-                                .map(|p| p.name.clone())
-                        })
-                        .unwrap_or_else(|| "?".into());
-                    format!("{id} ({proc}) at +{:.1} s", ev.evicted[id] - self.t0)
-                })
-                .collect();
-            self.violations.push(format!(
-                "{} live instance(s) evicted: {}",
-                ev.evicted.len(),
-                owners.join(", ")
-            ));
-        }
+        // Evictions, from the store's own records, judged against what each process was
+        // doing (a freeze's stale state reaches the store at its thaw: the lock grace and
+        // two sweeps later it is the freeze's, not a live eviction).
+        let thaw_window = self.t.lock_grace_s + 2.0 * self.t.sweep_s + 1.0;
+        let evictions = check::evictions(ev);
+        let (bad, notes) = check::judge_evictions(
+            &evictions,
+            &self.lifelines(),
+            self.t.stale_after_s,
+            thaw_window,
+            &self.marks,
+            self.t0,
+        );
+        report.bad_evictions = bad.len();
+        self.notes.extend(notes);
+        self.violations.extend(bad);
         let kinds = check::kinds(ev);
         self.notes.push(format!(
             "workload: {}",
@@ -402,8 +542,33 @@ impl Harness<'_> {
             &verdict.double,
             &verdict.effects,
             &verdict.history,
+            &verdict.fence,
         ] {
             report.details.extend(list.iter().cloned());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_that_took_no_lease_away_is_vacuous() {
+        let mut fault = Fault {
+            label: "SIGKILL chaos-w1".into(),
+            at: 0.0,
+            until: None,
+            procs: vec!["chaos-w1".into()],
+            instances: Vec::new(),
+            affected: Vec::new(),
+            bound: 8.0,
+            bound_why: String::new(),
+        };
+        assert!(fault
+            .vacuous()
+            .is_some_and(|why| why.starts_with("vacuous: SIGKILL chaos-w1")));
+        fault.affected.push((1, 10));
+        assert!(fault.vacuous().is_none());
     }
 }

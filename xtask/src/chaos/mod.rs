@@ -15,7 +15,8 @@
 //!    measured and held against a bound derived from the settings.
 //!
 //! ```text
-//! cargo xtask chaos [--quick] [--scenario NAME] [--seed N] [--json PATH] [--release] [--keep]
+//! cargo xtask chaos [--quick] [--scenario NAME]... [--exclude NAME]...
+//!                   [--profile short|defaults|all]... [--seed N] [--json PATH] [--release] [--keep]
 //! ```
 //!
 //! Every wait has a deadline; every process the suite starts is stopped by its PID on every
@@ -25,6 +26,7 @@
 mod check;
 mod fleet;
 mod harness;
+mod liveness;
 mod proxy;
 mod report;
 mod scenarios;
@@ -36,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use workpump_testdb::Cluster;
 
+use self::fleet::Profile;
 use crate::{usage_error, Outcome};
 
 /// Errors inside the suite (`Send`, so that they cross tasks).
@@ -55,54 +58,90 @@ pub(crate) struct Spec {
     /// Part of `--quick`.
     pub(crate) quick: bool,
     pub(crate) about: &'static str,
+    /// The settings profiles it runs under (those of `--profile` that it has).
+    pub(crate) profiles: &'static [Profile],
 }
 
-/// Every scenario, in the order a full run takes them.
-pub(crate) const SCENARIOS: [Spec; 9] = [
+/// Every scenario, in the order a full run takes them. Each runs under every profile asked
+/// for (`--profile`); its timeline and bounds come from that profile's settings.
+pub(crate) const SCENARIOS: [Spec; 13] = [
     Spec {
         name: "sigkill",
         quick: true,
         about: "SIGKILL a random worker, repeatedly, a replacement each time; the last one drains (SIGTERM)",
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "sigstop",
         quick: true,
-        about: "SIGSTOP a worker past its lease (and, in a full run, past dead_after), then SIGCONT",
+        about: "SIGSTOP a worker past its lease (and, in a full run with a short dead_after, past dead_after), then SIGCONT",
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "sigstop-alone",
         quick: true,
         about: "SIGSTOP the only worker past its lease (no peer reclaims meanwhile), then SIGCONT",
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "listener-kill",
         quick: true,
         about: "pg_terminate_backend every LISTEN connection, repeatedly",
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "pg-restart",
         quick: true,
         about: "restart PostgreSQL mid-run: fast, a 5 s outage, and (full run) an immediate stop, a crash",
+        profiles: &Profile::ALL,
     },
     Spec {
-        name: "sigkill-defaults",
+        name: "pg-outage",
         quick: false,
-        about: "the SIGKILL scenario with the shipped defaults (60 s lease): failover time",
+        about: "fast stops with outages of 1 s, 5 s and stale_after + 15 s (quick: the last two), each followed by a window in which an eviction would show; nobody evicted",
+        profiles: &Profile::ALL,
+    },
+    Spec {
+        name: "backend-crash",
+        quick: false,
+        about: "SIGKILL one server backend (not the postmaster): PostgreSQL resets every session; nobody evicted",
+        profiles: &Profile::ALL,
+    },
+    Spec {
+        name: "lock-blip",
+        quick: false,
+        about: "kill one worker's alive-lock session and refuse its new connections for 2/3 of the lock grace, at heartbeat ages 0, 1/3, 7/12 and 11/12 of the slow cadence; never evicted",
+        profiles: &Profile::ALL,
+    },
+    Spec {
+        name: "frozen-tx",
+        quick: false,
+        about: "SIGSTOP a worker inside its fenced transaction (row locked): the item is reclaimed within the lease + a claim poll, its effect once",
+        profiles: &Profile::ALL,
+    },
+    Spec {
+        name: "partition-alone",
+        quick: false,
+        about: "the only worker, behind the proxy, frozen past stale_after, then thawed: it must not reap itself",
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "pool-exhaustion",
         quick: false,
         about: "handlers hold pool connections in transactions; renewals and heartbeats must still go through",
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "partition",
         quick: false,
         about: "a worker behind a TCP proxy is frozen (stalled, not closed) past its lease, then thawed",
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "clock-skew",
         quick: false,
         about: "two workers whose clocks run an hour ahead (libfaketime, monotonic honest and faked)",
+        profiles: &Profile::ALL,
     },
 ];
 
@@ -110,6 +149,8 @@ pub(crate) const SCENARIOS: [Spec; 9] = [
 pub(crate) struct Options {
     pub(crate) quick: bool,
     pub(crate) scenarios: Vec<&'static str>,
+    pub(crate) profiles: Vec<Profile>,
+    pub(crate) excluded: Vec<&'static str>,
     pub(crate) seed: u64,
     pub(crate) json: Option<PathBuf>,
     pub(crate) release: bool,
@@ -117,15 +158,26 @@ pub(crate) struct Options {
 }
 
 const USAGE: &str = "\
-usage: cargo xtask chaos [--quick] [--scenario NAME]... [--seed N] [--json PATH] [--release] [--keep]
+usage: cargo xtask chaos [--quick] [--scenario NAME]... [--exclude NAME]...
+                         [--profile short|defaults|all]... [--seed N] [--json PATH] [--release] [--keep]
 
-  --quick          the short set for CI: sigkill, sigstop, sigstop-alone, listener-kill, pg-restart
-                   (~2 000 items each, about 2 minutes)
-  --scenario NAME  run only NAME (repeatable); `--scenario list` lists them
-  --seed N         make the random choices reproducible (the seed is printed either way)
-  --json PATH      also write the results as JSON
-  --release        run a release build of workpump-worker (default: a debug build)
-  --keep           keep each scenario's database and leave the chaos cluster running";
+  --quick            the short set for CI: sigkill, sigstop, sigstop-alone, listener-kill,
+                     pg-restart (~2 000 items each, about 2 minutes); with --scenario, the
+                     quick variant of each named scenario
+  --scenario NAME    run only NAME (repeatable); `--scenario list` lists them
+  --exclude NAME     leave NAME out (repeatable). A scenario that runs but is skipped (e.g.
+                     clock-skew without libfaketime) counts as not passed; one excluded here
+                     does not run at all
+  --profile P        the settings the workers run with (repeatable): `short` (the default:
+                     lease 3 s, heartbeat 1 s / 2 s, stale after 3 s, dead after 12 s, lock
+                     grace 3 s, sweep 1 s), `defaults` (the shipped defaults: lease 60 s,
+                     heartbeat 10 s / 60 s, stale after 30 s, dead after 5 min, lock grace
+                     3 s, sweep 2 s), or `all` (each scenario under both, short first). Every
+                     timeline and bound is derived from the profile in use
+  --seed N           make the random choices reproducible (the seed is printed either way)
+  --json PATH        also write the results as JSON
+  --release          run a release build of workpump-worker (default: a debug build)
+  --keep             keep each scenario's database and leave the chaos cluster running";
 
 pub(crate) fn run(args: &[String]) -> Outcome {
     let options = match parse(args) {
@@ -158,6 +210,8 @@ fn parse(args: &[String]) -> Result<Option<Options>, String> {
     let mut options = Options {
         quick: false,
         scenarios: Vec::new(),
+        profiles: Vec::new(),
+        excluded: Vec::new(),
         seed: default_seed(),
         json: None,
         release: false,
@@ -184,18 +238,43 @@ fn parse(args: &[String]) -> Result<Option<Options>, String> {
                 if value == "list" {
                     for spec in &SCENARIOS {
                         let set = if spec.quick { "quick, full" } else { "full" };
-                        println!("{:<18} ({set}) {}", spec.name, spec.about);
+                        let profiles: Vec<&str> = spec.profiles.iter().map(|p| p.label()).collect();
+                        println!(
+                            "{:<16} ({set}; {}) {}",
+                            spec.name,
+                            profiles.join(", "),
+                            spec.about
+                        );
                     }
                     return Ok(None);
                 }
-                let spec = SCENARIOS.iter().find(|s| s.name == value).ok_or_else(|| {
-                    format!(
-                        "unknown scenario `{value}` (known: {})",
-                        SCENARIOS.map(|s| s.name).join(", ")
-                    )
-                })?;
-                if !options.scenarios.contains(&spec.name) {
-                    options.scenarios.push(spec.name);
+                let name = scenario_named(value)?;
+                if !options.scenarios.contains(&name) {
+                    options.scenarios.push(name);
+                }
+            }
+            "--exclude" => {
+                let value = it.next().ok_or("`--exclude` needs a name")?;
+                let name = scenario_named(value)?;
+                if !options.excluded.contains(&name) {
+                    options.excluded.push(name);
+                }
+            }
+            "--profile" => {
+                let value = it
+                    .next()
+                    .ok_or("`--profile` needs short, defaults or all")?;
+                let chosen: Vec<Profile> = if value == "all" {
+                    Profile::ALL.to_vec()
+                } else {
+                    vec![Profile::parse(value).ok_or_else(|| {
+                        format!("unknown profile `{value}` (known: short, defaults, all)")
+                    })?]
+                };
+                for p in chosen {
+                    if !options.profiles.contains(&p) {
+                        options.profiles.push(p);
+                    }
                 }
             }
             "-h" | "--help" => {
@@ -212,7 +291,49 @@ fn parse(args: &[String]) -> Result<Option<Options>, String> {
             .map(|s| s.name)
             .collect();
     }
+    options.scenarios.retain(|s| !options.excluded.contains(s));
+    if options.profiles.is_empty() {
+        options.profiles.push(Profile::Short);
+    }
+    // Short first, whatever the order on the command line.
+    options
+        .profiles
+        .sort_by_key(|p| Profile::ALL.iter().position(|q| q == p));
+    if cases(&options).is_empty() {
+        return Err("nothing to run: every scenario asked for is excluded".to_owned());
+    }
     Ok(Some(options))
+}
+
+/// The known scenario of that name.
+fn scenario_named(value: &str) -> Result<&'static str, String> {
+    SCENARIOS
+        .iter()
+        .find(|s| s.name == value)
+        .map(|s| s.name)
+        .ok_or_else(|| {
+            format!(
+                "unknown scenario `{value}` (known: {})",
+                SCENARIOS.map(|s| s.name).join(", ")
+            )
+        })
+}
+
+/// What a run runs, in order: each profile asked for, and under it each scenario that has
+/// that profile.
+fn cases(options: &Options) -> Vec<(&'static str, Profile)> {
+    let mut cases = Vec::new();
+    for &profile in &options.profiles {
+        for name in &options.scenarios {
+            let has = SCENARIOS
+                .iter()
+                .any(|s| s.name == *name && s.profiles.contains(&profile));
+            if has {
+                cases.push((*name, profile));
+            }
+        }
+    }
+    cases
 }
 
 /// A seed from the clock, when none is given.
@@ -240,12 +361,18 @@ async fn interrupted() -> &'static str {
 async fn suite(options: &Options, cluster: &Cluster) -> Result<ExitCode> {
     let started = Instant::now();
     let mode = if options.quick { "quick" } else { "full" };
+    let cases = cases(options);
+    let profiles: Vec<&str> = options.profiles.iter().map(|p| p.label()).collect();
     println!(
-        "workpump fault suite ({mode}): {}; seed {} (rerun with --seed {})",
+        "workpump fault suite ({mode}; {} settings): {}; seed {} (rerun with --seed {})",
+        profiles.join(" and "),
         options.scenarios.join(", "),
         options.seed,
         options.seed
     );
+    if !options.excluded.is_empty() {
+        println!("excluded   {}", options.excluded.join(", "));
+    }
 
     let (built, up) = tokio::join!(build_worker(options.release), async {
         tokio::task::spawn_blocking({
@@ -277,9 +404,10 @@ async fn suite(options: &Options, cluster: &Cluster) -> Result<ExitCode> {
     println!("logs       {}\n", logs.display());
 
     let mut reports = Vec::new();
-    for name in &options.scenarios {
-        let seed = scenario_seed(options.seed, name);
-        let report = harness::run_scenario(name, cluster, &exe, &logs, seed, options).await;
+    for (name, profile) in cases {
+        let seed = scenario_seed(options.seed, name, profile);
+        let report =
+            harness::run_scenario(name, profile, cluster, &exe, &logs, seed, options).await;
         report::print_row_summary(&report);
         reports.push(report);
     }
@@ -308,10 +436,15 @@ async fn suite(options: &Options, cluster: &Cluster) -> Result<ExitCode> {
 }
 
 /// Each scenario's own seed, so that `--scenario X --seed N` repeats X's choices of a full
-/// run with `--seed N`.
-fn scenario_seed(seed: u64, name: &str) -> u64 {
+/// run with `--seed N` (under the same profile; the short profile's seeds are those of
+/// runs before profiles existed).
+fn scenario_seed(seed: u64, name: &str, profile: Profile) -> u64 {
+    let key = match profile {
+        Profile::Short => name.to_owned(),
+        other => format!("{name}@{}", other.label()),
+    };
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
+    for b in key.bytes() {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
     }
     Rng::new(seed ^ h).next_u64()

@@ -1,10 +1,15 @@
-//! A loopback TCP proxy with a freeze switch: a network partition that stalls a worker's
-//! connections without closing them. While frozen it accepts and connects as usual but moves
-//! no byte in either direction (what it has read it holds; the kernel buffers fill up), so
-//! both ends see a silent peer, not a reset. Thawed, everything held flows on — late writes
-//! included. Its tasks live in a `JoinSet` that is aborted when the proxy is dropped.
+//! A loopback TCP proxy with two switches. Freeze: a network partition that stalls a
+//! worker's connections without closing them. While frozen it accepts and connects as usual
+//! but moves no byte in either direction (what it has read it holds; the kernel buffers fill
+//! up), so both ends see a silent peer, not a reset. Thawed, everything held flows on — late
+//! writes included. Refuse: new connections are closed as soon as they are accepted, while
+//! the open ones carry on (a server that is out of connection slots, or a firewall blip that
+//! only hits new flows). Its tasks live in a `JoinSet` that is aborted when the proxy is
+//! dropped.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -17,6 +22,9 @@ use super::Result;
 pub(crate) struct Proxy {
     port: u16,
     frozen: watch::Sender<bool>,
+    refusing: Arc<AtomicBool>,
+    /// Connections closed unserved while refusing.
+    refused: Arc<AtomicU64>,
     /// The accept loop; it owns the connections' tasks, so aborting it ends them all.
     tasks: JoinSet<()>,
 }
@@ -28,11 +36,21 @@ impl Proxy {
         let port = listener.local_addr()?.port();
         let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port));
         let (frozen, watch) = watch::channel(false);
+        let refusing = Arc::new(AtomicBool::new(false));
+        let refused = Arc::new(AtomicU64::new(0));
         let mut tasks = JoinSet::new();
-        tasks.spawn(accept_loop(listener, upstream, watch));
+        tasks.spawn(accept_loop(
+            listener,
+            upstream,
+            watch,
+            Arc::clone(&refusing),
+            Arc::clone(&refused),
+        ));
         Ok(Proxy {
             port,
             frozen,
+            refusing,
+            refused,
             tasks,
         })
     }
@@ -45,6 +63,17 @@ impl Proxy {
     pub(crate) fn set_frozen(&self, frozen: bool) {
         self.frozen.send_replace(frozen);
     }
+
+    /// Closes (true) every new connection as soon as it is accepted, or serves them again
+    /// (false); open connections are not touched either way.
+    pub(crate) fn set_refusing(&self, refusing: bool) {
+        self.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// How many connections were refused so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Proxy {
@@ -53,12 +82,24 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, upstream: SocketAddr, frozen: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    frozen: watch::Receiver<bool>,
+    refusing: Arc<AtomicBool>,
+    refused: Arc<AtomicU64>,
+) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
+                if refusing.load(Ordering::SeqCst) {
+                    // Closed at once: the client's startup reads end-of-file.
+                    refused.fetch_add(1, Ordering::SeqCst);
+                    drop(client);
+                    continue;
+                }
                 let frozen = frozen.clone();
                 connections.spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else { return };

@@ -37,9 +37,14 @@ pub(crate) struct Report {
     pub(crate) double: usize,
     pub(crate) effects: usize,
     pub(crate) history: usize,
+    /// Writes the fence should have refused, or that nobody asked for.
+    pub(crate) fence: usize,
     pub(crate) reclaims: usize,
     pub(crate) lapsed: usize,
+    /// Every eviction the store recorded.
     pub(crate) evictions: usize,
+    /// Those that were violations (a live instance, a self-reap, ...).
+    pub(crate) bad_evictions: usize,
     /// The invariant violations, each with its evidence.
     pub(crate) details: Vec<String>,
     /// The scenario's own violations (recovery over bound, live eviction, lost leases...).
@@ -52,11 +57,11 @@ pub(crate) struct Report {
 }
 
 impl Report {
-    pub(crate) fn new(name: &'static str, seed: u64) -> Report {
+    pub(crate) fn new(name: &'static str, profile: &'static str, seed: u64) -> Report {
         Report {
             name,
             seed,
-            profile: "short",
+            profile,
             items: 0,
             workers: 0,
             duration_s: 0.0,
@@ -67,9 +72,11 @@ impl Report {
             double: 0,
             effects: 0,
             history: 0,
+            fence: 0,
             reclaims: 0,
             lapsed: 0,
             evictions: 0,
+            bad_evictions: 0,
             details: Vec::new(),
             violations: Vec::new(),
             recovery: Vec::new(),
@@ -88,13 +95,16 @@ impl Report {
         self.double = v.double.len();
         self.effects = v.effects.len();
         self.history = v.history.len();
+        self.fence = v.fence.len();
     }
 
+    /// Whether the scenario ran and found nothing wrong. A skipped scenario did not pass: a
+    /// run that is meant to leave one out says so on the command line (`--exclude`).
     pub(crate) fn passed(&self) -> bool {
-        self.skipped.is_some()
-            || (self.error.is_none()
-                && self.lost + self.double + self.effects + self.history == 0
-                && self.violations.is_empty())
+        self.skipped.is_none()
+            && self.error.is_none()
+            && self.lost + self.double + self.effects + self.history + self.fence == 0
+            && self.violations.is_empty()
     }
 
     fn result(&self) -> &'static str {
@@ -151,7 +161,8 @@ pub(crate) fn print_row_summary(r: &Report) {
     }
     println!(
         "   {}      {} items: {} completed, {} dead, {} cancelled; lost {}, double outcomes {}, \
-         effects mismatches {}, history mismatches {}, other violations {} ({:.0} s)\n",
+         effects mismatches {}, history mismatches {}, fence violations {}, evictions {} ({} \
+         wrong), other violations {} ({:.0} s)\n",
         r.result(),
         r.items,
         r.completed,
@@ -161,6 +172,9 @@ pub(crate) fn print_row_summary(r: &Report) {
         r.double,
         r.effects,
         r.history,
+        r.fence,
+        r.evictions,
+        r.bad_evictions,
         r.violations.len(),
         r.duration_s
     );
@@ -169,7 +183,7 @@ pub(crate) fn print_row_summary(r: &Report) {
 /// The table of every scenario.
 pub(crate) fn print_table(reports: &[Report]) {
     println!(
-        "{:<17} {:<8} {:>5} {:>5} {:>6} {:>6} {:>7} {:>7} {:>5} {:>8} {:>5} {:<15} {:>5} {:<4}",
+        "{:<17} {:<8} {:>5} {:>5} {:>6} {:>6} {:>7} {:>5} {:>7} {:>5} {:>8} {:>5} {:<15} {:>5} {:<4}",
         "scenario",
         "settings",
         "items",
@@ -177,6 +191,7 @@ pub(crate) fn print_table(reports: &[Report]) {
         "double",
         "effect",
         "history",
+        "fence",
         "reclaim",
         "evict",
         "other",
@@ -187,7 +202,7 @@ pub(crate) fn print_table(reports: &[Report]) {
     );
     for r in reports {
         println!(
-            "{:<17} {:<8} {:>5} {:>5} {:>6} {:>6} {:>7} {:>7} {:>5} {:>8} {:>5.0} {:<15} {:>5} {:<4}",
+            "{:<17} {:<8} {:>5} {:>5} {:>6} {:>6} {:>7} {:>5} {:>7} {:>5} {:>8} {:>5.0} {:<15} {:>5} {:<4}",
             r.name,
             r.profile,
             r.items,
@@ -195,8 +210,9 @@ pub(crate) fn print_table(reports: &[Report]) {
             r.double,
             r.effects,
             r.history,
+            r.fence,
             r.reclaims,
-            r.evictions,
+            format!("{}/{}", r.bad_evictions, r.evictions),
             r.violations.len(),
             r.duration_s,
             r.recovery_cell(),
@@ -209,7 +225,21 @@ pub(crate) fn print_table(reports: &[Report]) {
 /// Every violation, with its evidence.
 pub(crate) fn print_violations(reports: &[Report]) {
     for r in reports.iter().filter(|r| !r.passed()) {
-        println!("\n{} — FAILED (seed {}; logs {})", r.name, r.seed, r.logs);
+        println!(
+            "\n{} ({} settings) — {} (seed {}; logs {})",
+            r.name,
+            r.profile,
+            if r.skipped.is_some() {
+                "SKIPPED, which counts as not passed"
+            } else {
+                "FAILED"
+            },
+            r.seed,
+            r.logs
+        );
+        if let Some(skip) = &r.skipped {
+            println!("  skipped: {skip}");
+        }
         if let Some(e) = &r.error {
             println!("  error: {e}");
         }
@@ -255,9 +285,11 @@ pub(crate) fn to_json(
             "double_outcomes": r.double,
             "effects_mismatch": r.effects,
             "history_mismatch": r.history,
+            "fence_violations": r.fence,
             "reclaims": r.reclaims,
             "lapsed_leases": r.lapsed,
             "evictions": r.evictions,
+            "wrong_evictions": r.bad_evictions,
             "recovery": r.recovery.iter().map(|rec| json!({
                 "fault": rec.label,
                 "seconds": rec.seconds,
@@ -273,4 +305,25 @@ pub(crate) fn to_json(
             "logs": r.logs,
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_skipped_scenario_did_not_pass() {
+        let mut r = Report::new("clock-skew", "short", 1);
+        assert!(r.passed());
+        r.skipped = Some("libfaketime is missing".into());
+        assert!(!r.passed());
+        assert_eq!(r.result(), "SKIP");
+    }
+
+    #[test]
+    fn a_fence_violation_fails_the_scenario() {
+        let mut r = Report::new("sigkill", "short", 1);
+        r.fence = 1;
+        assert!(!r.passed());
+    }
 }

@@ -7,8 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use workpump_testdb::StopMode;
 
-use super::fleet::{scrape, Profile, WorkerSpec};
+use super::fleet::{scrape, Life, Profile, WorkerSpec};
 use super::harness::{Fault, Harness};
+use super::liveness;
 use super::proxy::Proxy;
 use super::report::Recovery;
 use super::store::{HoldBurst, Mix};
@@ -16,16 +17,20 @@ use super::Result;
 use crate::procs::Metrics;
 
 /// Handlers per worker.
-const CONCURRENCY: usize = 16;
+pub(crate) const CONCURRENCY: usize = 16;
 
 pub(crate) async fn run(name: &str, h: &mut Harness<'_>) -> Result<()> {
     match name {
-        "sigkill" => kill_loop(h, Profile::Short).await,
-        "sigkill-defaults" => kill_loop(h, Profile::Defaults).await,
+        "sigkill" => kill_loop(h).await,
         "sigstop" => sigstop(h).await,
         "sigstop-alone" => sigstop_alone(h).await,
         "listener-kill" => listener_kill(h).await,
         "pg-restart" => pg_restart(h).await,
+        "pg-outage" => liveness::pg_outage(h).await,
+        "backend-crash" => liveness::backend_crash(h).await,
+        "lock-blip" => liveness::lock_blip(h).await,
+        "frozen-tx" => liveness::frozen_tx(h).await,
+        "partition-alone" => liveness::partition_alone(h).await,
         "pool-exhaustion" => pool_exhaustion(h).await,
         "partition" => partition(h).await,
         "clock-skew" => clock_skew(h).await,
@@ -33,28 +38,29 @@ pub(crate) async fn run(name: &str, h: &mut Harness<'_>) -> Result<()> {
     }
 }
 
+/// How long the suite waits for a chosen victim to hold a lease before faulting it: a claim
+/// poll, a sweep (scheduled items are promoted by it), and 5 s.
+pub(crate) fn holding_deadline(h: &Harness<'_>) -> Instant {
+    let t = h.timing();
+    Instant::now() + Duration::from_secs_f64(t.poll_max_s + t.sweep_s + 5.0)
+}
+
 /// SIGKILL a random worker, repeatedly, each time starting a replacement; the last fault is
 /// a SIGTERM drain instead (its releases give the attempt back, which the history check
 /// accounts for).
-async fn kill_loop(h: &mut Harness<'_>, profile: Profile) -> Result<()> {
-    h.profile = profile;
-    let (items, spread_ms, faults, finish) = match (profile, h.quick) {
-        (Profile::Defaults, _) => (3_000, 20_000, 3, 300.0),
-        (Profile::Short, true) => (2_000, 10_000, 3, 90.0),
-        (Profile::Short, false) => (4_000, 16_000, 5, 120.0),
+async fn kill_loop(h: &mut Harness<'_>) -> Result<()> {
+    let (items, spread_ms, faults) = match (h.profile, h.quick) {
+        (Profile::Defaults, _) => (3_000, 20_000, 3),
+        (Profile::Short, true) => (2_000, 10_000, 3),
+        (Profile::Short, false) => (4_000, 16_000, 5),
     };
     let t = h.timing();
     let specs = (0..4).map(|_| h.direct(CONCURRENCY)).collect();
     h.start_workers(specs).await?;
     let mix = Mix::new(items, spread_ms);
     h.enqueue(&mix).await?;
-    // With the defaults, scheduled items wait for a sweep (every 2 s) and the heartbeats are
-    // slow: start the faults once work runs.
-    let first = if profile == Profile::Defaults {
-        6.0
-    } else {
-        2.5
-    };
+    // Scheduled items wait for a sweep to be promoted: start the faults once work runs.
+    let first = t.sweep_s + 1.5;
     let gap = (spread_ms as f64 / 1000.0 - first + 2.5) / (faults as f64 + 0.5);
     for k in 0..faults {
         h.at(first + gap * k as f64).await;
@@ -62,11 +68,12 @@ async fn kill_loop(h: &mut Harness<'_>, profile: Profile) -> Result<()> {
             h.cancel_some(mix.cancels).await?;
         }
         let Some(victim) = h.pick(&[]) else { break };
+        h.wait_holding(victim, holding_deadline(h)).await;
         let name = h.fleet.procs[victim].name.clone();
         if k + 1 == faults {
             let at = h.db.now().await?;
             let (instances, held) = h.leases_of(victim).await?;
-            h.say(&format!(
+            h.mark(&format!(
                 "SIGTERM {name} (a drain), holding {} leases",
                 held.len()
             ));
@@ -93,7 +100,7 @@ async fn kill_loop(h: &mut Harness<'_>, profile: Profile) -> Result<()> {
             let at = h.db.now().await?;
             h.fleet.kill(victim).await?;
             let (instances, held) = h.leases_of(victim).await?;
-            h.say(&format!("SIGKILL {name}, holding {} leases", held.len()));
+            h.mark(&format!("SIGKILL {name}, holding {} leases", held.len()));
             h.faults.push(Fault {
                 label: format!("SIGKILL {name}"),
                 at,
@@ -113,25 +120,28 @@ async fn kill_loop(h: &mut Harness<'_>, profile: Profile) -> Result<()> {
         let name = h.fleet.procs[index].name.clone();
         h.say(&format!("replacement {name} ready"));
     }
-    let by = h.finish_by(finish);
+    let by = h.finish_by(t.finish_s(spread_ms as f64 / 1000.0));
     h.wait_finished(by).await;
     Ok(())
 }
 
-/// SIGSTOP a worker past its lease, then SIGCONT. In a full run a second pause outlasts
-/// `dead_after` too, so the paused instance is reaped and comes back evicted.
+/// SIGSTOP a worker past its lease, then SIGCONT. In a full run with a dead_after of a
+/// minute or less (the short profile), a second pause outlasts `dead_after` too, so the
+/// paused instance is reaped and comes back evicted.
 async fn sigstop(h: &mut Harness<'_>) -> Result<()> {
     let t = h.timing();
     // Past the lease; and (full run) past dead_after, so the paused instance is reaped.
-    let (items, spread_ms, pauses) = if h.quick {
+    let second = t.lease_s + 9.0;
+    let (items, spread_ms, pauses) = if h.quick || t.dead_after_s > 60.0 {
         (2_000, 12_000, vec![(3.0, t.lease_s + 4.0)])
     } else {
         (
             4_000,
             22_000,
-            vec![(3.0, t.lease_s + 4.0), (12.0, t.dead_after_s + 4.0)],
+            vec![(3.0, t.lease_s + 4.0), (second, t.dead_after_s + 4.0)],
         )
     };
+    let paused: f64 = pauses.iter().map(|(_, p)| p).sum();
     let specs = (0..4).map(|_| h.direct(CONCURRENCY)).collect();
     h.start_workers(specs).await?;
     let mix = Mix::new(items, spread_ms);
@@ -141,9 +151,9 @@ async fn sigstop(h: &mut Harness<'_>) -> Result<()> {
     for (start, pause) in pauses {
         h.at(start).await;
         let Some(victim) = h.pick(&[]) else { break };
-        freeze(h, victim, Freeze::Sigstop, start, pause).await?;
+        freeze(h, victim, Freeze::Sigstop, pause).await?;
     }
-    let by = h.finish_by(120.0);
+    let by = h.finish_by(t.finish_s(spread_ms as f64 / 1000.0) + paused);
     h.wait_finished(by).await;
     Ok(())
 }
@@ -164,34 +174,38 @@ async fn sigstop_alone(h: &mut Harness<'_>) -> Result<()> {
     h.cancel_some(mix.cancels).await?;
     h.at(3.0).await;
     let victim = 0;
+    h.wait_holding(victim, holding_deadline(h)).await;
+    // Past the lease, so that every handler's lease fence fires while it is stopped.
+    let pause = t.lease_s + 3.0;
     let name = h.fleet.procs[victim].name.clone();
     let before = stopped_handlers_of(h, victim).await;
     let at = h.db.now().await?;
     h.fleet.signal(victim, "STOP").await?;
+    let stopped = Instant::now();
     let (instances, held) = h.leases_of(victim).await?;
-    h.say(&format!(
-        "SIGSTOP {name}, the only worker, for 6 s, holding {} leases",
+    h.mark(&format!(
+        "SIGSTOP {name}, the only worker, for {pause:.0} s, holding {} leases",
         held.len()
     ));
-    h.at(9.0).await;
+    tokio::time::sleep_until(stopped + Duration::from_secs_f64(pause)).await;
     h.fleet.signal(victim, "CONT").await?;
     let until = h.db.now().await?;
     h.say(&format!("SIGCONT {name}"));
     h.faults.push(Fault {
-        label: format!("SIGSTOP {name} (alone) 6 s"),
+        label: format!("SIGSTOP {name} (alone) {pause:.0} s"),
         at,
         until: Some(until),
         procs: vec![name],
         instances,
         affected: held,
-        bound: 6.0 + t.poll_max_s + 2.0,
+        bound: pause + t.poll_max_s + 2.0,
         bound_why: format!(
-            "the 6 s pause + the longest claim poll wait {} s + 2 s",
+            "the {pause:.0} s pause (lease + 3 s) + the longest claim poll wait {} s + 2 s",
             t.poll_max_s
         ),
     });
     zombie_note(h, victim, "SIGCONT", before).await;
-    let by = h.finish_by(90.0);
+    let by = h.finish_by(t.finish_s(8.0) + pause);
     h.wait_finished(by).await;
     Ok(())
 }
@@ -203,18 +217,12 @@ enum Freeze {
     Partition,
 }
 
-/// Freezes `victim` from `start` for `secs` (seconds of the scenario), then thaws it, and
-/// records the fault: its leases must be running elsewhere (or ended) within the lease plus
-/// the longest claim poll wait, as nothing but the lease can tell a frozen process from a
-/// slow one.
-async fn freeze(
-    h: &mut Harness<'_>,
-    victim: usize,
-    how: Freeze,
-    start: f64,
-    secs: f64,
-) -> Result<()> {
+/// Freezes `victim` for `secs` (once it holds a lease), then thaws it, and records the
+/// fault: its leases must be running elsewhere (or ended) within the lease plus the longest
+/// claim poll wait, as nothing but the lease can tell a frozen process from a slow one.
+async fn freeze(h: &mut Harness<'_>, victim: usize, how: Freeze, secs: f64) -> Result<()> {
     let t = h.timing();
+    h.wait_holding(victim, holding_deadline(h)).await;
     let name = h.fleet.procs[victim].name.clone();
     let before = stopped_handlers_of(h, victim).await;
     let at = h.db.now().await?;
@@ -224,23 +232,26 @@ async fn freeze(
             if let Some(p) = &h.proxy {
                 p.set_frozen(true);
             }
+            h.fleet.note(victim, Life::Frozen);
         }
     }
+    let frozen = Instant::now();
     let (instances, held) = h.leases_of(victim).await?;
     let held_n = held.len();
-    h.say(&match how {
+    h.mark(&match how {
         Freeze::Sigstop => format!("SIGSTOP {name} for {secs:.0} s, holding {held_n} leases"),
         Freeze::Partition => format!(
             "partition: {name}'s connections frozen for {secs:.0} s, holding {held_n} leases"
         ),
     });
-    h.at(start + secs).await;
+    tokio::time::sleep_until(frozen + Duration::from_secs_f64(secs)).await;
     match how {
         Freeze::Sigstop => h.fleet.signal(victim, "CONT").await?,
         Freeze::Partition => {
             if let Some(p) = &h.proxy {
                 p.set_frozen(false);
             }
+            h.fleet.note(victim, Life::Thawed);
         }
     }
     let until = h.db.now().await?;
@@ -271,7 +282,7 @@ async fn freeze(
 }
 
 /// Handlers of a worker that its lease fence, a lost lease or an eviction stopped, so far.
-async fn stopped_handlers_of(h: &Harness<'_>, index: usize) -> f64 {
+pub(crate) async fn stopped_handlers_of(h: &Harness<'_>, index: usize) -> f64 {
     scrape(h.fleet.procs[index].metrics)
         .await
         .map_or(0.0, |m| stopped_handlers(&m))
@@ -292,7 +303,7 @@ fn stopped_handlers(m: &Metrics) -> f64 {
 /// Once a paused or partitioned worker came back and more of its handlers stopped than
 /// `before` the fault (fence, lost lease or eviction), or 3 s after: what its own metrics say
 /// about its handlers and its late writes.
-async fn zombie_note(h: &mut Harness<'_>, index: usize, after: &str, before: f64) {
+pub(crate) async fn zombie_note(h: &mut Harness<'_>, index: usize, after: &str, before: f64) {
     let back = Instant::now();
     let proc = &h.fleet.procs[index];
     let scraped = loop {
@@ -336,7 +347,6 @@ async fn zombie_note(h: &mut Harness<'_>, index: usize, after: &str, before: f64
 /// Terminate every LISTEN session, repeatedly: claimers poll meanwhile and reconnect.
 async fn listener_kill(h: &mut Harness<'_>) -> Result<()> {
     h.no_lapse = true;
-    h.no_eviction = true;
     let (items, spread_ms, kills): (usize, u64, &[f64]) = if h.quick {
         (2_000, 10_000, &[2.5, 6.0])
     } else {
@@ -355,7 +365,13 @@ async fn listener_kill(h: &mut Harness<'_>) -> Result<()> {
         let at = h.db.now().await?;
         let killed = h.db.kill_listeners().await?;
         let local = Instant::now();
-        h.say(&format!("pg_terminate_backend on {killed} LISTEN sessions"));
+        h.mark(&format!("pg_terminate_backend on {killed} LISTEN sessions"));
+        if killed == 0 {
+            h.violations.push(format!(
+                "vacuous: LISTEN kill #{} found no LISTEN session to terminate",
+                k + 1
+            ));
+        }
         let deadline = local + Duration::from_secs(30);
         let mut back = None;
         while Instant::now() < deadline {
@@ -412,7 +428,7 @@ async fn listener_kill(h: &mut Harness<'_>) -> Result<()> {
             ));
         }
     }
-    let by = h.finish_by(90.0);
+    let by = h.finish_by(h.timing().finish_s(spread_ms as f64 / 1000.0));
     h.wait_finished(by).await;
     // The claimers' side: each fell back to polling (the NOTIFY gate went unavailable) and
     // came back (healthy again), and is healthy now.
@@ -454,7 +470,6 @@ async fn listener_kill(h: &mut Harness<'_>) -> Result<()> {
 /// and in a full run an immediate stop (a crash, with recovery at start). Workers must
 /// reconnect, re-take their alive-locks, listen again and finish; nobody may be evicted.
 async fn pg_restart(h: &mut Harness<'_>) -> Result<()> {
-    h.no_eviction = true;
     let (items, spread_ms, restarts): (usize, u64, &[(f64, StopMode, f64)]) = if h.quick {
         (
             2_000,
@@ -475,91 +490,45 @@ async fn pg_restart(h: &mut Harness<'_>) -> Result<()> {
     let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
     h.start_workers(specs).await?;
     let mix = Mix::new(items, spread_ms);
-    h.enqueue(&mix).await?;
+    // Work keeps coming if the restarts outlast the spread by more than a come-back bound
+    // (with the defaults, waiting for the workers to come back can).
+    let comeback = h.timing().comeback_s();
+    let feeder = liveness::Feeder::after(h, &mix, comeback, 15.0).await?;
     h.at(2.0).await;
     h.cancel_some(mix.cancels).await?;
     for &(when, mode, down_s) in restarts {
         h.at(when).await;
-        let live = h.fleet.live().len() as i64;
+        let in_flight = h.wait_running(holding_deadline(h)).await;
         let began = Instant::now();
         let cluster = h.cluster;
         let label = if down_s > 0.0 {
-            h.say(&format!("stopping PostgreSQL ({mode}) for {down_s:.0} s"));
+            h.mark(&format!(
+                "stopping PostgreSQL ({mode}) for {down_s:.0} s, {in_flight} items running"
+            ));
             tokio::task::block_in_place(|| cluster.stop())?;
             tokio::time::sleep(Duration::from_secs_f64(down_s)).await;
             tokio::task::block_in_place(|| cluster.start())?;
             format!("outage ({mode} stop, {down_s:.0} s down)")
         } else {
-            h.say(&format!("restarting PostgreSQL ({mode})"));
+            h.mark(&format!(
+                "restarting PostgreSQL ({mode}), {in_flight} items running"
+            ));
             tokio::task::block_in_place(|| cluster.restart(mode))?;
             format!("restart ({mode})")
         };
-        let down = began.elapsed().as_secs_f64();
-        let up = Instant::now();
-        let deadline = up + Duration::from_secs(60);
-        let mut up_db = None;
-        let (mut locks_back, mut listen_back, mut work_back) = (None, None, None);
-        while Instant::now() < deadline {
-            if up_db.is_none() {
-                up_db = h.db.now().await.ok();
-            }
-            if let Ok((locks, listening)) = h.db.sessions().await {
-                let since = up.elapsed().as_secs_f64();
-                if locks >= live && locks_back.is_none() {
-                    locks_back = Some(since);
-                }
-                if listening >= live && listen_back.is_none() {
-                    listen_back = Some(since);
-                }
-            }
-            if let (Some(t), None) = (up_db, work_back) {
-                if h.db.completed_since(t).await.is_ok_and(|n| n > 0) {
-                    work_back = Some(up.elapsed().as_secs_f64());
-                }
-            }
-            if locks_back.is_some() && listen_back.is_some() && work_back.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if in_flight == 0 {
+            h.violations.push(format!(
+                "vacuous: no item was running at the {label}, so it tested nothing"
+            ));
         }
-        let fmt = |s: Option<f64>| {
-            s.map(|s| format!("{s:.2} s"))
-                .unwrap_or_else(|| "never (60 s)".into())
-        };
-        h.say(&format!(
-            "server back after {down:.2} s; alive-locks {} / LISTEN {} / first completion {} later",
-            fmt(locks_back),
-            fmt(listen_back),
-            fmt(work_back)
-        ));
-        let all = match (locks_back, listen_back, work_back) {
-            (Some(a), Some(b), Some(c)) => Some(a.max(b).max(c)),
-            _ => {
-                h.violations.push(format!(
-                    "after the {label} the workers did not all come back within 60 s \
-                     (alive-locks {}, LISTEN {}, work {})",
-                    fmt(locks_back),
-                    fmt(listen_back),
-                    fmt(work_back)
-                ));
-                None
-            }
-        };
-        h.recovery.push(Recovery {
-            label,
-            seconds: all,
-            bound: 12.0,
-            bound_why: "reconnect backoff (250 ms doubling) after the outage; 12 s".into(),
-            detail: format!(
-                "server down {down:.2} s; then every alive-lock held again after {}, every \
-                 LISTEN after {}, first completion after {}",
-                fmt(locks_back),
-                fmt(listen_back),
-                fmt(work_back)
-            ),
-        });
+        let down = began.elapsed().as_secs_f64();
+        liveness::comeback(h, label, &format!("server down {down:.2} s")).await;
     }
-    let by = h.finish_by(120.0);
+    feeder.stop(h).await?;
+    let by = h.finish_by(
+        h.timing()
+            .finish_s(h.elapsed().max(spread_ms as f64 / 1000.0)),
+    );
     h.wait_finished(by).await;
     Ok(())
 }
@@ -568,7 +537,6 @@ async fn pg_restart(h: &mut Harness<'_>) -> Result<()> {
 /// has connections: renewals, heartbeats and outcomes compete for what is left.
 async fn pool_exhaustion(h: &mut Harness<'_>) -> Result<()> {
     h.no_lapse = true;
-    h.no_eviction = true;
     let specs = (0..3)
         .map(|_| {
             let mut spec = h.direct(CONCURRENCY);
@@ -592,7 +560,7 @@ async fn pool_exhaustion(h: &mut Harness<'_>) -> Result<()> {
     );
     h.at(4.0).await;
     h.cancel_some(mix.cancels).await?;
-    let by = h.finish_by(150.0);
+    let by = h.finish_by(h.timing().finish_s(15.0));
     h.wait_finished(by).await;
     for i in h.fleet.live() {
         let proc = &h.fleet.procs[i];
@@ -640,12 +608,18 @@ async fn partition(h: &mut Harness<'_>) -> Result<()> {
     h.enqueue(&mix).await?;
     h.at(2.0).await;
     h.cancel_some(mix.cancels).await?;
-    // Past the lease; then past dead_after too, so the frozen instance is reaped.
-    for (start, secs) in [(3.0, t.lease_s + 5.0), (14.0, t.dead_after_s + 4.0)] {
-        h.at(start).await;
-        freeze(h, victim, Freeze::Partition, start, secs).await?;
+    // Past the lease; then (with a dead_after of a minute or less) past dead_after too, so
+    // the frozen instance is reaped.
+    let mut freezes = vec![(3.0, t.lease_s + 5.0)];
+    if t.dead_after_s <= 60.0 {
+        freezes.push((t.lease_s + 11.0, t.dead_after_s + 4.0));
     }
-    let by = h.finish_by(150.0);
+    let frozen: f64 = freezes.iter().map(|(_, s)| s).sum();
+    for (start, secs) in freezes {
+        h.at(start).await;
+        freeze(h, victim, Freeze::Partition, secs).await?;
+    }
+    let by = h.finish_by(t.finish_s(22.0) + frozen);
     h.wait_finished(by).await;
     Ok(())
 }
@@ -655,7 +629,6 @@ async fn partition(h: &mut Harness<'_>) -> Result<()> {
 /// decides, so nothing may change: no lease lapses, nobody is reaped, every item ends once.
 async fn clock_skew(h: &mut Harness<'_>) -> Result<()> {
     h.no_lapse = true;
-    h.no_eviction = true;
     let lib = match faketime_library().await {
         Ok(lib) => lib,
         Err(why) => {
@@ -703,7 +676,7 @@ async fn clock_skew(h: &mut Harness<'_>) -> Result<()> {
     h.enqueue(&mix).await?;
     h.at(4.0).await;
     h.cancel_some(mix.cancels).await?;
-    let by = h.finish_by(120.0);
+    let by = h.finish_by(h.timing().finish_s(12.0));
     h.wait_finished(by).await;
 
     let per_proc: Vec<(String, i64)> =

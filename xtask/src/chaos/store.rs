@@ -9,9 +9,15 @@
 //! - `workpump_effects` — the `tx` items' business write. Deliberately without a primary key,
 //!   so that a second write would show as a second row instead of a failed insert; a trigger
 //!   stamps each row with the claim token the item holds inside the writing transaction.
-//! - `chaos_audit` — a trigger on `workpump.work` records every change of an item's state,
-//!   owner, claim token or attempt: before and after, the error entry it appended, which
-//!   process wrote it (`application_name`) and when (database clock).
+//! - `chaos_audit` — triggers on `workpump.work` record every insert and delete of an item
+//!   and every change of its state, owner, claim token, attempt, lease expiry, renewal count,
+//!   checkpoint or cancel request: before and after, the error entry it appended, which
+//!   process wrote it (`application_name`) and when (database clock, and the writing
+//!   transaction's `now()`).
+//! - `chaos_enqueued` — the ids the suite enqueued.
+//! - `chaos_instance_audit` — triggers on `workpump.instances` and
+//!   `workpump.evicted_instances` record every registration, deletion and eviction
+//!   tombstone, with the writing process and the row's heartbeat and lock state.
 //! - `chaos_cancels` — the items the suite asked to cancel, and what `cancel_work` answered.
 
 use std::time::Duration;
@@ -60,29 +66,57 @@ CREATE TRIGGER chaos_effect_token BEFORE INSERT ON workpump_effects
 
 CREATE TABLE chaos_audit (
     seq           bigserial   PRIMARY KEY,
+    -- insert | update | delete
+    op            text        NOT NULL,
     item          bigint      NOT NULL,
-    from_state    text        NOT NULL,
-    to_state      text        NOT NULL,
+    from_state    text,
+    to_state      text,
     from_instance uuid,
     to_instance   uuid,
     from_token    bigint,
     to_token      bigint,
-    from_attempt  int         NOT NULL,
-    to_attempt    int         NOT NULL,
+    from_attempt  int,
+    to_attempt    int,
+    from_expiry   timestamptz,
+    to_expiry     timestamptz,
+    from_renewals int,
+    to_renewals   int,
+    checkpointed  boolean     NOT NULL DEFAULT false,
+    from_cancel   boolean,
+    to_cancel     boolean,
     error         jsonb,
     proc          text        NOT NULL DEFAULT current_setting('application_name'),
-    at            timestamptz NOT NULL DEFAULT clock_timestamp()
+    at            timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The writing transaction's now(): the clock the store's functions compare leases with.
+    txn_at        timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX chaos_audit_item ON chaos_audit (item);
 CREATE FUNCTION chaos_audit() RETURNS trigger
 LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
 BEGIN
-    INSERT INTO chaos_audit (item, from_state, to_state, from_instance, to_instance,
-                             from_token, to_token, from_attempt, to_attempt, error)
-    VALUES (NEW.id, OLD.state::text, NEW.state::text, OLD.instance_id, NEW.instance_id,
-            OLD.claim_token, NEW.claim_token, OLD.attempt, NEW.attempt,
-            CASE WHEN jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors)
-                 THEN NEW.errors -> -1 END);
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO chaos_audit (op, item, to_state, to_instance, to_token, to_attempt,
+                                 to_expiry, to_renewals, to_cancel)
+        VALUES ('insert', NEW.id, NEW.state::text, NEW.instance_id, NEW.claim_token, NEW.attempt,
+                NEW.lease_expiry, NEW.renewals, NEW.cancel_requested);
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO chaos_audit (op, item, from_state, from_instance, from_token, from_attempt,
+                                 from_expiry, from_renewals, from_cancel)
+        VALUES ('delete', OLD.id, OLD.state::text, OLD.instance_id, OLD.claim_token, OLD.attempt,
+                OLD.lease_expiry, OLD.renewals, OLD.cancel_requested);
+    ELSE
+        INSERT INTO chaos_audit (op, item, from_state, to_state, from_instance, to_instance,
+                                 from_token, to_token, from_attempt, to_attempt,
+                                 from_expiry, to_expiry, from_renewals, to_renewals,
+                                 checkpointed, from_cancel, to_cancel, error)
+        VALUES ('update', NEW.id, OLD.state::text, NEW.state::text, OLD.instance_id,
+                NEW.instance_id, OLD.claim_token, NEW.claim_token, OLD.attempt, NEW.attempt,
+                OLD.lease_expiry, NEW.lease_expiry, OLD.renewals, NEW.renewals,
+                OLD.checkpoint IS DISTINCT FROM NEW.checkpoint,
+                OLD.cancel_requested, NEW.cancel_requested,
+                CASE WHEN jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors)
+                     THEN NEW.errors -> -1 END);
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -90,8 +124,62 @@ CREATE TRIGGER chaos_audit AFTER UPDATE ON workpump.work FOR EACH ROW
     WHEN (OLD.state IS DISTINCT FROM NEW.state
           OR OLD.instance_id IS DISTINCT FROM NEW.instance_id
           OR OLD.claim_token IS DISTINCT FROM NEW.claim_token
-          OR OLD.attempt IS DISTINCT FROM NEW.attempt)
+          OR OLD.attempt IS DISTINCT FROM NEW.attempt
+          OR OLD.lease_expiry IS DISTINCT FROM NEW.lease_expiry
+          OR OLD.renewals IS DISTINCT FROM NEW.renewals
+          OR OLD.checkpoint IS DISTINCT FROM NEW.checkpoint
+          OR OLD.cancel_requested IS DISTINCT FROM NEW.cancel_requested)
     EXECUTE FUNCTION chaos_audit();
+CREATE TRIGGER chaos_audit_rows AFTER INSERT OR DELETE ON workpump.work FOR EACH ROW
+    EXECUTE FUNCTION chaos_audit();
+
+-- The ids the suite enqueued: every one must be there at the end.
+CREATE TABLE chaos_enqueued (item bigint PRIMARY KEY);
+
+-- Every registration and deletion of an instance row, and every eviction tombstone, with
+-- the writing process and what the row said (heartbeat, lock) at that moment.
+CREATE TABLE chaos_instance_audit (
+    seq               bigserial   PRIMARY KEY,
+    -- register | delete | tombstone
+    op                text        NOT NULL,
+    instance          uuid        NOT NULL,
+    -- The instance's own process (`host`, which is the worker's name).
+    host              text,
+    started_at        timestamptz,
+    last_heartbeat_at timestamptz,
+    alive_lock        boolean,
+    lock_lost_at      timestamptz,
+    -- Whether some session held its alive-lock when the row was deleted.
+    lock_held         boolean,
+    postmaster_start  timestamptz NOT NULL DEFAULT pg_postmaster_start_time(),
+    proc              text        NOT NULL DEFAULT current_setting('application_name'),
+    at                timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_instance_audit() RETURNS trigger
+LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'evicted_instances' THEN
+        INSERT INTO chaos_instance_audit (op, instance) VALUES ('tombstone', NEW.instance_id);
+    ELSIF TG_OP = 'INSERT' THEN
+        INSERT INTO chaos_instance_audit (op, instance, host, started_at, last_heartbeat_at,
+                                          alive_lock, lock_lost_at)
+        VALUES ('register', NEW.instance_id, NEW.host, NEW.started_at, NEW.last_heartbeat_at,
+                NEW.alive_lock, NEW.lock_lost_at);
+    ELSE
+        INSERT INTO chaos_instance_audit (op, instance, host, started_at, last_heartbeat_at,
+                                          alive_lock, lock_lost_at, lock_held)
+        VALUES ('delete', OLD.instance_id, OLD.host, OLD.started_at, OLD.last_heartbeat_at,
+                OLD.alive_lock, OLD.lock_lost_at,
+                EXISTS (SELECT 1 FROM workpump.alive_lock_held_keys() h
+                        WHERE h.key = OLD.alive_lock_key));
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER chaos_instance_audit AFTER INSERT OR DELETE ON workpump.instances
+    FOR EACH ROW EXECUTE FUNCTION chaos_instance_audit();
+CREATE TRIGGER chaos_instance_audit AFTER INSERT ON workpump.evicted_instances
+    FOR EACH ROW EXECUTE FUNCTION chaos_instance_audit();
 
 CREATE TABLE chaos_cancels (
     item   bigint      NOT NULL,
@@ -270,6 +358,177 @@ impl Db {
         .await?)
     }
 
+    /// Work items running now (leased or orphaned).
+    pub(crate) async fn running(&self) -> Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE state = 'running'")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The instance a worker (by name) is registered as now: its newest instance row.
+    pub(crate) async fn instance_named(&self, proc: &str) -> Result<Option<Uuid>> {
+        Ok(sqlx::query_scalar(
+            "SELECT instance_id FROM workpump.instances WHERE host = $1
+             ORDER BY started_at DESC LIMIT 1",
+        )
+        .bind(proc)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// How old `instance`'s last heartbeat is (database clock, seconds); None when it has
+    /// no row.
+    pub(crate) async fn beat_age(&self, instance: Uuid) -> Result<Option<f64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8
+             FROM workpump.instances WHERE instance_id = $1",
+        )
+        .bind(instance)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// How old each registered worker instance's last heartbeat is (database clock,
+    /// seconds).
+    pub(crate) async fn beat_ages(&self) -> Result<Vec<f64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8
+             FROM workpump.instances WHERE host LIKE 'chaos-w%'",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The session holding `instance`'s alive-lock, if one does: its pid and
+    /// `application_name`.
+    pub(crate) async fn lock_holder(&self, instance: Uuid) -> Result<Option<(i32, String)>> {
+        Ok(sqlx::query_as(
+            "SELECT h.pid, coalesce(a.application_name, '')
+             FROM workpump.alive_lock_held_keys() h
+             LEFT JOIN pg_stat_activity a ON a.pid = h.pid
+             WHERE h.key = workpump.alive_lock_key($1)
+             LIMIT 1",
+        )
+        .bind(instance)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Terminates the session of `proc` that holds `instance`'s alive-lock — only if the
+    /// instance's last heartbeat is between `min_age` and `max_age` seconds old (database
+    /// clock) at that moment, checked in the same statement — and waits up to 5 s for it to
+    /// be gone. Returns the heartbeat's age, the pid, and whether it was terminated; None
+    /// when the age was outside the window or no session of `proc` held the lock.
+    pub(crate) async fn kill_lock_session_at_age(
+        &self,
+        instance: Uuid,
+        proc: &str,
+        min_age: f64,
+        max_age: f64,
+    ) -> Result<Option<(f64, i32, bool)>> {
+        Ok(sqlx::query_as(
+            "SELECT extract(epoch FROM clock_timestamp() - i.last_heartbeat_at)::float8, h.pid,
+                    pg_terminate_backend(h.pid, 5000)
+             FROM workpump.instances i
+             JOIN workpump.alive_lock_held_keys() h ON h.key = i.alive_lock_key
+             JOIN pg_stat_activity a ON a.pid = h.pid
+             WHERE i.instance_id = $1 AND a.application_name = $2
+               AND clock_timestamp() - i.last_heartbeat_at >= make_interval(secs => $3)
+               AND clock_timestamp() - i.last_heartbeat_at < make_interval(secs => $4)
+             LIMIT 1",
+        )
+        .bind(instance)
+        .bind(proc)
+        .bind(min_age)
+        .bind(max_age)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The session that holds the fenced transaction of `item` open (the worker's `tx`
+    /// payload with `hold_ms` names the item in its last query): its pid and
+    /// `application_name`.
+    pub(crate) async fn holding_session(&self, item: i64) -> Result<Option<(i32, String)>> {
+        Ok(sqlx::query_as(
+            "SELECT pid, application_name FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'
+               AND query = format('SELECT ''holding the fenced transaction of item %s''', $1::bigint)
+             LIMIT 1",
+        )
+        .bind(item)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Whether another transaction holds `item`'s row locked (a `FOR UPDATE SKIP LOCKED`
+    /// probe, rolled back).
+    pub(crate) async fn row_locked(&self, item: i64) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let free: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM workpump.work WHERE id = $1 FOR UPDATE SKIP LOCKED")
+                .bind(item)
+                .fetch_optional(&mut *tx)
+                .await?;
+        tx.rollback().await?;
+        Ok(free.is_none())
+    }
+
+    /// `item`'s claim now: its state and claim token.
+    pub(crate) async fn claim_of(&self, item: i64) -> Result<(String, Option<i64>)> {
+        Ok(
+            sqlx::query_as("SELECT state::text, claim_token FROM workpump.work WHERE id = $1")
+                .bind(item)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The client backends of the workers in this database: (pid, `application_name`), by
+    /// pid.
+    pub(crate) async fn worker_backends(&self) -> Result<Vec<(i32, String)>> {
+        Ok(sqlx::query_as(
+            "SELECT pid, application_name FROM pg_stat_activity
+             WHERE datname = current_database() AND backend_type = 'client backend'
+               AND application_name LIKE 'chaos-w%'
+             ORDER BY pid",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Which of `pids` still exist as server processes.
+    pub(crate) async fn surviving(&self, pids: &[i32]) -> Result<Vec<i32>> {
+        Ok(
+            sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE pid = ANY($1) ORDER BY pid")
+                .bind(pids)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Evictions recorded after `since` (database seconds): (instance, its process, the
+    /// sweeping process, database seconds), oldest first.
+    pub(crate) async fn evictions_since(
+        &self,
+        since: f64,
+    ) -> Result<Vec<(Uuid, String, String, f64)>> {
+        Ok(sqlx::query_as(
+            "SELECT t.instance,
+                    coalesce((SELECT d.host FROM chaos_instance_audit d
+                              WHERE d.instance = t.instance AND d.host IS NOT NULL
+                              ORDER BY d.seq DESC LIMIT 1), '?'),
+                    t.proc, extract(epoch FROM t.at)::float8
+             FROM chaos_instance_audit t
+             WHERE t.op = 'tombstone' AND t.at > to_timestamp($1)
+             ORDER BY t.seq",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Items completed since `since` (database seconds).
     pub(crate) async fn completed_since(&self, since: f64) -> Result<i64> {
         Ok(sqlx::query_scalar(
@@ -329,7 +588,8 @@ impl Mix {
 /// checkpointed long jobs (2 %), sleepers that renew their lease (22 %), no-ops for the rest,
 /// and a burst of `hold` items when asked.
 pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
-    let dead = (mix.items / 200).max(5);
+    // At least 5 of a workload, but no more than 5 % of a small chunk (a feeder's).
+    let dead = (mix.items / 200).max(5).min((mix.items / 20).max(1));
     let holds = mix.hold.map_or(0, |b| b.count);
     let mut planned = Vec::with_capacity(mix.items);
     for i in 0..mix.items {
@@ -365,8 +625,8 @@ pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
 }
 
 /// Enqueues the planned items in one call per 10 000; returns their ids.
-pub(crate) async fn enqueue(db: &Db, planned: Vec<(Value, u64)>) -> Result<Vec<i64>> {
-    let coordinator = PgCoordinator::new(db.pool.clone());
+pub(crate) async fn enqueue(pool: &PgPool, planned: Vec<(Value, u64)>) -> Result<Vec<i64>> {
+    let coordinator = PgCoordinator::new(pool.clone());
     let mut ids = Vec::with_capacity(planned.len());
     let mut planned = planned.into_iter().peekable();
     while planned.peek().is_some() {
@@ -385,9 +645,33 @@ pub(crate) async fn enqueue(db: &Db, planned: Vec<(Value, u64)>) -> Result<Vec<i
         let out = coordinator
             .enqueue_work(EnqueueWorkParams { items })
             .await?;
-        ids.extend(out.items.iter().map(|e| e.id));
+        let batch: Vec<i64> = out.items.iter().map(|e| e.id).collect();
+        // The items are in; their record must follow even if the server blips now (the
+        // suite restarts it), or the checks would call them foreign.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let recorded =
+                sqlx::query("INSERT INTO chaos_enqueued (item) SELECT unnest($1::bigint[])")
+                    .bind(&batch)
+                    .execute(pool)
+                    .await;
+            match recorded {
+                Ok(_) => break,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(format!("recording {} enqueued ids: {e}", batch.len()).into())
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+        ids.extend(batch);
     }
     Ok(ids)
+}
+
+/// Enqueues one item, due now; its id.
+pub(crate) async fn enqueue_one(db: &Db, payload: Value) -> Result<i64> {
+    let ids = enqueue(&db.pool, vec![(payload, 0)]).await?;
+    Ok(ids.first().copied().ok_or("enqueue_work returned no id")?)
 }
 
 /// Cancels `n` items through `workpump.cancel_work`: half of them sleepers (likely running,
