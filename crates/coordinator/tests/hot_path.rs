@@ -515,6 +515,8 @@ async fn gate_enqueues(pool: &PgPool) -> PgConnection {
     gate
 }
 
+/// Waits until an enqueue of this test's database waits at the gate. pg_locks shows the whole
+/// cluster, where the other gate tests' databases take the same key, so it counts only this one.
 async fn wait_at_gate(pool: &PgPool) {
     wait_until(
         Duration::from_secs(20),
@@ -524,7 +526,8 @@ async fn wait_at_gate(pool: &PgPool) {
                 pool,
                 &format!(
                     "SELECT count(*) FROM pg_locks
-                 WHERE locktype = 'advisory' AND NOT granted AND classid = 0 AND objid = {GATE}"
+                 WHERE locktype = 'advisory' AND NOT granted AND classid = 0 AND objid = {GATE}
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 ),
             )
             .await
