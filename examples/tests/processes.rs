@@ -245,6 +245,62 @@ async fn a_terminated_worker_releases_its_leases_and_a_peer_picks_them_up_long_b
     db.drop_database().await.expect("drop");
 }
 
+/// A multi-host URL is the host's to follow (sqlx reads one host): the worker lets the host
+/// connect and gives its handlers the host's pool, so their own queries — the ledger, a `hold`
+/// item's transaction — go where the host found a server that qualifies. Here the first host
+/// listed refuses connections and the second is the database.
+#[tokio::test]
+async fn a_worker_on_a_multi_host_url_runs_its_handlers_on_the_host_that_qualifies() {
+    let server = workpump_testdb::server()
+        .await
+        .expect("the test PostgreSQL");
+    let Some(cluster) = server.cluster() else {
+        eprintln!("skipped: DATABASE_URL names an external server, whose port is not ours");
+        return;
+    };
+    let (db, pool) = database().await;
+    let refusing = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{refusing},127.0.0.1:{}/{}?target_session_attrs=read-write",
+        cluster.port(),
+        db.name()
+    );
+    let mut worker = Proc::start("m1", &url, &["--concurrency", "4"], &FAST_LIVENESS).await;
+    let payloads: Vec<serde_json::Value> = (0..40)
+        .map(|i| match i % 4 {
+            0 => json!({ "kind": "tx" }),
+            1 => json!({ "kind": "hold", "ms": 50 }),
+            2 => json!({ "kind": "sleep", "ms": 50 }),
+            _ => json!({ "kind": "noop" }),
+        })
+        .collect();
+    enqueue(&pool, payloads).await;
+    wait_until(Duration::from_secs(30), "every item completed", || async {
+        scalar(
+            &pool,
+            "SELECT count(*) FROM workpump.work WHERE state = 'completed'",
+        )
+        .await
+            == 40
+    })
+    .await;
+    assert_eq!(
+        scalar(&pool, "SELECT count(DISTINCT item) FROM workpump_ledger").await,
+        40,
+        "every execution was recorded in the ledger, through the host's pool"
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM workpump_effects").await,
+        10
+    );
+    assert!(worker.terminate().await.success());
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
 #[tokio::test]
 async fn a_worker_with_an_invalid_configuration_exits_naming_every_violated_setting() {
     let output = Command::new(env!("CARGO_BIN_EXE_workpump-worker"))

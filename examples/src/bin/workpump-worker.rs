@@ -9,10 +9,13 @@
 //! ```
 //!
 //! The database URL also comes from `DATABASE_URL`; every host setting also from `WORKPUMP_*`
-//! variables (see `HostConfig`). It prints `READY <instance id>` on stdout once the host is
-//! ready, and `STOPPED` after a drain (SIGTERM or SIGINT). With `--exit-on-stdin-close` it
-//! exits at once, like a crash, when its stdin reaches end-of-file: a parent that starts it
-//! with a pipe (`cargo xtask chaos`) cannot leave it running, even when the parent is killed.
+//! variables (see `HostConfig`). A multi-host URL
+//! (`postgres://u@h1:p1,h2:p2/db?target_session_attrs=read-write`) follows a failover to a
+//! promoted standby (docs/store.md, "Database failover"). It prints `READY <instance id>` on
+//! stdout once the host is ready, and `STOPPED` after a drain (SIGTERM or SIGINT). With
+//! `--exit-on-stdin-close` it exits at once, like a crash, when its stdin reaches
+//! end-of-file: a parent that starts it with a pipe (`cargo xtask chaos`) cannot leave it
+//! running, even when the parent is killed.
 //!
 //! What a payload asks for (`kind`, default `noop`):
 //!
@@ -36,7 +39,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::Deserialize;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tokio::sync::watch;
+use workpump_host::coordinator::DatabaseUrl;
 use workpump_host::{handler_fn, Host, HostConfig, Job, JobError, JobResult, QueueConfig};
 
 #[derive(Deserialize, Default)]
@@ -180,25 +185,43 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             entry.lease_ms = args.lease_ms;
         }
     }
-    let pool = PgPoolOptions::new()
-        .max_connections(config.max_connections)
-        .connect_lazy(&url)?;
-    let ledger = args.ledger.then(|| pool.clone());
-    let handler_pool = pool.clone();
-    let mut builder = Host::builder().config(config).pool(pool);
+    // The handlers' own queries (the ledger, `hold` items) use the host's main pool. A URL
+    // that lists several hosts (or sets `target_session_attrs`) must be the host's to connect
+    // to: only the host's own coordinator follows a failover, and a pool made here would stay
+    // on the first host. Its pool reaches the handlers once the host has started.
+    let (pool_tx, pool_rx) = watch::channel(None);
+    let handler_pool = HandlerPool(pool_rx);
+    let follows_failover = DatabaseUrl::parse(&url)?.needs_failover();
+    let max_connections = config.max_connections;
+    let mut builder = Host::builder().config(config);
+    if follows_failover {
+        builder = builder.database_url(url);
+    } else {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect_lazy(&url)?;
+        pool_tx.send_replace(Some(pool.clone()));
+        builder = builder.pool(pool);
+    }
+    let ledger = args.ledger;
     for q in &args.queues {
-        let ledger = ledger.clone();
         let handler_pool = handler_pool.clone();
         builder = builder.handler(
             q.clone(),
             handler_fn(move |job: Job<Payload>| {
-                let ledger = ledger.clone();
                 let pool = handler_pool.clone();
                 async move { handle(job, ledger, pool).await }
             }),
         );
     }
     let host = builder.start().await?;
+    if follows_failover {
+        let pool = host.pg().map(|pg| pg.pool().clone());
+        if pool.is_none() {
+            return Err("the host made no PostgreSQL coordinator of the database URL".into());
+        }
+        pool_tx.send_replace(pool);
+    }
     let mut ready = false;
     let stopped = host.stopped();
     tokio::pin!(stopped);
@@ -226,8 +249,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>, pool: sqlx::PgPool) -> JobResult {
-    if let Some(pool) = &ledger {
+/// The host's main pool, for the handlers' own queries: there from the start when the worker
+/// made it, or once the host has started when the host connected itself (a multi-host URL).
+#[derive(Clone)]
+struct HandlerPool(watch::Receiver<Option<PgPool>>);
+
+impl HandlerPool {
+    async fn get(&self) -> Result<PgPool, JobError> {
+        let mut pool = self.0.clone();
+        let ready = pool
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| JobError::retry("the worker stopped before its pool was ready"))?;
+        ready
+            .clone()
+            .ok_or_else(|| JobError::retry("the worker's pool is not ready"))
+    }
+}
+
+async fn handle(job: Job<Payload>, ledger: bool, pool: HandlerPool) -> JobResult {
+    if ledger {
         let fence = job.fence();
         sqlx::query(
             "INSERT INTO workpump_ledger (item, attempt, token, instance) VALUES ($1, $2, $3, $4)",
@@ -236,7 +277,7 @@ async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>, pool: sqlx::PgP
         .bind(job.attempt())
         .bind(fence.token)
         .bind(job.instance().0)
-        .execute(pool)
+        .execute(&pool.get().await?)
         .await?;
     }
     let p = job.payload();
@@ -319,7 +360,7 @@ async fn handle(job: Job<Payload>, ledger: Option<sqlx::PgPool>, pool: sqlx::PgP
         "hold" => {
             // A handler that sits on a pool connection (and a transaction) and does not
             // listen to its cancellation token: what exhausts the pool in the fault suite.
-            let mut tx = pool.begin().await?;
+            let mut tx = pool.get().await?.begin().await?;
             sqlx::query("SELECT 1").execute(&mut *tx).await?;
             tokio::time::sleep(Duration::from_millis(p.ms.unwrap_or(1_000))).await;
             tx.commit().await?;

@@ -193,6 +193,9 @@ pub(crate) struct WorkerSpec {
     pub(crate) profile: Profile,
     /// The port it connects to: the server's, or a proxy's.
     pub(crate) port: u16,
+    /// A standby's port: the worker's URL then lists `port`, then this one, with
+    /// `target_session_attrs=read-write`, so that it follows a failover to the standby.
+    pub(crate) standby: Option<u16>,
     pub(crate) concurrency: usize,
     /// Extra environment (on top of the profile's).
     pub(crate) env: Vec<(String, String)>,
@@ -205,6 +208,7 @@ impl WorkerSpec {
         WorkerSpec {
             profile,
             port,
+            standby: None,
             concurrency,
             env: Vec::new(),
             label: None,
@@ -275,10 +279,7 @@ impl Fleet {
         let metrics = free_port()?;
         let log = self.logs.join(format!("{name}.log"));
         let stderr = std::fs::File::create(&log)?;
-        let url = format!(
-            "postgres://postgres@127.0.0.1:{}/{}?application_name={name}",
-            spec.port, self.db
-        );
+        let url = worker_url(spec.port, spec.standby, &self.db, &name);
         let mut command = Command::new(&self.exe);
         command
             .args(["--database-url", &url, "--queue", QUEUE, "--ledger"])
@@ -501,6 +502,19 @@ impl Proc {
     }
 }
 
+/// The database URL of worker `name`: the server (or proxy) at `port`, and after it, when
+/// given, a standby, with `target_session_attrs=read-write` (a multi-host URL: the worker
+/// follows a failover). `application_name` names the process in every session it opens.
+fn worker_url(port: u16, standby: Option<u16>, db: &str, name: &str) -> String {
+    match standby {
+        None => format!("postgres://postgres@127.0.0.1:{port}/{db}?application_name={name}"),
+        Some(standby) => format!(
+            "postgres://postgres@127.0.0.1:{port},127.0.0.1:{standby}/{db}\
+             ?target_session_attrs=read-write&application_name={name}"
+        ),
+    }
+}
+
 /// Reads a worker's `/metrics` within 3 s.
 pub(crate) async fn scrape(addr: SocketAddr) -> Result<Metrics> {
     Ok(procs::scrape(addr, Duration::from_secs(3)).await?)
@@ -558,6 +572,24 @@ mod tests {
         );
         assert_eq!((defaults.sweep_s, defaults.poll_max_s), (2.0, 10.0));
         assert_eq!(defaults.settle_s(), 30.0 + 3.0 + 4.0 + 5.0);
+    }
+
+    #[test]
+    fn a_worker_with_a_standby_gets_a_multi_host_url_that_follows_a_failover() {
+        assert_eq!(
+            worker_url(5432, None, "chaos_x", "chaos-w1"),
+            "postgres://postgres@127.0.0.1:5432/chaos_x?application_name=chaos-w1"
+        );
+        let url = worker_url(5432, Some(5433), "chaos_x", "chaos-w2");
+        assert_eq!(
+            url,
+            "postgres://postgres@127.0.0.1:5432,127.0.0.1:5433/chaos_x\
+             ?target_session_attrs=read-write&application_name=chaos-w2"
+        );
+        let parsed = workpump_coordinator::DatabaseUrl::parse(&url).expect("a libpq URL");
+        assert_eq!(parsed.hosts(), ["127.0.0.1:5432", "127.0.0.1:5433"]);
+        assert!(parsed.needs_failover());
+        assert_eq!(parsed.target_session_attrs().as_str(), "read-write");
     }
 
     #[test]

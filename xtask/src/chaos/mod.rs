@@ -1,7 +1,8 @@
 //! `cargo xtask chaos`: the fault suite. Real `workpump-worker` processes share a few
 //! thousand mixed work items on a throwaway PostgreSQL (its own cluster, `chaos`, so that
 //! restarting it disturbs no one's tests) while the suite kills, pauses, partitions and
-//! starves them, restarts the server and cuts the LISTEN connections. Every scenario runs on
+//! starves them, restarts the server, fails it over to a streaming standby and cuts the
+//! LISTEN connections. Every scenario runs on
 //! a fresh database, stops by itself, and ends with the same checks, read from the database
 //! and from the workers' ledger (see `check.rs` and `docs/guarantees.md`):
 //!
@@ -64,7 +65,7 @@ pub(crate) struct Spec {
 
 /// Every scenario, in the order a full run takes them. Each runs under every profile asked
 /// for (`--profile`); its timeline and bounds come from that profile's settings.
-pub(crate) const SCENARIOS: [Spec; 13] = [
+pub(crate) const SCENARIOS: [Spec; 14] = [
     Spec {
         name: "sigkill",
         quick: true,
@@ -105,6 +106,12 @@ pub(crate) const SCENARIOS: [Spec; 13] = [
         name: "backend-crash",
         quick: false,
         about: "SIGKILL one server backend (not the postmaster): PostgreSQL resets every session; nobody evicted",
+        profiles: &Profile::ALL,
+    },
+    Spec {
+        name: "failover",
+        quick: true,
+        about: "a synchronous streaming standby; the primary crashes (-m immediate), the standby is promoted, the workers follow their multi-host URL; nobody evicted, nothing acknowledged lost",
         profiles: &Profile::ALL,
     },
     Spec {
@@ -162,8 +169,8 @@ usage: cargo xtask chaos [--quick] [--scenario NAME]... [--exclude NAME]...
                          [--profile short|defaults|all]... [--seed N] [--json PATH] [--release] [--keep]
 
   --quick            the short set for CI: sigkill, sigstop, sigstop-alone, listener-kill,
-                     pg-restart (~2 000 items each, about 2 minutes); with --scenario, the
-                     quick variant of each named scenario
+                     pg-restart, failover (~1 500-2 000 items each, about 3 minutes); with
+                     --scenario, the quick variant of each named scenario
   --scenario NAME    run only NAME (repeatable); `--scenario list` lists them
   --exclude NAME     leave NAME out (repeatable). A scenario that runs but is skipped (e.g.
                      clock-skew without libfaketime) counts as not passed; one excluded here

@@ -31,6 +31,7 @@ pub(crate) async fn run(name: &str, h: &mut Harness<'_>) -> Result<()> {
         "lock-blip" => liveness::lock_blip(h).await,
         "frozen-tx" => liveness::frozen_tx(h).await,
         "partition-alone" => liveness::partition_alone(h).await,
+        "failover" => liveness::failover(h).await,
         "pool-exhaustion" => pool_exhaustion(h).await,
         "partition" => partition(h).await,
         "clock-skew" => clock_skew(h).await,

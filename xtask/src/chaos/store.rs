@@ -266,6 +266,49 @@ impl Db {
         Ok(())
     }
 
+    /// Points the scenario's pool (and every clone of it, the feeder's too) at the server on
+    /// `port` — a promoted standby — from now on: new connections go there, and those to the
+    /// old server fail their ping and are dropped. The admin pool stays on the chaos cluster.
+    pub(crate) fn move_to(&self, port: u16) {
+        let options = (*self.pool.connect_options()).clone().port(port);
+        self.pool.set_connect_options(options);
+    }
+
+    /// The port of the server the scenario's pool is on, and whether it is in recovery.
+    pub(crate) async fn server(&self) -> Result<(i32, bool)> {
+        Ok(
+            sqlx::query_as("SELECT inet_server_port(), pg_is_in_recovery()")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// How the server reports the streaming standby `name` (`pg_stat_replication`):
+    /// its state and sync state (`streaming`, `sync` for a synchronous one); None when it
+    /// does not stream from this server.
+    pub(crate) async fn replication_of(&self, name: &str) -> Result<Option<(String, String)>> {
+        Ok(sqlx::query_as(
+            "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// How many rows each evidence table holds — the item audit, the ledger, the effects,
+    /// the enqueued ids, the instance audit — in that order. They only grow, so a server
+    /// that holds fewer than were seen on another lacks commits that were acknowledged.
+    pub(crate) async fn evidence_rows(&self) -> Result<[i64; 5]> {
+        let (a, l, e, q, i): (i64, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM chaos_audit), (SELECT count(*) FROM workpump_ledger),
+                    (SELECT count(*) FROM workpump_effects), (SELECT count(*) FROM chaos_enqueued),
+                    (SELECT count(*) FROM chaos_instance_audit)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok([a, l, e, q, i])
+    }
+
     /// The database clock, as seconds since the epoch.
     pub(crate) async fn now(&self) -> Result<f64> {
         Ok(
