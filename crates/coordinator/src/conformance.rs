@@ -1024,8 +1024,9 @@ pub async fn a_heartbeat_sweeps_when_a_lock_proven_peer_loses_its_lock(h: &dyn H
 
 /// A restart (crash, failover) ends every session at once: every lock goes, the judge's
 /// included. None of that is evidence that a client died: nobody is reaped, whatever the
-/// beat ages, however long the locks stay away. A peer that never comes back goes by
-/// staleness once a judge has watched the new server for longer than the stale cutoff.
+/// beat ages — past the definitive-dead cutoff too (an outage longer than it) — however long
+/// the locks stay away. A peer that never comes back goes by staleness once a judge has
+/// watched the new server for longer than the stale cutoff.
 pub async fn a_restart_evicts_nobody_and_a_peer_that_never_comes_back_goes_by_staleness(
     h: &dyn Harness,
 ) {
@@ -1036,24 +1037,28 @@ pub async fn a_restart_evicts_nobody_and_a_peer_that_never_comes_back_goes_by_st
     let fresh = instance(h).await;
     let mid = instance(h).await;
     let late = instance(h).await;
+    let outlasted = instance(h).await;
     let gone = instance(h).await;
     let mut locks = Vec::new();
-    for id in [fresh, mid, late, gone] {
+    for id in [fresh, mid, late, outlasted, gone] {
         locks.push(take_lock(h, id).await);
     }
-    enqueue_n(h, "q", 4).await;
-    for id in [fresh, mid, late, gone] {
+    enqueue_n(h, "q", 5).await;
+    for id in [fresh, mid, late, outlasted, gone] {
         claim_one(h, id, "q").await;
     }
-    // At the slow cadence (60 s) a lock holder's beat is often older than the stale cutoff.
+    // At the slow cadence (60 s) a lock holder's beat is often older than the stale cutoff;
+    // an outage longer than the definitive-dead cutoff leaves every beat older than that.
     h.age_heartbeat(mid, Duration::from_secs(35)).await;
     h.age_heartbeat(late, Duration::from_secs(55)).await;
+    h.age_heartbeat(outlasted, DEAD + Duration::from_secs(15))
+        .await;
     h.age_heartbeat(gone, Duration::from_secs(55)).await;
 
     h.restart().await;
     drop(locks);
     drop(judge_lock);
-    for id in [judge, fresh, mid, late, gone] {
+    for id in [judge, fresh, mid, late, outlasted, gone] {
         wait_until_not_alive(h, id).await;
     }
     assert!(
@@ -1083,7 +1088,7 @@ pub async fn a_restart_evicts_nobody_and_a_peer_that_never_comes_back_goes_by_st
 
     // The living come back: each beats at once, then takes its lock again; so does the judge.
     let mut back = Vec::new();
-    for id in [fresh, mid, late] {
+    for id in [fresh, mid, late, outlasted] {
         assert!(!beat(h, id, AliveLockReport::NotHeld, false).await.evicted);
         back.push(take_lock(h, id).await);
     }
@@ -1103,7 +1108,7 @@ pub async fn a_restart_evicts_nobody_and_a_peer_that_never_comes_back_goes_by_st
             released: 1
         }]
     );
-    for id in [judge, fresh, mid, late] {
+    for id in [judge, fresh, mid, late, outlasted] {
         assert!(h.instance_registered(id).await);
     }
 }
