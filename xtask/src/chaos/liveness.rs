@@ -503,7 +503,12 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
                 continue;
             };
             last_age = Some(now_age);
-            if now_age >= age && now_age < age + tolerance {
+            // Only while it holds a lease, so that an eviction would cost something: a
+            // window in which it holds none is left for the next slow interval's.
+            let holding = now_age >= age
+                && now_age < age + tolerance
+                && h.leases_of(victim).await.is_ok_and(|(_, l)| !l.is_empty());
+            if holding {
                 // Refuse first, so that the worker cannot reconnect in between; the age is
                 // checked again inside the killing statement.
                 if let Some(p) = &h.proxy {
@@ -536,7 +541,7 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
             h.violations.push(format!(
                 "vacuous: the {label} never landed: within {reach:.0} s {name}'s heartbeat was \
                  never between {age:.2} and {:.2} s old while a session of its own held its \
-                 alive-lock (last age seen: {})",
+                 alive-lock and it held a lease (last age seen: {})",
                 age + tolerance,
                 last_age.map_or("none".into(), |a| format!("{a:.2} s"))
             ));
