@@ -53,8 +53,9 @@ impl Default for Registration {
     }
 }
 
-/// The handlers of the queues one worker serves, with their settings.
-#[derive(Default)]
+/// The handlers of the queues one worker serves, with their settings. Clones share the
+/// handlers (the host hands one to whichever claim worker fills its claim slot).
+#[derive(Clone, Default)]
 pub struct Handlers {
     queues: BTreeMap<String, (Arc<dyn ErasedHandler>, QueueSettings)>,
 }

@@ -5,22 +5,22 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use workpump_claim_worker::{
-    ClaimStatus, ClaimWorker, Gate, Handler, Handlers, QueueSettings, Registration, Waker,
-};
+use workpump_claim_worker::{ClaimStatus, Gate, Handler, Handlers, QueueSettings, Waker};
 use workpump_coordinator::{
     DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome, EnqueueWorkParams, Identity,
     InstanceId, LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams, WorkCoordinator, Worker,
 };
-use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
-use workpump_lease_renewal::LeaseRenewalWorker;
-use workpump_maintenance::{MaintenanceStatus, MaintenanceWorker};
+use workpump_heartbeat_worker::HeartbeatStatus;
+use workpump_maintenance::MaintenanceStatus;
 
 use crate::config::HostConfig;
+use crate::context::{
+    default_claim, default_heartbeat, default_lease, default_maintenance, Built, Factory,
+    LeaseFactory, WorkerContext,
+};
 use crate::supervise::{supervise, GaveUp};
 use crate::{metrics, HostError};
 
@@ -68,10 +68,11 @@ pub struct HostBuilder {
     config: HostConfig,
     store: Option<Store>,
     handlers: Vec<(String, AddHandler)>,
-    claim: Option<Arc<dyn Worker>>,
-    heartbeat: Option<Arc<dyn Worker>>,
-    lease: Option<(Arc<dyn Worker>, Arc<dyn LeaseTracker>)>,
-    maintenance: Option<Arc<dyn Worker>>,
+    /// The slots' factories; `None`: the host's default (the built-in worker).
+    claim: Option<Factory>,
+    heartbeat: Option<Factory>,
+    lease: Option<LeaseFactory>,
+    maintenance: Option<Factory>,
 }
 
 impl HostBuilder {
@@ -128,27 +129,144 @@ impl HostBuilder {
         self
     }
 
-    /// Replaces the claim worker with your own implementation of the worker contract.
-    pub fn claim_worker(mut self, worker: Arc<dyn Worker>) -> Self {
-        self.claim = Some(worker);
+    /// Fills the claim slot with your own worker: `factory` is called once, in
+    /// [`start`](Self::start), with the [`WorkerContext`] every worker is built from. Serve
+    /// [`WorkerContext::handlers`] (the ones registered with [`handler`](Self::handler)),
+    /// register leases with [`WorkerContext::lease_tracker`] and claim as
+    /// [`WorkerContext::identity`].
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use workpump_claim_worker::{ClaimWorker, Registration};
+    /// use workpump_host::{Host, Worker};
+    ///
+    /// let builder = Host::builder().claim_worker(|ctx| {
+    ///     let mut config = ctx.config().claim.clone();
+    ///     config.drain_timeout_ms = ctx.config().shutdown_timeout_ms;
+    ///     let liveness = ctx.liveness();
+    ///     let worker = ClaimWorker::new(
+    ///         ctx.coordinator(),
+    ///         ctx.pg(),
+    ///         ctx.lease_tracker().expect("the lease slot is built first"),
+    ///         ctx.identity(),
+    ///         ctx.handlers(),
+    ///         config,
+    ///         Registration {
+    ///             host: ctx.host_name().to_owned(),
+    ///             metadata: serde_json::json!({}),
+    ///             stale_after: liveness.stale_after(),
+    ///             dead_after: liveness.dead_after(),
+    ///             lock_grace: liveness.lock_grace(),
+    ///         },
+    ///     );
+    ///     Arc::new(worker) as Arc<dyn Worker>
+    /// });
+    /// ```
+    ///
+    /// A replaced claim worker reports no status to [`HostHandle::health`] and is not woken by
+    /// [`HostHandle::enqueue`] directly (NOTIFY and its polling still reach it).
+    ///
+    /// **Migrating from 0.x before the factories** (`claim_worker(worker)` took a built
+    /// `Arc<dyn Worker>`): pass `move |_ctx| worker`, or better, build the worker inside the
+    /// factory from the context, so it serves the registered handlers and claims as the host.
+    pub fn claim_worker(
+        mut self,
+        factory: impl FnOnce(&WorkerContext) -> Arc<dyn Worker> + Send + 'static,
+    ) -> Self {
+        self.claim = Some(Box::new(move |ctx| Built::replacement(factory(ctx))));
         self
     }
 
-    /// Replaces the heartbeat worker.
-    pub fn heartbeat_worker(mut self, worker: Arc<dyn Worker>) -> Self {
-        self.heartbeat = Some(worker);
+    /// Fills the heartbeat slot with your own worker, built by `factory` from the
+    /// [`WorkerContext`] (see [`claim_worker`](Self::claim_worker)). Beat for
+    /// [`WorkerContext::identity`] with the cutoffs of [`WorkerContext::liveness`]: a heartbeat
+    /// under any other id leaves the host's instance unbeaten, and its peers reap it as stale.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use workpump_heartbeat_worker::HeartbeatWorker;
+    /// use workpump_host::{Host, Worker};
+    ///
+    /// let builder = Host::builder().heartbeat_worker(|ctx| {
+    ///     Arc::new(HeartbeatWorker::new(
+    ///         ctx.coordinator(),
+    ///         ctx.identity(),
+    ///         ctx.liveness().clone(),
+    ///         ctx.host_name().to_owned(),
+    ///         serde_json::json!({ "role": "api" }),
+    ///     )) as Arc<dyn Worker>
+    /// });
+    /// ```
+    ///
+    /// A replaced heartbeat worker reports no status: [`Health::heartbeat_fresh`] and
+    /// [`Health::alive_lock_held`](crate::Health) then say nothing about it.
+    ///
+    /// **Migrating** from `heartbeat_worker(worker)`: build the worker inside the factory with
+    /// `ctx.identity()` instead of your own `Identity`.
+    ///
+    /// [`Health::heartbeat_fresh`]: crate::Health::heartbeat_fresh
+    pub fn heartbeat_worker(
+        mut self,
+        factory: impl FnOnce(&WorkerContext) -> Arc<dyn Worker> + Send + 'static,
+    ) -> Self {
+        self.heartbeat = Some(Box::new(move |ctx| Built::replacement(factory(ctx))));
         self
     }
 
-    /// Replaces the lease-renewal worker; `tracker` is what dispatch uses to track leases.
-    pub fn lease_worker(mut self, worker: Arc<dyn Worker>, tracker: Arc<dyn LeaseTracker>) -> Self {
-        self.lease = Some((worker, tracker));
+    /// Fills the lease slot with your own worker. `factory` returns the worker and the
+    /// [`LeaseTracker`] that dispatch registers each claimed item's lease with (the claim
+    /// worker receives it as [`WorkerContext::lease_tracker`]). It is called first, before the
+    /// other factories, so its own context has no tracker yet.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use workpump_host::coordinator::LeaseTracker;
+    /// use workpump_host::{Host, Worker};
+    /// use workpump_lease_renewal::LeaseRenewalWorker;
+    ///
+    /// let builder = Host::builder().lease_worker(|ctx| {
+    ///     let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone());
+    ///     let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
+    ///     (Arc::new(worker) as Arc<dyn Worker>, tracker)
+    /// });
+    /// ```
+    ///
+    /// **Migrating** from `lease_worker(worker, tracker)`: pass
+    /// `move |_ctx| (worker, tracker)`.
+    pub fn lease_worker(
+        mut self,
+        factory: impl FnOnce(&WorkerContext) -> (Arc<dyn Worker>, Arc<dyn LeaseTracker>)
+            + Send
+            + 'static,
+    ) -> Self {
+        self.lease = Some(Box::new(factory));
         self
     }
 
-    /// Replaces the maintenance worker.
-    pub fn maintenance_worker(mut self, worker: Arc<dyn Worker>) -> Self {
-        self.maintenance = Some(worker);
+    /// Fills the maintenance slot with your own worker, built by `factory` from the
+    /// [`WorkerContext`] (see [`claim_worker`](Self::claim_worker)). A sweep of the built-in
+    /// kind should judge as [`WorkerContext::identity`] (`MaintenanceWorker::with_judge`), so
+    /// it never reaps its own host and judges only on what the host saw while connected.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use workpump_host::{Host, Worker};
+    /// use workpump_maintenance::MaintenanceWorker;
+    ///
+    /// let builder = Host::builder().maintenance_worker(|ctx| {
+    ///     let worker = MaintenanceWorker::new(ctx.coordinator(), ctx.config().maintenance_config())
+    ///         .with_judge(ctx.identity());
+    ///     Arc::new(worker) as Arc<dyn Worker>
+    /// });
+    /// ```
+    ///
+    /// **Migrating** from `maintenance_worker(worker)`: pass `move |_ctx| worker`, or build it
+    /// inside the factory to judge as the host.
+    pub fn maintenance_worker(
+        mut self,
+        factory: impl FnOnce(&WorkerContext) -> Arc<dyn Worker> + Send + 'static,
+    ) -> Self {
+        self.maintenance = Some(Box::new(move |ctx| Built::replacement(factory(ctx))));
         self
     }
 
@@ -232,10 +350,10 @@ async fn start(
     handlers: Handlers,
     queue_names: Vec<String>,
     handler_errors: Vec<String>,
-    claim: Option<Arc<dyn Worker>>,
-    heartbeat: Option<Arc<dyn Worker>>,
-    lease: Option<(Arc<dyn Worker>, Arc<dyn LeaseTracker>)>,
-    maintenance: Option<Arc<dyn Worker>>,
+    claim: Option<Factory>,
+    heartbeat: Option<Factory>,
+    lease: Option<LeaseFactory>,
+    maintenance: Option<Factory>,
 ) -> Result<HostHandle, HostError> {
     let mut problems = config.validate(queue_names.iter().map(String::as_str));
     for e in handler_errors {
@@ -271,79 +389,30 @@ async fn start(
     }
 
     let identity = Identity::new();
-    let host_name = config.host_name();
     let shutdown_timeout = Duration::from_millis(config.shutdown_timeout_ms);
+    let (migrate, supervision) = (config.migrate, config.supervision.clone());
+    let queues: Vec<(String, i32)> = queue_names
+        .iter()
+        .map(|q| (q.clone(), config.max_attempts(q)))
+        .collect();
+    let heartbeat_config = config.heartbeat.clone();
 
-    let (lease_worker, tracker): (Arc<dyn Worker>, Arc<dyn LeaseTracker>) = match lease {
-        Some(pair) => pair,
-        None => {
-            let w = LeaseRenewalWorker::new(coordinator.clone(), config.lease.clone());
-            let tracker: Arc<dyn LeaseTracker> = Arc::new(w.leases());
-            (Arc::new(w), tracker)
-        }
-    };
-    let (heartbeat_worker, heartbeat_status): (
-        Arc<dyn Worker>,
-        Option<watch::Receiver<HeartbeatStatus>>,
-    ) = match heartbeat {
-        Some(w) => (w, None),
-        None => {
-            let w = HeartbeatWorker::new(
-                coordinator.clone(),
-                identity.clone(),
-                config.heartbeat.clone(),
-                host_name.clone(),
-                json!({}),
-            );
-            let status = w.subscribe_status();
-            (Arc::new(w), Some(status))
-        }
-    };
-    let (claim_worker, claim_status, waker): (
-        Arc<dyn Worker>,
-        Option<watch::Receiver<ClaimStatus>>,
-        Option<Waker>,
-    ) = match claim {
-        Some(w) => (w, None, None),
-        None => {
-            let mut claim_config = config.claim.clone();
-            claim_config.drain_timeout_ms = config.shutdown_timeout_ms;
-            let w = ClaimWorker::new(
-                coordinator.clone(),
-                pg.clone(),
-                tracker,
-                identity.clone(),
-                handlers,
-                claim_config,
-                Registration {
-                    host: host_name.clone(),
-                    metadata: json!({ "pid": std::process::id() }),
-                    stale_after: config.heartbeat.stale_after(),
-                    dead_after: config.heartbeat.dead_after(),
-                    lock_grace: config.heartbeat.lock_grace(),
-                },
-            );
-            // A claim worker that does not claim (switched off, or no handlers) never
-            // registers: readiness does not wait for it.
-            let status = w.claims().then(|| w.status());
-            let waker = w.waker();
-            (Arc::new(w), status, Some(waker))
-        }
-    };
-    let (maintenance_worker, maintenance_status): (
-        Arc<dyn Worker>,
-        Option<watch::Receiver<MaintenanceStatus>>,
-    ) = match maintenance {
-        Some(w) => (w, None),
-        None => {
-            // It sweeps as this instance: never reaping it, and judging only on what this
-            // instance could see while connected.
-            let w = MaintenanceWorker::new(coordinator.clone(), config.maintenance_config())
-                .with_judge(identity.clone());
-            let status = w.subscribe_status();
-            (Arc::new(w), Some(status))
-        }
-    };
+    // Every slot through the same path: a factory (the user's, else the default) called with
+    // one context. The lease slot first: it supplies the tracker the claim worker needs.
+    let mut ctx = WorkerContext::new(
+        coordinator.clone(),
+        pg.clone(),
+        identity.clone(),
+        config.host_name(),
+        handlers,
+        config,
+    );
+    let (lease_worker, tracker) = lease.unwrap_or_else(|| Box::new(default_lease))(&ctx);
+    ctx.set_lease_tracker(tracker);
+    let claim = claim.unwrap_or_else(|| Box::new(default_claim))(&ctx);
+    let heartbeat = heartbeat.unwrap_or_else(|| Box::new(default_heartbeat))(&ctx);
+    let maintenance = maintenance.unwrap_or_else(|| Box::new(default_maintenance))(&ctx);
+    drop(ctx);
 
     let shutdown = CancellationToken::new();
     let (schema_ready_tx, schema_ready) = watch::channel(false);
@@ -352,14 +421,14 @@ async fn start(
         coordinator: coordinator.clone(),
         pg: pg.clone(),
         identity: identity.clone(),
-        waker,
+        waker: claim.reports.waker,
         shutdown: shutdown.clone(),
         done,
         schema_ready,
-        heartbeat_status,
-        claim_status,
-        maintenance_status,
-        heartbeat_config: config.heartbeat.clone(),
+        heartbeat_status: heartbeat.reports.heartbeat_status,
+        claim_status: claim.reports.claim_status,
+        maintenance_status: maintenance.reports.maintenance_status,
+        heartbeat_config,
         workers: Default::default(),
     });
 
@@ -369,10 +438,10 @@ async fn start(
     let rest_token = CancellationToken::new();
     let mut workers = Vec::new();
     for (worker, token) in [
-        (claim_worker, claim_token.clone()),
+        (claim.worker, claim_token.clone()),
         (lease_worker, rest_token.clone()),
-        (heartbeat_worker, rest_token.clone()),
-        (maintenance_worker, rest_token.clone()),
+        (heartbeat.worker, rest_token.clone()),
+        (maintenance.worker, rest_token.clone()),
     ] {
         let (running_tx, running_rx) = watch::channel(false);
         inner
@@ -382,12 +451,6 @@ async fn start(
             .push((worker.name().to_owned(), running_rx));
         workers.push((worker, token, running_tx));
     }
-    let queues: Vec<(String, i32)> = queue_names
-        .iter()
-        .map(|q| (q.clone(), config.max_attempts(q)))
-        .collect();
-    let (migrate, supervision) = (config.migrate, config.supervision.clone());
-
     let host = inner.clone();
     tokio::spawn(async move {
         // The schema gate: migrate and register the queues (retried until the database

@@ -45,6 +45,7 @@
 //! depends on the host.
 
 mod config;
+mod context;
 mod host;
 pub mod metrics;
 mod supervise;
@@ -52,12 +53,13 @@ mod supervise;
 use std::fmt;
 
 pub use config::{HostConfig, MetricsConfig, QueueConfig};
+pub use context::WorkerContext;
 pub use host::{Host, HostBuilder, HostHandle};
 pub use supervise::{GaveUp, SupervisionConfig};
 
 pub use workpump_claim_worker::{
-    handler_fn, Backoff, ClaimConfig, Handler, Job, JobError, JobResult, JobTransaction,
-    QueueSettings,
+    handler_fn, Backoff, ClaimConfig, Handler, Handlers, Job, JobError, JobResult,
+    JobTransaction, QueueSettings,
 };
 pub use workpump_coordinator::{
     self as coordinator, CancelReason, Fence, InstanceId, NewWork, PgCoordinator, Schedule,

@@ -359,7 +359,10 @@ async fn a_worker_that_panics_is_restarted_and_the_host_keeps_processing() {
             "work",
             handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
         )
-        .maintenance_worker(worker.clone())
+        .maintenance_worker({
+            let worker = worker.clone();
+            move |_ctx| worker as Arc<dyn Worker>
+        })
         .start()
         .await
         .expect("start");
