@@ -132,6 +132,29 @@ where
     }
 }
 
+/// Checks, every 50 ms for `span`, that `check` holds; panics naming `what` at the first look
+/// at which it does not.
+pub async fn holds_for<F, Fut>(span: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let until = Instant::now() + span;
+    loop {
+        let looked_at = Instant::now();
+        if let Err(broken) = check().await {
+            panic!(
+                "{what} stopped holding after {:?} of {span:?}: {broken}",
+                looked_at - (until - span)
+            );
+        }
+        if looked_at >= until {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// How many items are in `state`.
 pub async fn count_state(pool: &PgPool, state: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE state::text = $1")

@@ -1,0 +1,456 @@
+//! Swapping a worker, one test per slot: the replacement is built by a factory from the
+//! host's `WorkerContext`, with the worker crate's own constructor as a user would, and runs
+//! beside the host's other workers for several stale cutoffs while a peer host sweeps, with
+//! no eviction: the host keeps the instance id it became ready as, its row stays, and no
+//! tombstone is written for it. Each test also shows the replacement doing its job (beating,
+//! claiming for the registered handlers, renewing, sweeping).
+//!
+//! Real PostgreSQL and real time: liveness is judged on the database clock, so these watch
+//! for a span of wall time (five stale cutoffs of 1 s, the store's floor being 1 s stale,
+//! 2 s dead, 500 ms grace), looking every 50 ms.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use sqlx::types::Uuid;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use workpump_claim_worker::{ClaimWorker, Registration};
+use workpump_coordinator::{CancelReason, LeaseTracker, WorkerError};
+use workpump_heartbeat_worker::HeartbeatWorker;
+use workpump_host::{
+    handler_fn, Host, HostConfig, HostHandle, Job, JobError, NewWork, Worker, WorkerContext,
+};
+use workpump_lease_renewal::LeaseRenewalWorker;
+use workpump_maintenance::MaintenanceWorker;
+
+use support::{count_state, database, fast_config, holds_for, wait_until};
+
+/// The stale cutoff every host here declares.
+const STALE: Duration = Duration::from_secs(1);
+
+/// How long a test watches the swapped host: five stale cutoffs (and 2.5 definitive-dead
+/// ones).
+const WATCH: Duration = Duration::from_secs(5);
+
+/// Short liveness settings at the store's floor for the dead cutoff and the grace: stale after
+/// 1 s, dead after 2 s, lock grace 500 ms; beats every 200 ms (400 ms with the lock held).
+fn config() -> HostConfig {
+    let mut c = fast_config();
+    c.heartbeat.stale_after_ms = STALE.as_millis() as u64;
+    c.heartbeat.dead_after_ms = Some(2_000);
+    c.heartbeat.lock_grace_ms = Some(500);
+    c
+}
+
+/// Wraps a slot's replacement: counts its runs, so a test knows the replacement is what runs.
+struct Replaced {
+    inner: Arc<dyn Worker>,
+    runs: Arc<AtomicU32>,
+}
+
+impl Replaced {
+    fn new(inner: impl Worker, runs: &Arc<AtomicU32>) -> Arc<dyn Worker> {
+        Arc::new(Replaced {
+            inner: Arc::new(inner),
+            runs: runs.clone(),
+        })
+    }
+}
+
+#[async_trait]
+impl Worker for Replaced {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.inner.run(shutdown).await
+    }
+}
+
+/// A peer host on the same database with every built-in worker and no handlers: its
+/// heartbeat and maintenance sweeps judge the swapped host (a host never judges itself).
+async fn peer(url: &str) -> HostHandle {
+    let peer = Host::builder()
+        .config(config())
+        .database_url(url)
+        .start()
+        .await
+        .expect("the peer starts");
+    wait_ready(&peer).await;
+    peer
+}
+
+async fn wait_ready(host: &HostHandle) {
+    wait_until(Duration::from_secs(15), "the host is ready", || async {
+        host.health().ready
+    })
+    .await;
+}
+
+/// For [`WATCH`]: `host` runs as the id it had when this began, its instance row is present
+/// and no tombstone names it.
+async fn stays_registered(pool: &PgPool, host: &HostHandle) {
+    let instance = host.instance();
+    holds_for(
+        WATCH,
+        &format!("the host staying registered as {instance}"),
+        || async {
+            if host.instance() != instance {
+                return Err(format!(
+                    "it was evicted and runs as {} now",
+                    host.instance()
+                ));
+            }
+            let (row, tombstone): (bool, bool) = sqlx::query_as(
+                "SELECT EXISTS (SELECT 1 FROM workpump.instances WHERE instance_id = $1),
+                        EXISTS (SELECT 1 FROM workpump.evicted_instances WHERE instance_id = $1)",
+            )
+            .bind(instance.0)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| e.to_string())?;
+            match (row, tombstone) {
+                (true, false) => Ok(()),
+                (_, true) => Err(format!("a peer reaped {instance} (tombstone written)")),
+                (false, false) => Err(format!("the row of {instance} is gone")),
+            }
+        },
+    )
+    .await;
+}
+
+/// Who ran what: (item, attempt, instance), one entry per handler run.
+type Runs = Arc<Mutex<Vec<(i64, i32, Uuid)>>>;
+
+fn recording(runs: &Runs) -> impl workpump_host::Handler<Payload = serde_json::Value> {
+    let runs = runs.clone();
+    handler_fn(move |job: Job<serde_json::Value>| {
+        let runs = runs.clone();
+        async move {
+            runs.lock()
+                .expect("runs")
+                .push((job.id(), job.attempt(), job.instance().0));
+            Ok(())
+        }
+    })
+}
+
+async fn stop(hosts: &[&HostHandle]) {
+    for host in hosts {
+        host.shutdown();
+    }
+    for host in hosts {
+        tokio::time::timeout(Duration::from_secs(15), host.stopped())
+            .await
+            .expect("stopped in time")
+            .expect("a clean stop");
+    }
+}
+
+#[tokio::test]
+async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() {
+    let (db, pool) = database().await;
+    let peer = peer(db.url()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let handled: Runs = Arc::default();
+    let host = Host::builder()
+        .config(config())
+        .database_url(db.url())
+        .handler("work", recording(&handled))
+        .heartbeat_worker({
+            let runs = runs.clone();
+            move |ctx: &WorkerContext| {
+                let worker = HeartbeatWorker::new(
+                    ctx.coordinator(),
+                    ctx.identity(),
+                    ctx.liveness().clone(),
+                    ctx.host_name().to_owned(),
+                    json!({ "replaced": true }),
+                );
+                Replaced::new(worker, &runs)
+            }
+        })
+        .start()
+        .await
+        .expect("start");
+    wait_ready(&host).await;
+    let instance = host.instance();
+    wait_until(
+        Duration::from_secs(5),
+        "the replacement beats as the host's instance",
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT coalesce((SELECT metadata ? 'replaced' FROM workpump.instances
+                                  WHERE instance_id = $1), false)",
+            )
+            .bind(instance.0)
+            .fetch_one(&pool)
+            .await
+            .expect("the host's row")
+        },
+    )
+    .await;
+
+    // Beats alone keep it: 5 s is past the definitive-dead cutoff (2 s), which reaps a silent
+    // instance whether or not it holds its lock.
+    stays_registered(&pool, &host).await;
+
+    let items = (0..20).map(|n| NewWork::new("work", json!({ "n": n })));
+    host.enqueue(items.collect()).await.expect("enqueue");
+    wait_until(Duration::from_secs(15), "20 items completed", || async {
+        count_state(&pool, "completed").await == 20
+    })
+    .await;
+    assert!(
+        handled
+            .lock()
+            .expect("runs")
+            .iter()
+            .all(|(_, _, who)| *who == instance.0),
+        "every item ran as the host's one instance"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the replacement ran, once"
+    );
+    stop(&[&host, &peer]).await;
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_replaced_claim_worker_serves_the_registered_handlers_as_the_host() {
+    let (db, pool) = database().await;
+    let peer = peer(db.url()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let handled: Runs = Arc::default();
+    let host = Host::builder()
+        .config(config())
+        .database_url(db.url())
+        .handler("work", recording(&handled))
+        .claim_worker({
+            let runs = runs.clone();
+            move |ctx: &WorkerContext| {
+                let mut claim = ctx.config().claim.clone();
+                claim.drain_timeout_ms = ctx.shutdown_timeout().as_millis() as u64;
+                let liveness = ctx.liveness();
+                let worker = ClaimWorker::new(
+                    ctx.coordinator(),
+                    ctx.pg(),
+                    ctx.lease_tracker().expect("the lease slot is built first"),
+                    ctx.identity(),
+                    ctx.handlers(),
+                    claim,
+                    Registration {
+                        host: ctx.host_name().to_owned(),
+                        metadata: json!({}),
+                        stale_after: liveness.stale_after(),
+                        dead_after: liveness.dead_after(),
+                        lock_grace: liveness.lock_grace(),
+                    },
+                );
+                Replaced::new(worker, &runs)
+            }
+        })
+        .start()
+        .await
+        .expect("start");
+    wait_ready(&host).await;
+    let instance = host.instance();
+
+    let items = (0..20).map(|n| NewWork::new("work", json!({ "n": n })));
+    host.enqueue(items.collect()).await.expect("enqueue");
+    wait_until(
+        Duration::from_secs(15),
+        "the registered handler completed the 20 items",
+        || async { count_state(&pool, "completed").await == 20 },
+    )
+    .await;
+    stays_registered(&pool, &host).await;
+    // And work that arrives later, after several cutoffs, is still claimed as the host.
+    let items = (20..40).map(|n| NewWork::new("work", json!({ "n": n })));
+    host.enqueue(items.collect()).await.expect("enqueue");
+    wait_until(Duration::from_secs(15), "40 items completed", || async {
+        count_state(&pool, "completed").await == 40
+    })
+    .await;
+
+    let handled = handled.lock().expect("runs").clone();
+    assert_eq!(handled.len(), 40, "the handler ran once per item");
+    for (item, attempt, who) in &handled {
+        assert_eq!(*who, instance.0, "item {item} ran as the host's instance");
+        assert_eq!(*attempt, 1, "item {item} ran at its first attempt");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the replacement ran, once"
+    );
+    stop(&[&host, &peer]).await;
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases() {
+    let (db, pool) = database().await;
+    let peer = peer(db.url()).await;
+    // A 1.5 s lease, renewed every 500 ms; the fence fires 250 ms before the deadline.
+    let mut config = config();
+    config.lease.lease_ms = 1_500;
+    // The handler holds its item until the test lets go, and reports a cancellation.
+    let release = CancellationToken::new();
+    let started = Arc::new(AtomicU32::new(0));
+    let cancelled: Arc<Mutex<Option<CancelReason>>> = Arc::default();
+    let handler = {
+        let (release, started, cancelled) = (release.clone(), started.clone(), cancelled.clone());
+        handler_fn(move |job: Job<serde_json::Value>| {
+            let (release, started, cancelled) =
+                (release.clone(), started.clone(), cancelled.clone());
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                let token = job.cancellation_token();
+                tokio::select! {
+                    _ = release.cancelled() => Ok(()),
+                    _ = token.cancelled() => {
+                        *cancelled.lock().expect("cancelled") = job.cancel_reason();
+                        Err(JobError::retry("cancelled"))
+                    }
+                }
+            }
+        })
+    };
+    let runs = Arc::new(AtomicU32::new(0));
+    let host = Host::builder()
+        .config(config)
+        .database_url(db.url())
+        .handler("long", handler)
+        .lease_worker({
+            let runs = runs.clone();
+            move |ctx: &WorkerContext| {
+                assert!(
+                    ctx.lease_tracker().is_none(),
+                    "the lease slot supplies the tracker"
+                );
+                let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone());
+                let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
+                (Replaced::new(worker, &runs), tracker)
+            }
+        })
+        .start()
+        .await
+        .expect("start");
+    wait_ready(&host).await;
+    host.enqueue(vec![NewWork::new("long", json!({}))])
+        .await
+        .expect("enqueue");
+    wait_until(Duration::from_secs(10), "the handler runs", || async {
+        started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+
+    // Five cutoffs are more than three leases: only renewals keep the item.
+    stays_registered(&pool, &host).await;
+    let renewals: i32 = sqlx::query_scalar("SELECT renewals FROM workpump.work")
+        .fetch_one(&pool)
+        .await
+        .expect("the item's renewals");
+    assert!(renewals >= 3, "renewed {renewals} times in 5 s");
+    assert_eq!(
+        *cancelled.lock().expect("cancelled"),
+        None,
+        "the handler kept its lease"
+    );
+    release.cancel();
+    wait_until(Duration::from_secs(10), "the item completed", || async {
+        count_state(&pool, "completed").await == 1
+    })
+    .await;
+    let (attempt, claims): (i32, i64) = sqlx::query_as(
+        "SELECT (SELECT attempt FROM workpump.work),
+                (SELECT count(*) FROM audit WHERE to_state = 'running')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("attempts");
+    assert_eq!(
+        (attempt, claims),
+        (1, 1),
+        "claimed once, never reclaimed"
+    );
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the replacement ran, once"
+    );
+    stop(&[&host, &peer]).await;
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
+    let (db, pool) = database().await;
+    // The peer keeps completed items for a day: only the swapped host's sweep prunes.
+    let peer = peer(db.url()).await;
+    let mut config = config();
+    config.maintenance.completed_retention_ms = 1_000;
+    let runs = Arc::new(AtomicU32::new(0));
+    let handled: Runs = Arc::default();
+    let host = Host::builder()
+        .config(config)
+        .database_url(db.url())
+        .handler("work", recording(&handled))
+        .maintenance_worker({
+            let runs = runs.clone();
+            move |ctx: &WorkerContext| {
+                let worker =
+                    MaintenanceWorker::new(ctx.coordinator(), ctx.config().maintenance_config())
+                        .with_judge(ctx.identity());
+                Replaced::new(worker, &runs)
+            }
+        })
+        .start()
+        .await
+        .expect("start");
+    wait_ready(&host).await;
+    let items = (0..20).map(|n| NewWork::new("work", json!({ "n": n })));
+    host.enqueue(items.collect()).await.expect("enqueue");
+    wait_until(Duration::from_secs(15), "20 items completed", || async {
+        count_state(&pool, "completed").await == 20
+    })
+    .await;
+
+    stays_registered(&pool, &host).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the replacement's sweep pruned the completed items past their 1 s retention",
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM workpump.work")
+                .fetch_one(&pool)
+                .await
+                .expect("count items")
+                == 0
+        },
+    )
+    .await;
+    assert_eq!(handled.lock().expect("runs").len(), 20);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the replacement ran, once"
+    );
+    stop(&[&host, &peer]).await;
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
