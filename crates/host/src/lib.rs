@@ -40,9 +40,42 @@
 //! - the maintenance worker (`workpump-maintenance`): the backstop sweep, promotion of
 //!   scheduled work, retention, queue-depth metrics.
 //!
-//! Any of them can be replaced by your own implementation of
-//! [`Worker`](workpump_coordinator::Worker). Arrows: coordinator ← workers ← host; nothing
-//! depends on the host.
+//! # Replacing a worker
+//!
+//! Each of the four is built by a factory from one [`WorkerContext`] that the host assembles
+//! in [`start`](HostBuilder::start): the coordinator, the instance identity, the lease tracker,
+//! the liveness settings, the host name, the registered handlers, the configuration. The
+//! built-in workers are the default factories; [`HostBuilder::claim_worker`],
+//! [`heartbeat_worker`](HostBuilder::heartbeat_worker),
+//! [`lease_worker`](HostBuilder::lease_worker) and
+//! [`maintenance_worker`](HostBuilder::maintenance_worker) put yours in their place, built from
+//! the same context, so it runs as the host's instance beside the others:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use workpump_heartbeat_worker::HeartbeatWorker;
+//! use workpump_host::{Host, Worker};
+//!
+//! let builder = Host::builder().heartbeat_worker(|ctx| {
+//!     // Beat for the host's identity with its cutoffs; any other id lets peers reap the host.
+//!     Arc::new(HeartbeatWorker::new(
+//!         ctx.coordinator(),
+//!         ctx.identity(),
+//!         ctx.liveness().clone(),
+//!         ctx.host_name().to_owned(),
+//!         serde_json::json!({ "role": "api" }),
+//!     )) as Arc<dyn Worker>
+//! });
+//! ```
+//!
+//! Your worker implements [`Worker`](workpump_coordinator::Worker); wrapping a built-in one
+//! (to count, log or gate its runs) works the same way. Before the factories, these methods
+//! took an already-built `Arc<dyn Worker>`: `.maintenance_worker(w)` becomes
+//! `.maintenance_worker(move |_ctx| w)`, and `.lease_worker(w, t)` becomes
+//! `.lease_worker(move |_ctx| (w, t))`; a heartbeat or claim worker should instead be built
+//! inside the factory from the context (each method's docs show how).
+//!
+//! Arrows: coordinator ← workers ← host; nothing depends on the host.
 
 mod config;
 mod context;
@@ -58,8 +91,8 @@ pub use host::{Host, HostBuilder, HostHandle};
 pub use supervise::{GaveUp, SupervisionConfig};
 
 pub use workpump_claim_worker::{
-    handler_fn, Backoff, ClaimConfig, Handler, Handlers, Job, JobError, JobResult,
-    JobTransaction, QueueSettings,
+    handler_fn, Backoff, ClaimConfig, Handler, Handlers, Job, JobError, JobResult, JobTransaction,
+    QueueSettings,
 };
 pub use workpump_coordinator::{
     self as coordinator, CancelReason, Fence, InstanceId, NewWork, PgCoordinator, Schedule,

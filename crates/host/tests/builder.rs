@@ -1,5 +1,6 @@
-//! The builder resolves queue settings at start, refuses duplicate handlers, and `ready()`
-//! resolves once the host is ready. On the in-memory store: no database needed.
+//! The builder resolves queue settings at start, refuses duplicate handlers, hands every
+//! worker factory one context, and `ready()` resolves once the host is ready. On the
+//! in-memory store: no database needed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,4 +81,171 @@ async fn ready_resolves_once_the_host_is_ready_and_the_host_stays_live() {
         .expect("clean stop");
     let err = host.ready().await.unwrap_err();
     assert!(err.to_string().contains("stopped"), "{err}");
+}
+
+/// A worker that only waits for shutdown, under a slot's name.
+struct Idle(&'static str);
+
+#[async_trait::async_trait]
+impl workpump_host::Worker for Idle {
+    fn name(&self) -> &str {
+        self.0
+    }
+
+    async fn run(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Result<(), workpump_coordinator::WorkerError> {
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+/// What one factory saw in its context.
+#[derive(Debug)]
+struct Seen {
+    slot: &'static str,
+    instance: workpump_host::InstanceId,
+    /// The lease tracker's address, if it had one.
+    tracker: Option<usize>,
+    queues: Vec<(String, usize)>,
+    liveness: workpump_host::HeartbeatConfig,
+    host_name: String,
+    shutdown_timeout: Duration,
+}
+
+/// An `Arc`'s address, to tell whether two are the same allocation.
+fn address<T: ?Sized>(arc: &Arc<T>) -> usize {
+    Arc::as_ptr(arc).cast::<()>() as usize
+}
+
+fn seen(slot: &'static str, ctx: &workpump_host::WorkerContext) -> Seen {
+    Seen {
+        slot,
+        instance: ctx.identity().current(),
+        tracker: ctx.lease_tracker().map(|t| address(&t)),
+        queues: ctx
+            .handlers()
+            .queues()
+            .map(|(q, s)| (q.to_owned(), s.concurrency))
+            .collect(),
+        liveness: ctx.liveness().clone(),
+        host_name: ctx.host_name().to_owned(),
+        shutdown_timeout: ctx.shutdown_timeout(),
+    }
+}
+
+#[tokio::test]
+async fn every_factory_is_handed_one_context_and_the_lease_slot_supplies_its_tracker() {
+    use std::sync::Mutex;
+    use workpump_host::{coordinator::LeaseTracker, Worker, WorkerContext};
+
+    let seen_by: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let lease_tracker: Arc<Mutex<Option<usize>>> = Arc::default();
+    let record = |slot: &'static str| {
+        let seen_by = seen_by.clone();
+        move |ctx: &WorkerContext| {
+            seen_by.lock().expect("seen").push(seen(slot, ctx));
+            Arc::new(Idle(slot)) as Arc<dyn Worker>
+        }
+    };
+    let mut config = workpump_host::HostConfig {
+        host_name: Some("swap-test".into()),
+        shutdown_timeout_ms: 1_234,
+        ..workpump_host::HostConfig::default()
+    };
+    config.heartbeat.stale_after_ms = 21_000;
+    config.queues.insert(
+        "q".into(),
+        QueueConfig {
+            concurrency: Some(3),
+            ..QueueConfig::default()
+        },
+    );
+    let host = Host::builder()
+        .coordinator(Arc::new(FakeCoordinator::new()))
+        .config(config.clone())
+        .handler("q", noop())
+        .claim_worker(record("claim"))
+        .heartbeat_worker(record("heartbeat"))
+        .maintenance_worker(record("maintenance"))
+        .lease_worker({
+            let (seen_by, lease_tracker) = (seen_by.clone(), lease_tracker.clone());
+            move |ctx: &WorkerContext| {
+                seen_by.lock().expect("seen").push(seen("lease", ctx));
+                let worker = workpump_lease_renewal::LeaseRenewalWorker::new(
+                    ctx.coordinator(),
+                    ctx.config().lease.clone(),
+                );
+                let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
+                *lease_tracker.lock().expect("tracker") = Some(address(&tracker));
+                (Arc::new(worker) as Arc<dyn Worker>, tracker)
+            }
+        })
+        .start()
+        .await
+        .expect("start");
+
+    let seen_by = std::mem::take(&mut *seen_by.lock().expect("seen"));
+    let slots: Vec<&str> = seen_by.iter().map(|s| s.slot).collect();
+    assert_eq!(slots.len(), 4, "each factory was called once: {slots:?}");
+    assert_eq!(
+        slots[0], "lease",
+        "the lease slot first: it supplies the tracker"
+    );
+    let tracker = lease_tracker.lock().expect("tracker").expect("a tracker");
+    for s in &seen_by {
+        assert_eq!(
+            s.instance,
+            host.instance(),
+            "{}: the host's identity",
+            s.slot
+        );
+        let expected_tracker = if s.slot == "lease" {
+            None
+        } else {
+            Some(tracker)
+        };
+        assert_eq!(
+            s.tracker, expected_tracker,
+            "{}: the lease slot's tracker",
+            s.slot
+        );
+        assert_eq!(
+            s.queues,
+            vec![("q".to_owned(), 3)],
+            "{}: the handlers",
+            s.slot
+        );
+        assert_eq!(
+            s.liveness, config.heartbeat,
+            "{}: the liveness settings",
+            s.slot
+        );
+        assert_eq!(s.host_name, "swap-test", "{}", s.slot);
+        assert_eq!(
+            s.shutdown_timeout,
+            Duration::from_millis(1_234),
+            "{}",
+            s.slot
+        );
+    }
+    tokio::time::timeout(Duration::from_secs(10), host.ready())
+        .await
+        .expect("ready in time")
+        .expect("ready");
+    let mut running: Vec<String> = host
+        .health()
+        .workers
+        .iter()
+        .filter(|w| w.running)
+        .map(|w| w.name.clone())
+        .collect();
+    running.sort();
+    assert_eq!(running, ["claim", "heartbeat", "lease-renewal", "maintenance"]);
+    host.shutdown();
+    tokio::time::timeout(Duration::from_secs(10), host.stopped())
+        .await
+        .expect("stopped in time")
+        .expect("clean stop");
 }

@@ -217,11 +217,7 @@ async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() 
             .all(|(_, _, who)| *who == instance.0),
         "every item ran as the host's one instance"
     );
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "the replacement ran, once"
-    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the replacement ran, once");
     stop(&[&host, &peer]).await;
     pool.close().await;
     db.drop_database().await.expect("drop");
@@ -290,11 +286,7 @@ async fn a_replaced_claim_worker_serves_the_registered_handlers_as_the_host() {
         assert_eq!(*who, instance.0, "item {item} ran as the host's instance");
         assert_eq!(*attempt, 1, "item {item} ran at its first attempt");
     }
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "the replacement ran, once"
-    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the replacement ran, once");
     stop(&[&host, &peer]).await;
     pool.close().await;
     db.drop_database().await.expect("drop");
@@ -382,17 +374,9 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
     .fetch_one(&pool)
     .await
     .expect("attempts");
-    assert_eq!(
-        (attempt, claims),
-        (1, 1),
-        "claimed once, never reclaimed"
-    );
+    assert_eq!((attempt, claims), (1, 1), "claimed once, never reclaimed");
     assert_eq!(started.load(Ordering::SeqCst), 1);
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "the replacement ran, once"
-    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the replacement ran, once");
     stop(&[&host, &peer]).await;
     pool.close().await;
     db.drop_database().await.expect("drop");
@@ -445,11 +429,7 @@ async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
     )
     .await;
     assert_eq!(handled.lock().expect("runs").len(), 20);
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "the replacement ran, once"
-    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the replacement ran, once");
     stop(&[&host, &peer]).await;
     pool.close().await;
     db.drop_database().await.expect("drop");
