@@ -242,7 +242,10 @@ async fn every_factory_is_handed_one_context_and_the_lease_slot_supplies_its_tra
         .map(|w| w.name.clone())
         .collect();
     running.sort();
-    assert_eq!(running, ["claim", "heartbeat", "lease-renewal", "maintenance"]);
+    assert_eq!(
+        running,
+        ["claim", "heartbeat", "lease-renewal", "maintenance"]
+    );
     host.shutdown();
     tokio::time::timeout(Duration::from_secs(10), host.stopped())
         .await

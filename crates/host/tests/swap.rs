@@ -55,7 +55,7 @@ struct Replaced {
 }
 
 impl Replaced {
-    fn new(inner: impl Worker, runs: &Arc<AtomicU32>) -> Arc<dyn Worker> {
+    fn wrap(inner: impl Worker, runs: &Arc<AtomicU32>) -> Arc<dyn Worker> {
         Arc::new(Replaced {
             inner: Arc::new(inner),
             runs: runs.clone(),
@@ -175,7 +175,7 @@ async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() 
                     ctx.host_name().to_owned(),
                     json!({ "replaced": true }),
                 );
-                Replaced::new(worker, &runs)
+                Replaced::wrap(worker, &runs)
             }
         })
         .start()
@@ -254,7 +254,7 @@ async fn a_replaced_claim_worker_serves_the_registered_handlers_as_the_host() {
                         lock_grace: liveness.lock_grace(),
                     },
                 );
-                Replaced::new(worker, &runs)
+                Replaced::wrap(worker, &runs)
             }
         })
         .start()
@@ -335,7 +335,7 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
                 );
                 let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone());
                 let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
-                (Replaced::new(worker, &runs), tracker)
+                (Replaced::wrap(worker, &runs), tracker)
             }
         })
         .start()
@@ -401,7 +401,7 @@ async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
                 let worker =
                     MaintenanceWorker::new(ctx.coordinator(), ctx.config().maintenance_config())
                         .with_judge(ctx.identity());
-                Replaced::new(worker, &runs)
+                Replaced::wrap(worker, &runs)
             }
         })
         .start()
