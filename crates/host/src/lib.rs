@@ -68,9 +68,9 @@
 //! });
 //! ```
 //!
-//! Your worker implements [`Worker`](workpump_coordinator::Worker); wrapping a built-in one
-//! (to count, log or gate its runs) works the same way. Before the factories, these methods
-//! took an already-built `Arc<dyn Worker>`: `.maintenance_worker(w)` becomes
+//! Your worker implements [`Worker`]; wrapping a built-in one (to count, log or gate its
+//! runs) works the same way. Before the factories, these methods took an already-built
+//! `Arc<dyn Worker>`: `.maintenance_worker(w)` becomes
 //! `.maintenance_worker(move |_ctx| w)`, and `.lease_worker(w, t)` becomes
 //! `.lease_worker(move |_ctx| (w, t))`; a heartbeat or claim worker should instead be built
 //! inside the factory from the context (each method's docs show how).
