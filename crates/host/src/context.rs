@@ -16,20 +16,37 @@
 //! the worker and the tracker, and the context every later factory sees carries that tracker
 //! (the lease factory's own context has none yet).
 //!
+//! What a worker hands back goes through the same context: a factory reports the status
+//! channels behind [`HostHandle::health`](crate::HostHandle::health) and readiness
+//! ([`report_heartbeat_status`](WorkerContext::report_heartbeat_status),
+//! [`report_claim_status`](WorkerContext::report_claim_status),
+//! [`report_maintenance_status`](WorkerContext::report_maintenance_status)) and the claim
+//! worker's wake for local enqueues ([`report_wake`](WorkerContext::report_wake)). The default
+//! factories report through these very methods, and the host reads nothing else: a
+//! replacement that reports is judged and woken exactly like the built-in worker. One that
+//! reports nothing is judged only by whether it runs: health cannot see inside it, so an
+//! unreported part counts as fine for readiness (`heartbeat_fresh` and the claim registration
+//! are taken as true) and as not known to be held or healthy in the fields that say so
+//! (`alive_lock_held`, `listener_healthy` false, no NOTIFY queue sample); local enqueues then
+//! reach a replaced claim worker only through NOTIFY or its poll. Refusing readiness instead
+//! would keep a service whose replacement simply does not report out of rotation forever.
+//!
+//! The claim slot's two derived settings come from here too, so a hand-built claim worker and
+//! the default cannot drift: [`registration`](WorkerContext::registration) (host name, pid,
+//! the liveness cutoffs) and [`claim_config`](WorkerContext::claim_config) (`[claim]` with the
+//! host's drain timeout).
+//!
 //! The type lives in the host crate, not in the coordinator crate beside `Worker`, because it
 //! carries the claim worker's [`Handlers`] and the [`HostConfig`]; worker crates never see it
 //! (arrows stay coordinator ← workers ← host): a factory unpacks it into a worker's own
-//! constructor. What the host reads back from a worker — the status channels behind
-//! [`HostHandle::health`](crate::HostHandle::health) and the claim worker's waker for local
-//! enqueues — it takes from its default factories only; a replacement reports none of it
-//! (health counts its parts as fine, and local enqueues reach it through NOTIFY or its poll).
+//! constructor.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::json;
 use tokio::sync::watch;
-use workpump_claim_worker::{ClaimStatus, ClaimWorker, Handlers, Registration, Waker};
+use workpump_claim_worker::{ClaimConfig, ClaimStatus, ClaimWorker, Handlers, Registration};
 use workpump_coordinator::{Identity, LeaseTracker, PgCoordinator, WorkCoordinator, Worker};
 use workpump_heartbeat_worker::{HeartbeatConfig, HeartbeatStatus, HeartbeatWorker};
 use workpump_lease_renewal::LeaseRenewalWorker;
@@ -51,6 +68,8 @@ pub struct WorkerContext {
     host_name: String,
     handlers: Handlers,
     config: HostConfig,
+    /// What the factories reported; the host takes it once every slot is built.
+    reports: Mutex<Reports>,
 }
 
 impl WorkerContext {
@@ -70,6 +89,7 @@ impl WorkerContext {
             host_name,
             handlers,
             config,
+            reports: Mutex::default(),
         }
     }
 
@@ -133,42 +153,99 @@ impl WorkerContext {
         &self.config
     }
 
+    /// The claim slot's registration (its first heartbeat, before the first claim): the host
+    /// name, `{"pid": <this process>}` as metadata, and the liveness cutoffs of
+    /// [`liveness`](Self::liveness). The default claim factory uses exactly this; a claim
+    /// worker of your own should too (change `metadata` if you like, not the cutoffs).
+    pub fn registration(&self) -> Registration {
+        let liveness = self.liveness();
+        Registration {
+            host: self.host_name.clone(),
+            metadata: json!({ "pid": std::process::id() }),
+            stale_after: liveness.stale_after(),
+            dead_after: liveness.dead_after(),
+            lock_grace: liveness.lock_grace(),
+        }
+    }
+
+    /// The claim worker's configuration: `[claim]` with its drain timeout set to the host's
+    /// [`shutdown_timeout`](Self::shutdown_timeout), as the default claim factory builds it.
+    pub fn claim_config(&self) -> ClaimConfig {
+        ClaimConfig {
+            drain_timeout_ms: self.config.shutdown_timeout_ms,
+            ..self.config.claim.clone()
+        }
+    }
+
+    /// Hands the host the heartbeat worker's status: [`Health::heartbeat_fresh`],
+    /// [`Health::alive_lock_held`] and readiness follow it (readiness waits while it says the
+    /// last beat is missing or old). Unreported, the heartbeat counts as fresh and the lock
+    /// as not held. A later report replaces an earlier one.
+    ///
+    /// [`Health::heartbeat_fresh`]: crate::Health::heartbeat_fresh
+    /// [`Health::alive_lock_held`]: crate::Health::alive_lock_held
+    pub fn report_heartbeat_status(&self, status: watch::Receiver<HeartbeatStatus>) {
+        self.reports().heartbeat_status = Some(status);
+    }
+
+    /// Hands the host the claim worker's status: readiness waits for its registration, and
+    /// [`Health::listener_healthy`](crate::Health::listener_healthy) follows its gate.
+    /// Report it only from a worker that claims (the built-in one does not report when it
+    /// is switched off or has no handlers: there is nothing to register). Unreported, the
+    /// registration counts as done and the listener as not healthy.
+    pub fn report_claim_status(&self, status: watch::Receiver<ClaimStatus>) {
+        self.reports().claim_status = Some(status);
+    }
+
+    /// Hands the host what wakes the claim loop of a queue at once:
+    /// [`HostHandle::enqueue`](crate::HostHandle::enqueue) calls it with each queue it
+    /// enqueued into. For a [`ClaimWorker`], `let w = worker.waker(); ctx.report_wake(move
+    /// |queue| w.wake(queue))`. Unreported, local enqueues reach the claim worker only
+    /// through NOTIFY or its next poll.
+    pub fn report_wake(&self, wake: impl Fn(&str) + Send + Sync + 'static) {
+        self.reports().wake = Some(Arc::new(wake));
+    }
+
+    /// Hands the host the maintenance worker's status:
+    /// [`Health::notification_queue_usage`](crate::Health::notification_queue_usage) follows
+    /// it (`None` when unreported).
+    pub fn report_maintenance_status(&self, status: watch::Receiver<MaintenanceStatus>) {
+        self.reports().maintenance_status = Some(status);
+    }
+
+    /// What the factories reported, once every slot is built.
+    pub(crate) fn into_reports(self) -> Reports {
+        self.reports
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn reports(&self) -> std::sync::MutexGuard<'_, Reports> {
+        self.reports.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub(crate) fn set_lease_tracker(&mut self, tracker: Arc<dyn LeaseTracker>) {
         self.lease_tracker = Some(tracker);
     }
 }
 
 /// A worker factory for the claim, heartbeat or maintenance slot, as the host keeps it.
-pub(crate) type Factory = Box<dyn FnOnce(&WorkerContext) -> Built + Send>;
+pub(crate) type Factory = Box<dyn FnOnce(&WorkerContext) -> Arc<dyn Worker> + Send>;
 
 /// A factory for the lease slot: the worker and the tracker it keeps leases for.
 pub(crate) type LeaseFactory =
     Box<dyn FnOnce(&WorkerContext) -> (Arc<dyn Worker>, Arc<dyn LeaseTracker>) + Send>;
 
-/// A built worker, with what the host reads back from it (only its own built-in workers
-/// report anything).
-pub(crate) struct Built {
-    pub(crate) worker: Arc<dyn Worker>,
-    pub(crate) reports: Reports,
-}
+/// What wakes a queue's claim loop ([`WorkerContext::report_wake`]).
+pub(crate) type Wake = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// What the host reads from its built-in workers: status for health, the claim waker.
+/// What the workers reported through the context (`None`: nothing reported).
 #[derive(Default)]
 pub(crate) struct Reports {
     pub(crate) claim_status: Option<watch::Receiver<ClaimStatus>>,
-    pub(crate) waker: Option<Waker>,
+    pub(crate) wake: Option<Wake>,
     pub(crate) heartbeat_status: Option<watch::Receiver<HeartbeatStatus>>,
     pub(crate) maintenance_status: Option<watch::Receiver<MaintenanceStatus>>,
-}
-
-impl Built {
-    /// A user's worker: it reports nothing to the host.
-    pub(crate) fn replacement(worker: Arc<dyn Worker>) -> Self {
-        Built {
-            worker,
-            reports: Reports::default(),
-        }
-    }
 }
 
 /// The lease slot's default: the lease-renewal worker and its tracker.
@@ -179,10 +256,7 @@ pub(crate) fn default_lease(ctx: &WorkerContext) -> (Arc<dyn Worker>, Arc<dyn Le
 }
 
 /// The claim slot's default: the claim worker for the registered handlers.
-pub(crate) fn default_claim(ctx: &WorkerContext) -> Built {
-    let mut config = ctx.config().claim.clone();
-    config.drain_timeout_ms = ctx.config().shutdown_timeout_ms;
-    let liveness = ctx.liveness();
+pub(crate) fn default_claim(ctx: &WorkerContext) -> Arc<dyn Worker> {
     let Some(tracker) = ctx.lease_tracker() else {
         unreachable!("the host builds the lease slot before the claim slot");
     };
@@ -192,30 +266,21 @@ pub(crate) fn default_claim(ctx: &WorkerContext) -> Built {
         tracker,
         ctx.identity(),
         ctx.handlers(),
-        config,
-        Registration {
-            host: ctx.host_name().to_owned(),
-            metadata: json!({ "pid": std::process::id() }),
-            stale_after: liveness.stale_after(),
-            dead_after: liveness.dead_after(),
-            lock_grace: liveness.lock_grace(),
-        },
+        ctx.claim_config(),
+        ctx.registration(),
     );
     // A claim worker that does not claim (switched off, or no handlers) never registers:
     // readiness does not wait for it.
-    let reports = Reports {
-        claim_status: worker.claims().then(|| worker.status()),
-        waker: Some(worker.waker()),
-        ..Reports::default()
-    };
-    Built {
-        worker: Arc::new(worker),
-        reports,
+    if worker.claims() {
+        ctx.report_claim_status(worker.status());
     }
+    let waker = worker.waker();
+    ctx.report_wake(move |queue| waker.wake(queue));
+    Arc::new(worker)
 }
 
 /// The heartbeat slot's default: beats for the host's identity with the host's cutoffs.
-pub(crate) fn default_heartbeat(ctx: &WorkerContext) -> Built {
+pub(crate) fn default_heartbeat(ctx: &WorkerContext) -> Arc<dyn Worker> {
     let worker = HeartbeatWorker::new(
         ctx.coordinator(),
         ctx.identity(),
@@ -223,27 +288,15 @@ pub(crate) fn default_heartbeat(ctx: &WorkerContext) -> Built {
         ctx.host_name().to_owned(),
         json!({}),
     );
-    let reports = Reports {
-        heartbeat_status: Some(worker.subscribe_status()),
-        ..Reports::default()
-    };
-    Built {
-        worker: Arc::new(worker),
-        reports,
-    }
+    ctx.report_heartbeat_status(worker.subscribe_status());
+    Arc::new(worker)
 }
 
 /// The maintenance slot's default: it sweeps as this instance, never reaping it, and judging
 /// only on what this instance could see while connected.
-pub(crate) fn default_maintenance(ctx: &WorkerContext) -> Built {
+pub(crate) fn default_maintenance(ctx: &WorkerContext) -> Arc<dyn Worker> {
     let worker = MaintenanceWorker::new(ctx.coordinator(), ctx.config().maintenance_config())
         .with_judge(ctx.identity());
-    let reports = Reports {
-        maintenance_status: Some(worker.subscribe_status()),
-        ..Reports::default()
-    };
-    Built {
-        worker: Arc::new(worker),
-        reports,
-    }
+    ctx.report_maintenance_status(worker.subscribe_status());
+    Arc::new(worker)
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use workpump_claim_worker::{ClaimStatus, Gate, Handler, Handlers, QueueSettings, Waker};
+use workpump_claim_worker::{ClaimStatus, Gate, Handler, Handlers, QueueSettings};
 use workpump_coordinator::{
     DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome, EnqueueWorkParams, Identity,
     InstanceId, LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams, WorkCoordinator, Worker,
@@ -18,8 +18,8 @@ use workpump_maintenance::MaintenanceStatus;
 
 use crate::config::HostConfig;
 use crate::context::{
-    default_claim, default_heartbeat, default_lease, default_maintenance, Built, Factory,
-    LeaseFactory, WorkerContext,
+    default_claim, default_heartbeat, default_lease, default_maintenance, Factory, LeaseFactory,
+    Wake, WorkerContext,
 };
 use crate::supervise::{supervise, GaveUp};
 use crate::{metrics, HostError};
@@ -132,39 +132,40 @@ impl HostBuilder {
     /// Fills the claim slot with your own worker: `factory` is called once, in
     /// [`start`](Self::start), with the [`WorkerContext`] every worker is built from. Serve
     /// [`WorkerContext::handlers`] (the ones registered with [`handler`](Self::handler)),
-    /// register leases with [`WorkerContext::lease_tracker`] and claim as
-    /// [`WorkerContext::identity`].
+    /// register leases with [`WorkerContext::lease_tracker`], claim as
+    /// [`WorkerContext::identity`], and register with [`WorkerContext::registration`] and
+    /// [`WorkerContext::claim_config`] (what the default factory uses, so the liveness cutoffs
+    /// and the drain timeout cannot drift from the host's).
+    ///
+    /// Report back as the default factory does: its status
+    /// ([`WorkerContext::report_claim_status`]: readiness waits for the registration) and its
+    /// wake ([`WorkerContext::report_wake`]: [`HostHandle::enqueue`] then wakes it at once).
+    /// A claim worker that reports neither is judged only by whether it runs, and local
+    /// enqueues reach it through NOTIFY or its poll.
     ///
     /// ```no_run
     /// use std::sync::Arc;
-    /// use workpump_claim_worker::{ClaimWorker, Registration};
+    /// use workpump_claim_worker::ClaimWorker;
     /// use workpump_host::{Host, Worker};
     ///
     /// let builder = Host::builder().claim_worker(|ctx| {
-    ///     let mut config = ctx.config().claim.clone();
-    ///     config.drain_timeout_ms = ctx.config().shutdown_timeout_ms;
-    ///     let liveness = ctx.liveness();
     ///     let worker = ClaimWorker::new(
     ///         ctx.coordinator(),
     ///         ctx.pg(),
     ///         ctx.lease_tracker().expect("the lease slot is built first"),
     ///         ctx.identity(),
     ///         ctx.handlers(),
-    ///         config,
-    ///         Registration {
-    ///             host: ctx.host_name().to_owned(),
-    ///             metadata: serde_json::json!({}),
-    ///             stale_after: liveness.stale_after(),
-    ///             dead_after: liveness.dead_after(),
-    ///             lock_grace: liveness.lock_grace(),
-    ///         },
+    ///         ctx.claim_config(),
+    ///         ctx.registration(),
     ///     );
+    ///     if worker.claims() {
+    ///         ctx.report_claim_status(worker.status());
+    ///     }
+    ///     let waker = worker.waker();
+    ///     ctx.report_wake(move |queue| waker.wake(queue));
     ///     Arc::new(worker) as Arc<dyn Worker>
     /// });
     /// ```
-    ///
-    /// A replaced claim worker reports no status to [`HostHandle::health`] and is not woken by
-    /// [`HostHandle::enqueue`] directly (NOTIFY and its polling still reach it).
     ///
     /// **Migrating from 0.x before the factories** (`claim_worker(worker)` took a built
     /// `Arc<dyn Worker>`): pass `move |_ctx| worker`, or better, build the worker inside the
@@ -173,7 +174,7 @@ impl HostBuilder {
         mut self,
         factory: impl FnOnce(&WorkerContext) -> Arc<dyn Worker> + Send + 'static,
     ) -> Self {
-        self.claim = Some(Box::new(move |ctx| Built::replacement(factory(ctx))));
+        self.claim = Some(Box::new(factory));
         self
     }
 
@@ -182,24 +183,28 @@ impl HostBuilder {
     /// [`WorkerContext::identity`] with the cutoffs of [`WorkerContext::liveness`]: a heartbeat
     /// under any other id leaves the host's instance unbeaten, and its peers reap it as stale.
     ///
+    /// Report its status with [`WorkerContext::report_heartbeat_status`], as the default
+    /// factory does: [`Health::heartbeat_fresh`], [`Health::alive_lock_held`](crate::Health)
+    /// and readiness then follow it. Unreported, health cannot see it: the beat counts as
+    /// fresh (readiness does not wait for it) and the alive-lock as not held.
+    ///
     /// ```no_run
     /// use std::sync::Arc;
     /// use workpump_heartbeat_worker::HeartbeatWorker;
     /// use workpump_host::{Host, Worker};
     ///
     /// let builder = Host::builder().heartbeat_worker(|ctx| {
-    ///     Arc::new(HeartbeatWorker::new(
+    ///     let worker = HeartbeatWorker::new(
     ///         ctx.coordinator(),
     ///         ctx.identity(),
     ///         ctx.liveness().clone(),
     ///         ctx.host_name().to_owned(),
     ///         serde_json::json!({ "role": "api" }),
-    ///     )) as Arc<dyn Worker>
+    ///     );
+    ///     ctx.report_heartbeat_status(worker.subscribe_status());
+    ///     Arc::new(worker) as Arc<dyn Worker>
     /// });
     /// ```
-    ///
-    /// A replaced heartbeat worker reports no status: [`Health::heartbeat_fresh`] and
-    /// [`Health::alive_lock_held`](crate::Health) then say nothing about it.
     ///
     /// **Migrating** from `heartbeat_worker(worker)`: build the worker inside the factory with
     /// `ctx.identity()` instead of your own `Identity`.
@@ -209,7 +214,7 @@ impl HostBuilder {
         mut self,
         factory: impl FnOnce(&WorkerContext) -> Arc<dyn Worker> + Send + 'static,
     ) -> Self {
-        self.heartbeat = Some(Box::new(move |ctx| Built::replacement(factory(ctx))));
+        self.heartbeat = Some(Box::new(factory));
         self
     }
 
@@ -256,9 +261,14 @@ impl HostBuilder {
     /// let builder = Host::builder().maintenance_worker(|ctx| {
     ///     let worker = MaintenanceWorker::new(ctx.coordinator(), ctx.config().maintenance_config())
     ///         .with_judge(ctx.identity());
+    ///     ctx.report_maintenance_status(worker.subscribe_status());
     ///     Arc::new(worker) as Arc<dyn Worker>
     /// });
     /// ```
+    ///
+    /// Its reported status ([`WorkerContext::report_maintenance_status`]) feeds
+    /// [`Health::notification_queue_usage`](crate::Health::notification_queue_usage); unreported,
+    /// that stays `None`.
     ///
     /// **Migrating** from `maintenance_worker(worker)`: pass `move |_ctx| worker`, or build it
     /// inside the factory to judge as the host.
@@ -266,7 +276,7 @@ impl HostBuilder {
         mut self,
         factory: impl FnOnce(&WorkerContext) -> Arc<dyn Worker> + Send + 'static,
     ) -> Self {
-        self.maintenance = Some(Box::new(move |ctx| Built::replacement(factory(ctx))));
+        self.maintenance = Some(Box::new(factory));
         self
     }
 
@@ -412,7 +422,14 @@ async fn start(
     let claim = claim.unwrap_or_else(|| Box::new(default_claim))(&ctx);
     let heartbeat = heartbeat.unwrap_or_else(|| Box::new(default_heartbeat))(&ctx);
     let maintenance = maintenance.unwrap_or_else(|| Box::new(default_maintenance))(&ctx);
-    drop(ctx);
+    // What health and enqueue read: only what the factories reported, defaults included.
+    let reports = ctx.into_reports();
+    if reports.heartbeat_status.is_none() {
+        tracing::info!(
+            "the heartbeat worker reports no status: health counts its beat as fresh and \
+             judges it only by whether it runs (WorkerContext::report_heartbeat_status)"
+        );
+    }
 
     let shutdown = CancellationToken::new();
     let (schema_ready_tx, schema_ready) = watch::channel(false);
@@ -421,13 +438,13 @@ async fn start(
         coordinator: coordinator.clone(),
         pg: pg.clone(),
         identity: identity.clone(),
-        waker: claim.reports.waker,
+        wake: reports.wake,
         shutdown: shutdown.clone(),
         done,
         schema_ready,
-        heartbeat_status: heartbeat.reports.heartbeat_status,
-        claim_status: claim.reports.claim_status,
-        maintenance_status: maintenance.reports.maintenance_status,
+        heartbeat_status: reports.heartbeat_status,
+        claim_status: reports.claim_status,
+        maintenance_status: reports.maintenance_status,
         heartbeat_config,
         workers: Default::default(),
     });
@@ -438,10 +455,10 @@ async fn start(
     let rest_token = CancellationToken::new();
     let mut workers = Vec::new();
     for (worker, token) in [
-        (claim.worker, claim_token.clone()),
+        (claim, claim_token.clone()),
         (lease_worker, rest_token.clone()),
-        (heartbeat.worker, rest_token.clone()),
-        (maintenance.worker, rest_token.clone()),
+        (heartbeat, rest_token.clone()),
+        (maintenance, rest_token.clone()),
     ] {
         let (running_tx, running_rx) = watch::channel(false);
         inner
@@ -613,7 +630,8 @@ struct Inner {
     coordinator: Arc<dyn WorkCoordinator>,
     pg: Option<PgCoordinator>,
     identity: Identity,
-    waker: Option<Waker>,
+    /// Wakes the claim loops for local enqueues, when the claim slot reported it.
+    wake: Option<Wake>,
     shutdown: CancellationToken,
     done: watch::Receiver<Option<Result<(), String>>>,
     schema_ready: watch::Receiver<bool>,
@@ -685,9 +703,9 @@ impl HostHandle {
             .coordinator
             .enqueue_work(EnqueueWorkParams { items })
             .await?;
-        if let Some(w) = &self.inner.waker {
+        if let Some(wake) = &self.inner.wake {
             for q in &queues {
-                w.wake(q);
+                wake(q);
             }
         }
         Ok(out)

@@ -58,15 +58,31 @@
 //!
 //! let builder = Host::builder().heartbeat_worker(|ctx| {
 //!     // Beat for the host's identity with its cutoffs; any other id lets peers reap the host.
-//!     Arc::new(HeartbeatWorker::new(
+//!     let worker = HeartbeatWorker::new(
 //!         ctx.coordinator(),
 //!         ctx.identity(),
 //!         ctx.liveness().clone(),
 //!         ctx.host_name().to_owned(),
 //!         serde_json::json!({ "role": "api" }),
-//!     )) as Arc<dyn Worker>
+//!     );
+//!     // Health and readiness follow what the worker reports.
+//!     ctx.report_heartbeat_status(worker.subscribe_status());
+//!     Arc::new(worker) as Arc<dyn Worker>
 //! });
 //! ```
+//!
+//! What the host reads back from its workers also goes through the context, for the built-in
+//! workers and yours alike: the status behind [`HostHandle::health`] and readiness
+//! ([`WorkerContext::report_heartbeat_status`], [`report_claim_status`](WorkerContext::report_claim_status),
+//! [`report_maintenance_status`](WorkerContext::report_maintenance_status)) and what wakes
+//! the claim loops on a local enqueue ([`WorkerContext::report_wake`]). A replacement that
+//! reports nothing is judged only by whether it runs: its unreported part counts as fine for
+//! readiness (the beat as fresh, the claim registration as done) and as not known in the
+//! fields that claim something positive ([`Health::alive_lock_held`] and
+//! [`Health::listener_healthy`] false, no NOTIFY queue sample); a claim worker that reports
+//! no wake is reached by local enqueues only through NOTIFY or its poll. A claim worker of
+//! your own takes its registration and configuration from
+//! [`WorkerContext::registration`] and [`WorkerContext::claim_config`], as the default does.
 //!
 //! Your worker implements [`Worker`]; wrapping a built-in one (to count, log or gate its
 //! runs) works the same way. Before the factories, these methods took an already-built
@@ -144,18 +160,22 @@ pub struct Health {
     /// Ready for work: schema migrated, instance registered for claiming (only a host that
     /// claims: one with claiming switched off or without handlers — enqueue-only,
     /// maintenance-only — has nothing to register), heartbeat fresh, every worker running, not
-    /// draining.
+    /// draining. A part whose worker reports no status (a replacement that does not report
+    /// through its [`WorkerContext`]) counts as fine: readiness then only sees it running.
     pub ready: bool,
     /// Alive: no worker has given up (a worker restarting after a failure is still alive).
     pub live: bool,
     /// The schema is migrated and the queues registered.
     pub schema_ready: bool,
-    /// The last heartbeat is recent enough for its cadence.
+    /// The last heartbeat is recent enough for its cadence. True when the heartbeat slot
+    /// reports no status (a replacement that does not call
+    /// [`WorkerContext::report_heartbeat_status`]): health cannot judge it, and counts it as
+    /// fresh.
     pub heartbeat_fresh: bool,
-    /// The alive-lock is held.
+    /// The alive-lock is held (false when the heartbeat slot reports no status).
     pub alive_lock_held: bool,
     /// LISTEN/NOTIFY delivers wake signals (false for a host that does not claim: it does not
-    /// listen).
+    /// listen; false too when the claim slot reports no status).
     pub listener_healthy: bool,
     /// The server's NOTIFY queue usage, 0 to 1, as the maintenance sweep last sampled it
     /// (`None` before the first sample, or with sampling off). Server-wide, not this

@@ -112,6 +112,10 @@ struct Seen {
     liveness: workpump_host::HeartbeatConfig,
     host_name: String,
     shutdown_timeout: Duration,
+    /// The claim registration's host name and cutoffs (stale, dead, lock grace).
+    registration: (String, Duration, Option<Duration>, Option<Duration>),
+    /// The claim configuration's drain timeout and poll base.
+    claim: (u64, u64),
 }
 
 /// An `Arc`'s address, to tell whether two are the same allocation.
@@ -132,6 +136,14 @@ fn seen(slot: &'static str, ctx: &workpump_host::WorkerContext) -> Seen {
         liveness: ctx.liveness().clone(),
         host_name: ctx.host_name().to_owned(),
         shutdown_timeout: ctx.shutdown_timeout(),
+        registration: {
+            let r = ctx.registration();
+            (r.host, r.stale_after, r.dead_after, r.lock_grace)
+        },
+        claim: {
+            let c = ctx.claim_config();
+            (c.drain_timeout_ms, c.poll_base_ms)
+        },
     }
 }
 
@@ -227,6 +239,23 @@ async fn every_factory_is_handed_one_context_and_the_lease_slot_supplies_its_tra
             s.shutdown_timeout,
             Duration::from_millis(1_234),
             "{}",
+            s.slot
+        );
+        assert_eq!(
+            s.registration,
+            (
+                "swap-test".to_owned(),
+                Duration::from_secs(21),
+                config.heartbeat.dead_after(),
+                config.heartbeat.lock_grace(),
+            ),
+            "{}: the registration declares the host's name and liveness cutoffs",
+            s.slot
+        );
+        assert_eq!(
+            s.claim,
+            (1_234, config.claim.poll_base_ms),
+            "{}: `[claim]` with the host's shutdown timeout as the drain timeout",
             s.slot
         );
     }

@@ -5,6 +5,11 @@
 //! tombstone is written for it. Each test also shows the replacement doing its job (beating,
 //! claiming for the registered handlers, renewing, sweeping).
 //!
+//! What a replacement reports through the context is what the host reads: a replaced
+//! heartbeat worker's failing status keeps the host unready until it reports a fresh beat
+//! (one that reports nothing is judged only by running), and a replaced claim worker's
+//! reported wake is what a local enqueue wakes.
+//!
 //! Real PostgreSQL and real time: liveness is judged on the database clock, so these watch
 //! for a span of wall time, looking every 50 ms: five stale cutoffs of 1 s (the store's floor
 //! is 1 s stale, 2 s dead, 500 ms grace; dead after 3 s here, as in the other host tests, so a
@@ -20,10 +25,14 @@ use async_trait::async_trait;
 use serde_json::json;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use workpump_claim_worker::{ClaimWorker, Registration};
-use workpump_coordinator::{CancelReason, LeaseTracker, WorkerError};
-use workpump_heartbeat_worker::HeartbeatWorker;
+use workpump_claim_worker::ClaimWorker;
+use workpump_coordinator::{
+    CancelReason, EnqueueWorkParams, InstanceId, LeaseTracker, PgCoordinator, RegisterQueueParams,
+    WorkCoordinator, WorkerError, DEFAULT_SCHEMA,
+};
+use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
 use workpump_host::{
     handler_fn, Host, HostConfig, HostHandle, Job, JobError, NewWork, Worker, WorkerContext,
 };
@@ -155,6 +164,40 @@ async fn stop(hosts: &[&HostHandle]) {
     }
 }
 
+/// A claim worker built as a user would, from the context alone, reporting its status and
+/// its wake as the default factory does.
+fn claim_worker(ctx: &WorkerContext) -> ClaimWorker {
+    let worker = ClaimWorker::new(
+        ctx.coordinator(),
+        ctx.pg(),
+        ctx.lease_tracker().expect("the lease slot is built first"),
+        ctx.identity(),
+        ctx.handlers(),
+        ctx.claim_config(),
+        ctx.registration(),
+    );
+    ctx.report_claim_status(worker.status());
+    let waker = worker.waker();
+    ctx.report_wake(move |queue| waker.wake(queue));
+    worker
+}
+
+/// A worker that runs until shutdown and does nothing else: a slot's replacement whose only
+/// sign of life is what it reports through the context.
+struct Idle;
+
+#[async_trait]
+impl Worker for Idle {
+    fn name(&self) -> &str {
+        "heartbeat"
+    }
+
+    async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() {
     let (db, pool) = database().await;
@@ -175,6 +218,7 @@ async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() 
                     ctx.host_name().to_owned(),
                     json!({ "replaced": true }),
                 );
+                ctx.report_heartbeat_status(worker.subscribe_status());
                 Replaced::wrap(worker, &runs)
             }
         })
@@ -196,6 +240,14 @@ async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() 
             .await
             .expect("the host's row")
         },
+    )
+    .await;
+
+    // Its reported status is what health reads: only a beat holding the alive-lock sets this.
+    wait_until(
+        Duration::from_secs(5),
+        "health sees the replacement hold the alive-lock",
+        || async { host.health().alive_lock_held },
     )
     .await;
 
@@ -235,27 +287,7 @@ async fn a_replaced_claim_worker_serves_the_registered_handlers_as_the_host() {
         .handler("work", recording(&handled))
         .claim_worker({
             let runs = runs.clone();
-            move |ctx: &WorkerContext| {
-                let mut claim = ctx.config().claim.clone();
-                claim.drain_timeout_ms = ctx.shutdown_timeout().as_millis() as u64;
-                let liveness = ctx.liveness();
-                let worker = ClaimWorker::new(
-                    ctx.coordinator(),
-                    ctx.pg(),
-                    ctx.lease_tracker().expect("the lease slot is built first"),
-                    ctx.identity(),
-                    ctx.handlers(),
-                    claim,
-                    Registration {
-                        host: ctx.host_name().to_owned(),
-                        metadata: json!({}),
-                        stale_after: liveness.stale_after(),
-                        dead_after: liveness.dead_after(),
-                        lock_grace: liveness.lock_grace(),
-                    },
-                );
-                Replaced::wrap(worker, &runs)
-            }
+            move |ctx: &WorkerContext| Replaced::wrap(claim_worker(ctx), &runs)
         })
         .start()
         .await
@@ -433,4 +465,176 @@ async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
     stop(&[&host, &peer]).await;
     pool.close().await;
     db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_replaced_heartbeat_worker_s_failing_status_makes_the_host_unready_until_it_beats() {
+    let (db, _pool) = database().await;
+    // Never beat, three failures in a row: what a heartbeat worker that cannot reach the
+    // store reports.
+    let failing = HeartbeatStatus {
+        instance: InstanceId(Uuid::nil()),
+        last_success: None,
+        lock_held: false,
+        consecutive_failures: 3,
+        evictions: 0,
+        cadence: Some(Duration::from_millis(200)),
+    };
+    let (status, reported) = watch::channel(failing);
+    let handled: Runs = Arc::default();
+    let host = Host::builder()
+        .config(config())
+        .database_url(db.url())
+        .handler("work", recording(&handled))
+        .heartbeat_worker(move |ctx: &WorkerContext| {
+            ctx.report_heartbeat_status(reported);
+            Arc::new(Idle) as Arc<dyn Worker>
+        })
+        .start()
+        .await
+        .expect("start");
+    wait_until(
+        Duration::from_secs(15),
+        "the schema is ready and every worker runs",
+        || async {
+            let health = host.health();
+            health.schema_ready && health.workers.iter().all(|w| w.running)
+        },
+    )
+    .await;
+    holds_for(
+        Duration::from_secs(1),
+        "the host not ready while its heartbeat worker reports failing beats",
+        || async {
+            let health = host.health();
+            match (health.heartbeat_fresh, health.ready) {
+                (false, false) => Ok(()),
+                _ => Err(format!("health says {health}")),
+            }
+        },
+    )
+    .await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), host.ready())
+            .await
+            .is_err(),
+        "ready() waits while the reported heartbeat is failing"
+    );
+
+    // The replacement reports a fresh beat holding the lock: readiness follows at once.
+    status.send_replace(HeartbeatStatus {
+        last_success: Some(tokio::time::Instant::now()),
+        lock_held: true,
+        consecutive_failures: 0,
+        cadence: Some(Duration::from_secs(60)),
+        ..failing
+    });
+    tokio::time::timeout(Duration::from_secs(10), host.ready())
+        .await
+        .expect("ready() follows the reported beat")
+        .expect("ready");
+    let health = host.health();
+    assert!(health.heartbeat_fresh && health.alive_lock_held, "{health}");
+    stop(&[&host]).await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_replaced_heartbeat_worker_that_reports_nothing_is_judged_only_by_running() {
+    let (db, _pool) = database().await;
+    let handled: Runs = Arc::default();
+    let host = Host::builder()
+        .config(config())
+        .database_url(db.url())
+        .handler("work", recording(&handled))
+        .heartbeat_worker(|_ctx: &WorkerContext| Arc::new(Idle) as Arc<dyn Worker>)
+        .start()
+        .await
+        .expect("start");
+    // Documented: an unreported heartbeat counts as fresh, the lock as not held.
+    wait_ready(&host).await;
+    let health = host.health();
+    assert!(health.heartbeat_fresh, "{health}");
+    assert!(!health.alive_lock_held, "{health}");
+    stop(&[&host]).await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_replaced_claim_worker_that_reports_its_wake_is_woken_by_a_local_enqueue() {
+    let (db, pool) = database().await;
+    // No LISTEN (so no NOTIFY wakes it) and a poll every ten minutes: after its catch-up poll
+    // at start, only the reported wake can make this claim worker look again within the test.
+    let mut config = config();
+    config.claim.listen = false;
+    config.claim.poll_base_ms = 600_000;
+    config.claim.poll_max_ms = 600_000;
+    config.claim.notify_healthy_base_ms = None;
+    // One item before the host starts: the catch-up poll at start claims it, so once it is
+    // completed that poll is behind us.
+    let store = PgCoordinator::with_schema(pool.clone(), DEFAULT_SCHEMA).expect("coordinator");
+    store
+        .register_queue(RegisterQueueParams::new("work"))
+        .await
+        .expect("register the queue");
+    store
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("work", json!({ "n": 0 }))],
+        })
+        .await
+        .expect("enqueue before start");
+    let handled: Runs = Arc::default();
+    let host = Host::builder()
+        .config(config)
+        .database_url(db.url())
+        .handler("work", recording(&handled))
+        .claim_worker(claim_worker_boxed)
+        .start()
+        .await
+        .expect("start");
+    wait_ready(&host).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the catch-up poll at start claimed and completed the first item",
+        || async { count_state(&pool, "completed").await == 1 },
+    )
+    .await;
+
+    // Enqueued past the host (no wake): nothing looks for it.
+    store
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("work", json!({ "n": 1 }))],
+        })
+        .await
+        .expect("enqueue past the host");
+    holds_for(
+        Duration::from_secs(1),
+        "an item enqueued without a wake staying unclaimed",
+        || async {
+            match count_state(&pool, "available").await {
+                1 => Ok(()),
+                n => Err(format!("{n} items available")),
+            }
+        },
+    )
+    .await;
+
+    // Through the host: the reported wake polls at once and claims both.
+    host.enqueue(vec![NewWork::new("work", json!({ "n": 2 }))])
+        .await
+        .expect("enqueue through the host");
+    wait_until(
+        Duration::from_secs(5),
+        "the woken claim worker completed both waiting items",
+        || async { count_state(&pool, "completed").await == 3 },
+    )
+    .await;
+    assert_eq!(handled.lock().expect("runs").len(), 3);
+    stop(&[&host]).await;
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+fn claim_worker_boxed(ctx: &WorkerContext) -> Arc<dyn Worker> {
+    Arc::new(claim_worker(ctx))
 }
