@@ -309,6 +309,17 @@ impl Harness<'_> {
         }
     }
 
+    /// Watches for evictions for the profile's settle time (stale_after + lock grace + 2
+    /// sweeps + 5 s) after `from`, the end of a fault (`what`: "the server's return", ...).
+    pub(crate) async fn watch_settle(&mut self, from: Instant, what: &str) {
+        let until = from + Duration::from_secs_f64(self.timing().settle_s());
+        self.watch_until(
+            until,
+            &format!("stale_after + lock grace + 2 sweeps + 5 s from {what}"),
+        )
+        .await;
+    }
+
     /// Watches until `until` for evictions (the window in which one caused by the last
     /// fault would show), printing each the store recorded since the last mark. The checks at the end
     /// judge them; this only makes the timeline readable. Tolerates a database that is

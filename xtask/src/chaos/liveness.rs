@@ -145,6 +145,15 @@ impl Feeder {
         h.items += self.enqueued.load(Ordering::SeqCst);
         Ok(())
     }
+
+    /// Stops feeding, then waits until every item finished, or the profile's finishing
+    /// bound from now passes (the checks then report what was left).
+    pub(crate) async fn finish(self, h: &mut Harness<'_>) -> Result<()> {
+        self.stop(h).await?;
+        let by = h.finish_by(h.timing().finish_s(h.elapsed()));
+        h.wait_finished(by).await;
+        Ok(())
+    }
 }
 
 /// Waits (at most `within` seconds) until the workers' heartbeat ages, summarised by `of`,
@@ -298,15 +307,9 @@ pub(crate) async fn pg_outage(h: &mut Harness<'_>) -> Result<()> {
         let down = began.elapsed().as_secs_f64();
         h.mark(&format!("PostgreSQL back after {down:.2} s"));
         comeback(h, label, &format!("server down {down:.2} s")).await;
-        h.watch_until(
-            back + Duration::from_secs_f64(t.settle_s()),
-            "stale_after + lock grace + 2 sweeps + 5 s from the server's return",
-        )
-        .await;
+        h.watch_settle(back, "the server's return").await;
     }
-    feeder.stop(h).await?;
-    let by = h.finish_by(t.finish_s(h.elapsed()));
-    h.wait_finished(by).await;
+    feeder.finish(h).await?;
     Ok(())
 }
 
@@ -416,15 +419,9 @@ pub(crate) async fn backend_crash(h: &mut Harness<'_>) -> Result<()> {
              ({refused} refused so far)"
         ));
         comeback(h, label, &format!("server recovered after {down:.2} s")).await;
-        h.watch_until(
-            back + Duration::from_secs_f64(t.settle_s()),
-            "stale_after + lock grace + 2 sweeps + 5 s from the server's return",
-        )
-        .await;
+        h.watch_settle(back, "the server's return").await;
     }
-    feeder.stop(h).await?;
-    let by = h.finish_by(t.finish_s(h.elapsed()));
-    h.wait_finished(by).await;
+    feeder.finish(h).await?;
     Ok(())
 }
 
@@ -619,9 +616,7 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
         )
         .await;
     }
-    feeder.stop(h).await?;
-    let by = h.finish_by(t.finish_s(h.elapsed()));
-    h.wait_finished(by).await;
+    feeder.finish(h).await?;
     Ok(())
 }
 
@@ -828,14 +823,8 @@ pub(crate) async fn partition_alone(h: &mut Harness<'_>) -> Result<()> {
         ),
     });
     zombie_note(h, victim, "the thaw", before).await;
-    h.watch_until(
-        thawed + Duration::from_secs_f64(t.settle_s()),
-        "stale_after + lock grace + 2 sweeps + 5 s from the thaw",
-    )
-    .await;
-    feeder.stop(h).await?;
-    let by = h.finish_by(t.finish_s(h.elapsed()));
-    h.wait_finished(by).await;
+    h.watch_settle(thawed, "the thaw").await;
+    feeder.finish(h).await?;
     Ok(())
 }
 
@@ -988,11 +977,7 @@ pub(crate) async fn failover(h: &mut Harness<'_>) -> Result<()> {
             "after the {label}, the promoted server could not be read: {e}"
         )),
     }
-    h.watch_until(
-        back + Duration::from_secs_f64(t.settle_s()),
-        "stale_after + lock grace + 2 sweeps + 5 s from the promotion",
-    )
-    .await;
+    h.watch_settle(back, "the promotion").await;
     // Nobody had to register afresh: each worker still runs as the instance it printed.
     for i in h.fleet.live() {
         let (name, printed) = (h.fleet.procs[i].name.clone(), h.fleet.procs[i].instance);
@@ -1006,9 +991,7 @@ pub(crate) async fn failover(h: &mut Harness<'_>) -> Result<()> {
             ));
         }
     }
-    feeder.stop(h).await?;
-    let by = h.finish_by(t.finish_s(h.elapsed()));
-    h.wait_finished(by).await;
+    feeder.finish(h).await?;
     match h.db.server().await {
         Ok((port, in_recovery)) if i32::from(standby_port) == port && !in_recovery => {
             h.notes.push(format!(
