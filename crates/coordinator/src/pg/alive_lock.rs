@@ -94,7 +94,7 @@ impl AliveLockSession for PgAliveLock {
                          two statements: the connection is not one PostgreSQL session (a pooler \
                          in transaction or statement mode, such as PgBouncer?). The alive-lock \
                          and LISTEN need a session: connect the workers directly or through \
-                         session pooling (docs/store.md, \"Poolers and timeouts\")",
+                         session pooling (docs/store.md, \"Poolers, timeouts, keepalives and failovers\")",
                         self.pid
                     ),
                 ))
