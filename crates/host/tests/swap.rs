@@ -164,6 +164,13 @@ async fn stop(hosts: &[&HostHandle]) {
     }
 }
 
+/// Stops the hosts, closes the test's pool and drops its database.
+async fn teardown(db: workpump_testdb::TestDatabase, pool: PgPool, hosts: &[&HostHandle]) {
+    stop(hosts).await;
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
 /// A claim worker built as a user would, from the context alone, reporting its status and
 /// its wake as the default factory does.
 fn claim_worker(ctx: &WorkerContext) -> ClaimWorker {
@@ -270,9 +277,7 @@ async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() 
         "every item ran as the host's one instance"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the replacement ran, once");
-    stop(&[&host, &peer]).await;
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    teardown(db, pool, &[&host, &peer]).await;
 }
 
 #[tokio::test]
@@ -319,9 +324,7 @@ async fn a_replaced_claim_worker_serves_the_registered_handlers_as_the_host() {
         assert_eq!(*attempt, 1, "item {item} ran at its first attempt");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the replacement ran, once");
-    stop(&[&host, &peer]).await;
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    teardown(db, pool, &[&host, &peer]).await;
 }
 
 #[tokio::test]
@@ -409,9 +412,7 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
     assert_eq!((attempt, claims), (1, 1), "claimed once, never reclaimed");
     assert_eq!(started.load(Ordering::SeqCst), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the replacement ran, once");
-    stop(&[&host, &peer]).await;
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    teardown(db, pool, &[&host, &peer]).await;
 }
 
 #[tokio::test]
@@ -462,9 +463,7 @@ async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
     .await;
     assert_eq!(handled.lock().expect("runs").len(), 20);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the replacement ran, once");
-    stop(&[&host, &peer]).await;
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    teardown(db, pool, &[&host, &peer]).await;
 }
 
 #[tokio::test]
@@ -630,9 +629,7 @@ async fn a_replaced_claim_worker_that_reports_its_wake_is_woken_by_a_local_enque
     )
     .await;
     assert_eq!(handled.lock().expect("runs").len(), 3);
-    stop(&[&host]).await;
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    teardown(db, pool, &[&host]).await;
 }
 
 fn claim_worker_boxed(ctx: &WorkerContext) -> Arc<dyn Worker> {
