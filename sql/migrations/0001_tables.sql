@@ -45,11 +45,37 @@ CREATE TABLE instances (
     alive_lock        boolean     NOT NULL DEFAULT false,
     -- When a sweep first saw the lock missing; cleared when it is held again.
     lock_lost_at      timestamptz,
+    -- The server process id of the session the instance holds its alive-lock with, and when
+    -- that session took the lock. Together they prove the instance has seen the server since
+    -- `lock_since`, for as long as `lock_pid` still holds the lock.
+    lock_pid          integer,
+    lock_since        timestamptz,
+    -- The last time the instance's own session was seen holding its lock (by take_alive_lock,
+    -- or by a heartbeat that named that session).
+    lock_seen_at      timestamptz,
+    -- The cutoffs the instance is judged by (its own settings, declared in every heartbeat;
+    -- NULL dead_after / lock_grace: that rule is off for it). See cleanup_stale_instances.
+    stale_after       interval    NOT NULL DEFAULT interval '30 seconds',
+    dead_after        interval    DEFAULT interval '5 minutes',
+    lock_grace        interval    DEFAULT interval '3 seconds',
     started_at        timestamptz NOT NULL DEFAULT now(),
     last_heartbeat_at timestamptz NOT NULL DEFAULT now()
 );
 
 CREATE INDEX instances_last_heartbeat_at ON instances (last_heartbeat_at);
+
+-- The floor of every liveness cutoff, one row: callers declare their cutoffs, and the store
+-- refuses any below it (check_liveness_cutoffs raises WP002). The defaults admit the short
+-- settings of tests and demos; a production deployment may raise them (as the owner):
+--   UPDATE workpump.liveness_floor SET stale_after = '20 s', dead_after = '2 min', lock_grace = '2 s';
+CREATE TABLE liveness_floor (
+    singleton   boolean  PRIMARY KEY DEFAULT true CHECK (singleton),
+    stale_after interval NOT NULL CHECK (stale_after > interval '0'),
+    dead_after  interval NOT NULL CHECK (dead_after > interval '0'),
+    lock_grace  interval NOT NULL CHECK (lock_grace > interval '0')
+);
+INSERT INTO liveness_floor (stale_after, dead_after, lock_grace)
+VALUES (interval '1 second', interval '2 seconds', interval '500 milliseconds');
 
 -- Tombstones of reaped instances, so a late heartbeat from one reports eviction instead of
 -- silently resurrecting it. Instance ids are fresh per process start and never reused.
@@ -93,18 +119,27 @@ CREATE TABLE work (
     CONSTRAINT work_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000),
     CONSTRAINT work_renewals_non_negative CHECK (renewals >= 0),
     CONSTRAINT work_finished_at_iff_finished CHECK ((finished_at IS NOT NULL) = (state IN ('completed', 'dead', 'cancelled'))),
-    CONSTRAINT work_errors_is_array CHECK (jsonb_typeof(errors) = 'array')
-);
+    CONSTRAINT work_errors_is_array CHECK (jsonb_typeof(errors) = 'array'),
+    -- A waiting item never carries a cancel request: fail_work and release_work end a
+    -- cancel-requested item cancelled instead of sending it back, so a cancel is never run.
+    CONSTRAINT work_waiting_is_not_cancel_requested CHECK (state NOT IN ('available', 'scheduled') OR NOT cancel_requested)
+)
+-- A claim or renewal writes a row version that cannot be HOT (it changes state or
+-- lease_expiry, both indexed); with room left on the page the new version stays on the old
+-- one's page, which saves heap_update a second row-lock WAL record and keeps a row's versions
+-- together for pruning (docs/performance.md, "Where the time goes").
+WITH (fillfactor = 70);
 
 -- claim_work, available rows: one queue's due rows in claim order (priority, then age).
 CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'available';
 -- claim_work, orphans; maintenance, expired leases: running rows by expiry, a released lease
 -- (NULL) sorting first, so "orphan" (instance_id IS NULL OR lease_expiry < now()) is a single
--- range: coalesce(lease_expiry, '-infinity') < now().
+-- range: coalesce(lease_expiry, '-infinity') < now(). Also read, filtered by instance, by the
+-- two rare statements that free one instance's leases (cleanup_stale_instances,
+-- deregister_instance): bounded by the items in flight. (No index by instance: every claim
+-- and renewal would write an entry into it.)
 CREATE INDEX work_running_lease ON work ((coalesce(lease_expiry, '-infinity'::timestamptz)))
     WHERE state = 'running';
--- cleanup_stale_instances / deregister_instance: one instance's leases.
-CREATE INDEX work_running_instance ON work (instance_id) WHERE state = 'running';
 -- promotion of due scheduled (and retrying) rows.
 CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';
 -- retention pruning of finished rows, one range per state.

@@ -37,8 +37,10 @@ $$;
 -- session; true when this session holds it afterwards. Idempotent per session: a second call
 -- from the holder returns true without stacking another lock level. False when another
 -- session holds it (an earlier incarnation's half-open connection, for instance). Holding it
--- marks the instance row as lock-proven (`alive_lock`) and clears a lost-lock observation;
--- the row is written only when that changes.
+-- marks the instance row: `alive_lock` (it relies on the lock), `lock_pid` and `lock_since`
+-- (this session, and when it took the lock), `lock_seen_at`, and clears a lost-lock
+-- observation. The row is written only when one of those changes; a re-check by the holder
+-- that changes nothing writes nothing.
 CREATE FUNCTION take_alive_lock(p_instance uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -46,17 +48,29 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_key bigint;
+    v_pid integer := pg_backend_pid();
+    v_new boolean := false;
 BEGIN
     IF p_instance IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'take_alive_lock: instance must not be null';
     END IF;
     v_key := alive_lock_key(p_instance);
-    IF NOT EXISTS (SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = v_key AND h.pid = pg_backend_pid())
-       AND NOT pg_try_advisory_lock(v_key) THEN
-        RETURN false;
+    IF NOT EXISTS (SELECT 1 FROM alive_lock_held_keys() h WHERE h.key = v_key AND h.pid = v_pid) THEN
+        IF NOT pg_try_advisory_lock(v_key) THEN
+            RETURN false;
+        END IF;
+        v_new := true;
     END IF;
-    UPDATE instances i SET alive_lock = true, lock_lost_at = NULL
-    WHERE i.instance_id = p_instance AND (NOT i.alive_lock OR i.lock_lost_at IS NOT NULL);
+    UPDATE instances i
+    SET alive_lock = true,
+        lock_lost_at = NULL,
+        lock_seen_at = now(),
+        lock_pid = v_pid,
+        lock_since = CASE WHEN v_new OR i.lock_pid IS DISTINCT FROM v_pid OR i.lock_since IS NULL
+                          THEN now() ELSE i.lock_since END
+    WHERE i.instance_id = p_instance
+      AND (v_new OR NOT i.alive_lock OR i.lock_lost_at IS NOT NULL
+           OR i.lock_pid IS DISTINCT FROM v_pid OR i.lock_since IS NULL);
     RETURN true;
 END;
 $$;

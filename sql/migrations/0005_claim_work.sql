@@ -1,6 +1,7 @@
 -- claim_work(instance, queues, max_items, lease) -> setof claimed rows
 --
 -- Leases up to `max_items` work items of the given queues to `instance` for `lease`:
+--   0. checks that the instance is registered (WP003 otherwise);
 --   1. promotes the queues' due scheduled rows (run_at <= now()) to available;
 --   2. ends orphans that must not run again: attempts used up -> dead (with an error entry),
 --      cancel requested -> cancelled;
@@ -9,25 +10,46 @@
 --   4. fills the rest with available due rows, priority (lower first) then run_at then id.
 -- Every claimed row gets instance_id, lease_expiry = now() + lease, attempt + 1, renewals = 0
 -- and a fresh claim_token from claim_token_seq. Rows are taken FOR UPDATE SKIP LOCKED, so
--- concurrent claimers never receive the same row. Paused queues are skipped.
+-- concurrent claimers never receive the same row. An available row never carries a cancel
+-- request (constraint work_waiting_is_not_cancel_requested), so a cancel is never run.
+--
+-- The instance lock: the statement that mints leases (step 3 and step 4 each), once it holds
+-- rows to lease, locks the caller's instance row FOR KEY SHARE until the transaction ends,
+-- and leases nothing if the row is gone. A sweep (cleanup_stale_instances takes instance rows
+-- FOR UPDATE SKIP LOCKED) therefore skips an instance while one of its claims is in flight, so
+-- it never deletes and tombstones an instance under leases it cannot see (they are newer than
+-- its snapshot); a later sweep reaps it and releases those leases too. A sweep that locked the
+-- row first makes the claim wait, find the row gone and lease nothing (the next claim gets
+-- WP003). KEY SHARE conflicts neither with the instance's own heartbeat (a plain UPDATE of the
+-- row takes FOR NO KEY UPDATE) nor with another claim's KEY SHARE. Only a claim that leases
+-- something takes it: a row lock needs a transaction id, and an empty poll stays read-only (no
+-- transaction id, no WAL, no commit flush).
 --
 -- Result: one row per claimed item with its payload, checkpoint (saved by an earlier attempt),
--- attempt, token and expiry; `reclaimed` marks orphans; `has_more` (the drain hint) is true on
--- every row when claimable rows were left over after filling `max_items`.
+-- attempt, token and expiry; `reclaimed` marks orphans; `has_more` (the drain hint), the same
+-- on every row of one call, is true when claimable rows were left over after filling
+-- `max_items` (or when orphans alone filled it).
 --
 -- Arguments: instance registered (record_heartbeat first; WP003 otherwise, which is also what
--- an evicted instance gets); queues non-empty; 1 <= max_items <= 10000; lease > 0. Bad
--- arguments raise WP002 naming the argument.
+-- an evicted instance gets); queues non-empty, every one registered (an unknown queue raises
+-- WP001 naming the first, DETAIL the name, and nothing is claimed; a paused queue yields
+-- nothing); 1 <= max_items <= 10000; lease > 0. Other bad arguments raise WP002 naming the
+-- argument.
 -- Fencing: the new claim_token fences every later write of this attempt; the previous
 -- owner's token no longer matches anything.
 -- Clock rule: every comparison and expiry uses the database's now().
 --
 -- Plan (1 000 000 rows, 100 000 available in the queue, PostgreSQL 15):
+--   step 0: one primary-key probe on instances; the instance lock one more, with LockRows,
+--           only when there are rows to lease.
 --   step 4: Limit -> Sort -> Nested Loop -> Function Scan on unnest
 --           -> Limit -> LockRows -> Index Scan using work_claim on work
 --              Index Cond: ((queue = q.name) AND (run_at <= v_now))   Filter: state = 'available' (partial index)
 --   steps 2-3 run only when an index probe on work_running_lease finds an orphan at all; they
 --           look orphans up with one range scan of it: coalesce(lease_expiry, '-infinity') < now().
+--           Only when step 3 reclaimed something does step 4 also read the reclaimed rows back
+--           by primary key, to return them with the same drain hint; otherwise step 4 is the
+--           statement it always was.
 --   See docs/store.md for the full EXPLAIN output.
 CREATE FUNCTION claim_work(
     p_instance  uuid,
@@ -55,9 +77,11 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now       timestamptz := now();
-    v_claimed   integer := 0;
     v_remaining integer;
     v_queues    text[];
+    v_unknown   text;
+    v_known     bigint;
+    v_reclaimed bigint[] := '{}';
 BEGIN
     IF p_instance IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'claim_work: instance must not be null';
@@ -74,16 +98,30 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('claim_work: lease must be positive, got %s', p_lease);
     END IF;
+
     IF NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = p_instance) THEN
         RAISE EXCEPTION USING ERRCODE = 'WP003',
             MESSAGE = format('claim_work: instance %s is not registered (record a heartbeat first; '
                              'an evicted instance must register afresh under a new id)', p_instance);
     END IF;
 
-    -- The queues this call may claim from: known and not paused.
-    SELECT array_agg(q.name) INTO v_queues
+    -- The queues this call may claim from: known and not paused. An unknown one is refused
+    -- (looked for only when fewer queues matched than were named).
+    SELECT array_agg(q.name) FILTER (WHERE NOT q.paused), count(*)
+    INTO v_queues, v_known
     FROM queues q
-    WHERE q.name = ANY (p_queues) AND NOT q.paused;
+    WHERE q.name = ANY (p_queues);
+    IF v_known < cardinality(p_queues) THEN
+        SELECT t.name INTO v_unknown
+        FROM unnest(p_queues) WITH ORDINALITY AS t(name, ord)
+        WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = t.name)
+        ORDER BY t.ord
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'WP001', DETAIL = v_unknown,
+                MESSAGE = format('claim_work: unknown queue %L (register it first)', v_unknown);
+        END IF;
+    END IF;
     IF v_queues IS NULL THEN
         RETURN;
     END IF;
@@ -126,8 +164,7 @@ BEGIN
             LIMIT 1000
             FOR UPDATE SKIP LOCKED));
 
-        -- 3. Reclaim orphans. When they fill the batch, the drain hint says more may be left.
-        RETURN QUERY
+        -- 3. Reclaim orphans. Their rows are returned with step 4's, under one drain hint.
         WITH picked AS MATERIALIZED (
             SELECT o.id FROM work o
             WHERE o.state = 'running' AND coalesce(o.lease_expiry, '-infinity'::timestamptz) < v_now
@@ -136,8 +173,11 @@ BEGIN
             ORDER BY o.priority, o.run_at, o.id
             LIMIT p_max_items
             FOR UPDATE SKIP LOCKED
-        ), full_batch AS MATERIALIZED (
-            SELECT count(*) >= p_max_items AS has_more FROM picked
+        ), owner AS MATERIALIZED (
+            -- The instance lock (see the header), only when there is something to reclaim.
+            SELECT i.instance_id FROM instances i
+            WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM picked)
+            FOR KEY SHARE
         ), claimed AS (
             UPDATE work w
             SET instance_id = p_instance,
@@ -152,23 +192,69 @@ BEGIN
                                   THEN 'lease released: the owning instance was declared dead'
                                   ELSE 'lease expired: the owning instance stopped renewing'
                              END))
-            WHERE w.id = ANY (ARRAY(SELECT p.id FROM picked p))
+            WHERE w.id = ANY (ARRAY(SELECT p.id FROM picked p CROSS JOIN owner o))
+            RETURNING w.id
+        )
+        SELECT coalesce(array_agg(c.id), '{}') INTO v_reclaimed FROM claimed c;
+    END IF;
+
+    IF cardinality(v_reclaimed) = 0 THEN
+        -- 4. (nothing reclaimed: the common path) Available due rows, one index range per
+        -- queue, merged in claim order. One row more than needed is locked to learn whether
+        -- any were left (the drain hint).
+        v_remaining := p_max_items;
+        RETURN QUERY
+        WITH candidates AS MATERIALIZED (
+            SELECT c.id, c.priority, c.run_at
+            FROM unnest(v_queues) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT a.id, a.priority, a.run_at FROM work a
+                WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now
+                ORDER BY a.priority, a.run_at, a.id
+                LIMIT v_remaining + 1
+                FOR UPDATE SKIP LOCKED
+            ) c
+        ), more AS MATERIALIZED (
+            SELECT count(*) > v_remaining AS has_more FROM candidates
+        ), owner AS MATERIALIZED (
+            -- The instance lock (see the header), only when there is something to claim.
+            SELECT i.instance_id FROM instances i
+            WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM candidates)
+            FOR KEY SHARE
+        ), claimed AS (
+            UPDATE work w
+            SET state = 'running',
+                instance_id = p_instance,
+                lease_expiry = v_now + p_lease,
+                claim_token = nextval('claim_token_seq'),
+                attempt = w.attempt + 1,
+                renewals = 0
+            WHERE w.id = ANY (ARRAY(
+                SELECT c.id FROM candidates c CROSS JOIN owner o
+                ORDER BY c.priority, c.run_at, c.id
+                LIMIT v_remaining))
             RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
                       w.lease_expiry, w.payload, w.checkpoint, w.created_at
         )
         SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
-               c.lease_expiry, c.payload, c.checkpoint, c.created_at, true, f.has_more
-        FROM claimed c CROSS JOIN full_batch f;
-        GET DIAGNOSTICS v_claimed = ROW_COUNT;
-    END IF;
-
-    v_remaining := p_max_items - v_claimed;
-    IF v_remaining = 0 THEN
+               c.lease_expiry, c.payload, c.checkpoint, c.created_at, false, m.has_more
+        FROM claimed c CROSS JOIN more m;
         RETURN;
     END IF;
 
-    -- 4. Available due rows, one index range per queue, merged in claim order. One row more
-    -- than needed is locked to learn whether any were left (the drain hint).
+    v_remaining := p_max_items - cardinality(v_reclaimed);
+    IF v_remaining = 0 THEN
+        -- Orphans alone filled the batch: more may be left.
+        RETURN QUERY
+        SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
+               r.lease_expiry, r.payload, r.checkpoint, r.created_at, true, true
+        FROM work r
+        WHERE r.id = ANY (v_reclaimed);
+        RETURN;
+    END IF;
+
+    -- 4. (after a reclaim) As above, returned together with the reclaimed rows (read back by
+    -- primary key), every row with this step's drain hint.
     RETURN QUERY
     WITH candidates AS MATERIALIZED (
         SELECT c.id, c.priority, c.run_at
@@ -182,6 +268,11 @@ BEGIN
         ) c
     ), more AS MATERIALIZED (
         SELECT count(*) > v_remaining AS has_more FROM candidates
+    ), owner AS MATERIALIZED (
+        -- The instance lock (see the header), only when there is something to claim.
+        SELECT i.instance_id FROM instances i
+        WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM candidates)
+        FOR KEY SHARE
     ), claimed AS (
         UPDATE work w
         SET state = 'running',
@@ -191,12 +282,17 @@ BEGIN
             attempt = w.attempt + 1,
             renewals = 0
         WHERE w.id = ANY (ARRAY(
-            SELECT c.id FROM candidates c
+            SELECT c.id FROM candidates c CROSS JOIN owner o
             ORDER BY c.priority, c.run_at, c.id
             LIMIT v_remaining))
         RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
                   w.lease_expiry, w.payload, w.checkpoint, w.created_at
     )
+    SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
+           r.lease_expiry, r.payload, r.checkpoint, r.created_at, true, m.has_more
+    FROM work r CROSS JOIN more m
+    WHERE r.id = ANY (v_reclaimed)
+    UNION ALL
     SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
            c.lease_expiry, c.payload, c.checkpoint, c.created_at, false, m.has_more
     FROM claimed c CROSS JOIN more m;

@@ -1,24 +1,32 @@
 -- renew_leases(instance, ids, tokens, lease) -> setof (id, claim_token, status, cancel_requested)
 --
--- One statement for a whole batch of leases. For each (id, token) pair it sets
--- lease_expiry = now() + lease and renewals + 1, but only on a row still fenced to the caller:
--- same instance, same claim token, state running, lease not yet expired (an expiry of exactly
--- now() still counts as held). Finished rows are never touched.
+-- One statement for a whole batch of leases. First it locks the caller's instance row FOR
+-- KEY SHARE until the transaction ends, as claim_work does (a sweep skips the instance
+-- meanwhile; the instance's heartbeat is not blocked). Then, for each distinct (id, token)
+-- pair, it sets lease_expiry = now() + lease and renewals + 1, but only on a row still fenced
+-- to the caller: same instance, same claim token, state running, lease not yet expired (an
+-- expiry of exactly now() still counts as held). Finished rows are never touched.
 --
--- Result, one row per requested pair, in request order:
+-- Result, one row per distinct requested pair (a repeated pair is renewed and answered once),
+-- in the order of its first occurrence:
 --   status 'renewed' - the lease was extended;
 --   status 'lost'    - the row is no longer this claim's (reclaimed, released, finished,
 --                      expired): the handler must stop;
 --   status 'busy'    - the row is fenced to the caller but locked by another transaction (the
 --                      caller's own fenced transaction, usually): not renewed this time, not
 --                      lost; the caller keeps its old deadline.
+--   status 'evicted' - the instance has no row: it was reaped (deleted and tombstoned by a
+--                      sweep), so every lease it held is gone, whatever a row may still say;
+--                      nothing is renewed. The instance treats every lease as lost, stops its
+--                      handlers and registers afresh under a new id.
 --   cancel_requested - an operator asked to cancel the item; delivered with the reply so the
---                      handler learns it within one renewal period.
+--                      handler learns it within one renewal period (false when evicted).
 -- An empty list returns nothing.
 --
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs; lease > 0.
 -- Anything else raises WP002 naming the problem.
--- Fencing: instance AND claim token; a renewal never extends another claim's lease.
+-- Fencing: instance AND claim token; a renewal never extends another claim's lease, nor a
+-- lease of an instance that was reaped.
 -- Clock rule: the new expiry is the database's now() + lease.
 CREATE FUNCTION renew_leases(
     p_instance uuid,
@@ -49,11 +57,27 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('renew_leases: lease must be positive, got %s', p_lease);
     END IF;
+    IF cardinality(p_ids) = 0 THEN
+        RETURN;
+    END IF;
+
+    PERFORM 1 FROM instances i WHERE i.instance_id = p_instance FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN QUERY
+        SELECT r.id, r.token, 'evicted'::text, false
+        FROM (SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
+              FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+              ORDER BY u.id, u.token, u.ord) r
+        ORDER BY r.ord;
+        RETURN;
+    END IF;
 
     RETURN QUERY
-    WITH req AS (
-        SELECT r.id, r.token, r.ord
-        FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
+    WITH req AS MATERIALIZED (
+        -- One request per distinct pair, at its first occurrence.
+        SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
+        FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+        ORDER BY u.id, u.token, u.ord
     ), fenced AS MATERIALIZED (
         -- One primary-key probe per pair: the rows still fenced to the caller (as of this
         -- statement's snapshot).

@@ -5,11 +5,14 @@
 -- written; a pair that matches nothing is a stale zombie's (its item was reclaimed, released
 -- or finished) and changes nothing: `recorded` is false and the caller learns it was fenced
 -- out. A lease that lapsed but was not taken by anyone yet still belongs to its claim: the
--- fence is ownership, and a reclaim changes the owner and the token atomically.
+-- fence is ownership, and a reclaim changes the owner and the token atomically. (A completed
+-- item ends completed even when a cancel was requested meanwhile: the work is done.)
 --
--- Result: one row per requested pair, in request order. Empty list: nothing.
+-- Result: one row per distinct requested pair (a repeated pair is answered once), in the
+-- order of its first occurrence. Empty list: nothing.
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs (WP002).
 -- Usable inside the caller's transaction after lock_lease (transactional completion).
+-- Fencing: instance AND claim token AND state running.
 -- Clock rule: finished_at is the database's now().
 CREATE FUNCTION complete_work(p_instance uuid, p_ids bigint[], p_tokens bigint[])
 RETURNS TABLE (id bigint, claim_token bigint, recorded boolean)
@@ -56,7 +59,9 @@ BEGIN
         RETURNING w.id, w.claim_token
     )
     SELECT r.id, r.token, d.id IS NOT NULL
-    FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
+    FROM (SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
+          FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+          ORDER BY u.id, u.token, u.ord) r
     LEFT JOIN done d ON d.id = r.id AND d.claim_token = r.token
     ORDER BY r.ord;
 END;

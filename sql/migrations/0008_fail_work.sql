@@ -2,17 +2,26 @@
 --
 -- Records a failed attempt for a batch of items and decides where each goes next:
 --   cancelled[i]                               -> cancelled (the handler stopped on a cancel)
+--   a cancel was requested (cancel_requested)  -> cancelled: an operator's cancel is never
+--                                                 lost to a retry, and ends the item rather
+--                                                 than a dead letter (as claim_work and
+--                                                 dead_letter_expired end a cancel-requested
+--                                                 orphan cancelled)
 --   retry_after[i] NULL                        -> dead (rejected for good: a dead letter)
 --   attempt >= max_attempts                    -> dead (attempts used up)
 --   retry_after[i] <= 0                        -> available at once
 --   otherwise                                  -> scheduled, run_at = now() + retry_after[i]
 -- The error is appended to the item's history as {attempt, at, instance, kind, error}
--- (truncated to 8 KiB), so a dead letter carries every attempt's error. The retry delay
--- (backoff with jitter) is the caller's policy; this function only applies it.
+-- (truncated to 8 KiB), one entry per attempt, so a dead letter carries every attempt's error.
+-- When a cancel request overrides what the handler asked for, the entry's kind is
+-- 'cancelled' and its text says so, then gives the attempt's error.
+-- The retry delay (backoff with jitter) is the caller's policy; this function only applies it.
 --
 -- Items retried at once wake their queues' claimers (pg_notify('<schema>.wake', queue)).
--- Result: one row per requested item, in request order: the state it went to, or NULL when
--- the write was fenced out (the pair no longer matches a running row owned by the caller).
+-- Result: one row per distinct requested pair, in the order of its first occurrence: the
+-- state it went to, or NULL when the write was fenced out (the pair no longer matches a
+-- running row owned by the caller). A repeated pair is applied and answered once, with its
+-- first occurrence's error and disposition.
 -- Arguments: instance not NULL; all lists the same length; ids, tokens, errors and cancelled
 -- without NULLs; a retry_after, when given, not negative (WP002).
 -- Fencing: instance AND claim token AND state running.
@@ -52,22 +61,30 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    WITH req AS (
-        SELECT r.id, r.token, r.error, r.retry_after, r.cancelled, r.ord
+    WITH req AS MATERIALIZED (
+        -- One request per distinct pair, at its first occurrence (its disposition wins).
+        SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.error, u.retry_after, u.cancelled, u.ord
         FROM unnest(p_ids, p_tokens, p_errors, p_retry_after, p_cancelled)
-             WITH ORDINALITY AS r(id, token, error, retry_after, cancelled, ord)
+             WITH ORDINALITY AS u(id, token, error, retry_after, cancelled, ord)
+        ORDER BY u.id, u.token, u.ord
     ), decided AS MATERIALIZED (
         -- One primary-key probe per pair, locking the rows still fenced to the caller.
         SELECT x.id, req.error, req.retry_after, req.cancelled,
-               CASE WHEN req.cancelled THEN 'cancelled'::work_state
+               CASE WHEN req.cancelled OR x.cancel_requested THEN 'cancelled'::work_state
                     WHEN req.retry_after IS NULL OR x.attempt >= x.max_attempts THEN 'dead'::work_state
                     WHEN req.retry_after <= interval '0' THEN 'available'::work_state
                     ELSE 'scheduled'::work_state
-               END AS next_state
+               END AS next_state,
+               -- A cancel request overrides what the handler asked for: what, for the history.
+               CASE WHEN req.cancelled OR NOT x.cancel_requested THEN NULL
+                    WHEN req.retry_after IS NULL OR x.attempt >= x.max_attempts THEN 'a dead letter'
+                    ELSE 'a retry'
+               END AS instead_of
         FROM req
         CROSS JOIN LATERAL (
             -- Only the primary key inside (see complete_work).
-            SELECT w.id, w.attempt, w.max_attempts, w.claim_token, w.instance_id, w.state
+            SELECT w.id, w.attempt, w.max_attempts, w.claim_token, w.instance_id, w.state,
+                   w.cancel_requested
             FROM work w
             WHERE w.id = req.id
             LIMIT 1
@@ -84,10 +101,14 @@ BEGIN
             lease_expiry = NULL,
             errors = w.errors || jsonb_build_array(jsonb_build_object(
                 'attempt', w.attempt, 'at', now(), 'instance', p_instance,
-                'kind', CASE WHEN d.cancelled THEN 'cancelled'
+                'kind', CASE WHEN d.cancelled OR d.instead_of IS NOT NULL THEN 'cancelled'
                              WHEN d.retry_after IS NULL THEN 'rejected'
                              ELSE 'failed' END,
-                'error', left(d.error, 8192)))
+                'error', left(CASE WHEN d.instead_of IS NULL THEN d.error
+                                   ELSE format('a cancel was requested while attempt %s ran: ended cancelled '
+                                               'instead of %s; the attempt''s error: %s',
+                                               w.attempt, d.instead_of, d.error)
+                              END, 8192)))
         FROM decided d
         WHERE w.id = d.id
         RETURNING w.id, w.claim_token, w.state

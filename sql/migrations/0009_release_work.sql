@@ -5,13 +5,16 @@
 -- false (a drain) the attempt is not counted: attempt - 1, so the next claim starts the same
 -- attempt number again under a new claim token (the token, not the attempt, fences). With
 -- consume_attempt true the attempt counts; an item with no attempts left becomes dead.
+-- An item whose cancel was requested ends cancelled instead (its attempt as it was), with a
+-- history entry, kind 'cancelled', saying so: an operator's cancel is never lost to a release.
 --
 -- Wakes the claimers of every queue that got work back (pg_notify('<schema>.wake', queue)).
--- Result: one row per requested pair, in request order: the new state, or NULL when fenced out.
+-- Result: one row per distinct requested pair, in the order of its first occurrence: the new
+-- state, or NULL when fenced out. A repeated pair is released and answered once.
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs; consume_attempt
 -- not NULL (WP002).
 -- Fencing: instance AND claim token AND state running.
--- Clock rule: finished_at (dead) is the database's now().
+-- Clock rule: finished_at (dead, cancelled) is the database's now().
 CREATE FUNCTION release_work(p_instance uuid, p_ids bigint[], p_tokens bigint[], p_consume_attempt boolean)
 RETURNS TABLE (id bigint, claim_token bigint, state work_state)
 LANGUAGE plpgsql VOLATILE
@@ -51,11 +54,19 @@ BEGIN
     RETURN QUERY
     WITH released AS (
         UPDATE work w
-        SET state = CASE WHEN p_consume_attempt AND w.attempt >= w.max_attempts
-                         THEN 'dead'::work_state ELSE 'available'::work_state END,
-            attempt = CASE WHEN p_consume_attempt THEN w.attempt ELSE w.attempt - 1 END,
-            finished_at = CASE WHEN p_consume_attempt AND w.attempt >= w.max_attempts THEN now() END,
-            errors = CASE WHEN p_consume_attempt AND w.attempt >= w.max_attempts
+        SET state = CASE WHEN w.cancel_requested THEN 'cancelled'::work_state
+                         WHEN p_consume_attempt AND w.attempt >= w.max_attempts THEN 'dead'::work_state
+                         ELSE 'available'::work_state END,
+            attempt = CASE WHEN p_consume_attempt OR w.cancel_requested THEN w.attempt ELSE w.attempt - 1 END,
+            finished_at = CASE WHEN w.cancel_requested OR (p_consume_attempt AND w.attempt >= w.max_attempts)
+                               THEN now() END,
+            errors = CASE WHEN w.cancel_requested
+                          THEN w.errors || jsonb_build_array(jsonb_build_object(
+                               'attempt', w.attempt, 'at', now(), 'instance', p_instance,
+                               'kind', 'cancelled',
+                               'error', format('released after a cancel was requested while attempt %s ran: '
+                                               'ended cancelled instead of running again', w.attempt)))
+                          WHEN p_consume_attempt AND w.attempt >= w.max_attempts
                           THEN w.errors || jsonb_build_array(jsonb_build_object(
                                'attempt', w.attempt, 'at', now(), 'instance', p_instance,
                                'kind', 'released', 'error', 'released with no attempts left'))
@@ -66,7 +77,9 @@ BEGIN
         RETURNING w.id, w.claim_token, w.state
     )
     SELECT r.id, r.token, d.state
-    FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r(id, token, ord)
+    FROM (SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
+          FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+          ORDER BY u.id, u.token, u.ord) r
     LEFT JOIN released d ON d.id = r.id AND d.claim_token = r.token
     ORDER BY r.ord;
 

@@ -3,7 +3,8 @@
 --
 -- Inserts a batch of work items in one statement: element i of every list describes item i.
 -- Works inside the caller's own transaction, so work commits (or rolls back) atomically with
--- the caller's business writes.
+-- the caller's business writes. A batch is all or nothing: every item is written or
+-- answered, or the statement fails and nothing of it is written.
 --   queues[i]       a registered queue (register_queue); an unknown queue raises WP001 naming it
 --   payloads[i]     the item's JSON payload (not NULL)
 --   priorities[i]   lower runs first; NULL = 0
@@ -12,6 +13,12 @@
 --   unique_keys[i]  NULL, or a key unique per queue among unfinished items: a second enqueue
 --                   with the same key while the first is available, scheduled or running
 --                   writes nothing and returns the existing item's id (inserted = false).
+--                   When that holder finishes between this insert (which it stopped) and the
+--                   lookup of its id, the holder is still the answer, whatever its state now
+--                   (it was unfinished when the insert met it). When it was also deleted
+--                   meanwhile (pruned, discarded), no holder can be named: the statement
+--                   raises SQLSTATE 40001 (serialization_failure: retry the transaction), and
+--                   nothing of the batch is written.
 --   max_attempts[i] NULL = the queue's max_attempts; else 1..1000
 -- Ids are drawn from work_id_seq up front, so each result maps to its input without relying
 -- on the order of RETURNING.
@@ -20,9 +27,10 @@
 -- identical notifications of one transaction into one, so a transaction notifies each queue
 -- at most once, and only when it commits.
 --
--- Result: one row per input item, in input order (ord is 1-based).
+-- Result: one row per input item, in input order (ord is 1-based); id is never NULL.
 -- Arguments: all lists the same length, 1..50000 items; anything invalid raises WP002 naming
 -- the item, and nothing is written.
+-- Fencing: none; new items have no owner.
 -- Clock rule: run_at from run_after, and created_at, use the database's now().
 CREATE FUNCTION enqueue_work(
     p_queues       text[],
@@ -39,11 +47,13 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_n       integer := coalesce(cardinality(p_queues), 0);
-    v_now     timestamptz := now();
-    v_ids     bigint[];
-    v_unknown text;
-    v_bad     integer;
+    v_n        integer := coalesce(cardinality(p_queues), 0);
+    v_now      timestamptz := now();
+    v_ids      bigint[];
+    v_unknown  text;
+    v_bad      integer;
+    v_answer   bigint[];
+    v_inserted boolean[];
 BEGIN
     IF v_n = 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'enqueue_work: no items given';
@@ -113,8 +123,12 @@ BEGIN
 
     -- Some items carry unique keys: report the existing item for each one that conflicted
     -- (this statement sees the rows just inserted, and those other transactions committed).
-    RETURN QUERY
-    SELECT t.i::integer, coalesce(w.id, dup.id), w.id IS NOT NULL
+    -- The holder is the unfinished item with the key (an index probe of work_unique_key);
+    -- only when that finished meanwhile, the item with the key that finished last (a scan,
+    -- on this rare path only: finished rows have no index on their key).
+    SELECT array_agg(coalesce(w.id, dup.id, gone.id) ORDER BY t.i),
+           array_agg(w.id IS NOT NULL ORDER BY t.i)
+    INTO v_answer, v_inserted
     FROM unnest(v_ids, p_queues, p_unique_keys) WITH ORDINALITY AS t(id, q, ukey, i)
     LEFT JOIN work w ON w.id = t.id
     LEFT JOIN LATERAL (
@@ -123,6 +137,23 @@ BEGIN
           AND x.state IN ('available', 'scheduled', 'running')
         LIMIT 1
     ) dup ON true
-    ORDER BY t.i;
+    LEFT JOIN LATERAL (
+        SELECT x.id FROM work x
+        WHERE w.id IS NULL AND dup.id IS NULL AND x.queue = t.q AND x.unique_key = t.ukey
+        ORDER BY x.finished_at DESC NULLS FIRST, x.id DESC
+        LIMIT 1
+    ) gone ON true;
+
+    v_bad := array_position(v_answer, NULL);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = format('enqueue_work: the item holding unique key %L of queue %L finished and was deleted '
+                             'while this batch was being enqueued, so item %s can be neither inserted nor '
+                             'answered with it; nothing was enqueued: enqueue the batch again',
+                             p_unique_keys[v_bad], p_queues[v_bad], v_bad);
+    END IF;
+
+    RETURN QUERY
+    SELECT g.i::integer, v_answer[g.i], v_inserted[g.i] FROM generate_series(1, v_n) AS g(i);
 END;
 $$;

@@ -10,13 +10,13 @@
 -- state holds a large share of the table the planner may prefer a parallel sequential scan):
 --   available: work_claim (queue leads it);
 --   scheduled: work_scheduled, plus a heap visit per row for its queue;
---   running:   work_running_instance or work_running_lease, plus a heap visit per row
---              (running items are bounded by the fleet's handler slots: few).
+--   running:   work_running_lease, plus a heap visit per row (running items are bounded by
+--              the fleet's handler slots: few).
 -- Measured on PostgreSQL 15, warm cache, 1 050 000 rows of which 180 000 available, 10 000
 -- scheduled and 10 000 running: 80 to 95 ms, so about 4 ms per 10 000 waiting items. Each
 -- instance samples on its own; with N instances that is N samples per interval. A backlog of
 -- millions makes every sample a scan of that many index entries: lengthen the sample interval
--- (MaintenanceConfig::depth_sample_interval_ms), or set it to 0 to turn sampling off.
+-- (the maintenance setting depth_sample_interval_ms), or set it to 0 to turn sampling off.
 --
 -- Result: by queue, then state. Arguments: none.
 -- Fencing: none; it only reads. Clock rule: none (a scheduled item counts as scheduled until

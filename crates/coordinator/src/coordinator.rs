@@ -22,14 +22,14 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     /// oversized batch: an error naming the problem and nothing written.
     async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome>;
 
-    /// Leases runnable and orphaned items; see `claim_work` in
-    /// `sql/migrations/0025_hot_path_fixes.sql`. A queue nobody registered is refused
+    /// Leases runnable and orphaned items; see the SQL function
+    /// `claim_work`. A queue nobody registered is refused
     /// ([`crate::Error::UnknownQueue`]); an unregistered or evicted instance too
     /// ([`crate::Error::NotRegistered`]).
     async fn claim_work(&self, params: ClaimWorkParams) -> Result<ClaimWorkOutcome>;
 
-    /// Extends a batch of leases fenced to the caller; see `renew_leases` in
-    /// `0025_hot_path_fixes.sql`. One answer per distinct lease; an instance that was reaped
+    /// Extends a batch of leases fenced to the caller; see the SQL function
+    /// `renew_leases`. One answer per distinct lease; an instance that was reaped
     /// gets [`RenewalStatus::Evicted`] for every lease.
     async fn renew_leases(&self, params: RenewLeasesParams) -> Result<RenewLeasesOutcome>;
 
@@ -49,13 +49,13 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     async fn checkpoint_work(&self, params: CheckpointWorkParams) -> Result<CheckpointWorkOutcome>;
 
     /// Refreshes the instance's heartbeat (and what it knows of its alive-lock) and, when a
-    /// peer may be dead, sweeps with the instance as the judge; see `0026_liveness.sql`.
+    /// peer may be dead, sweeps with the instance as the judge; see the SQL function `record_heartbeat`.
     async fn record_heartbeat(
         &self,
         params: RecordHeartbeatParams,
     ) -> Result<RecordHeartbeatOutcome>;
 
-    /// Deletes dead instances by the liveness rule of `0026_liveness.sql` (judged only on what
+    /// Deletes dead instances by the liveness rule of the SQL function `cleanup_stale_instances` (judged only on what
     /// the judge saw while connected; the judge is never reaped) and releases their leases.
     async fn cleanup_stale_instances(
         &self,
@@ -70,25 +70,25 @@ pub trait WorkCoordinator: Send + Sync + 'static {
 
     /// Promotes due scheduled items (delays and retries whose time came) to available in
     /// every queue, at most `limit`, and wakes their claimers; see
-    /// `0015_promote_scheduled.sql`.
+    /// the SQL function `promote_scheduled`.
     async fn promote_scheduled(
         &self,
         params: PromoteScheduledParams,
     ) -> Result<PromoteScheduledOutcome>;
 
     /// Ends orphans that must not run again, in every queue, at most `limit`: attempts used up
-    /// → dead letter, cancel requested → cancelled; see `0016_dead_letter_expired.sql`.
+    /// → dead letter, cancel requested → cancelled; see the SQL function `dead_letter_expired`.
     async fn dead_letter_expired(
         &self,
         params: DeadLetterExpiredParams,
     ) -> Result<DeadLetterExpiredOutcome>;
 
     /// Deletes finished items past their retention, at most `limit`; see
-    /// `0017_prune_finished.sql`.
+    /// the SQL function `prune_finished`.
     async fn prune_finished(&self, params: PruneFinishedParams) -> Result<PruneFinishedOutcome>;
 
     /// Deletes eviction tombstones past their retention, at most `limit`; see
-    /// `0018_prune_evicted_instances.sql`.
+    /// the SQL function `prune_evicted_instances`.
     async fn prune_evicted_instances(
         &self,
         params: PruneEvictedInstancesParams,
@@ -99,11 +99,11 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     async fn maintenance_due(&self, params: MaintenanceDueParams) -> Result<MaintenanceDueOutcome>;
 
     /// Counts available, scheduled and running items per queue (for metrics); see
-    /// `0019_queue_depth.sql` for its cost.
+    /// the SQL function `queue_depth` for its cost.
     async fn queue_depth(&self, params: QueueDepthParams) -> Result<QueueDepthOutcome>;
 
     /// Reads the state of the server that workpump depends on (the NOTIFY queue's usage);
-    /// see `server_status` in `0026_liveness.sql`.
+    /// see the SQL function `server_status`.
     async fn server_status(&self, params: ServerStatusParams) -> Result<ServerStatusOutcome>;
 
     /// An operator cancels an item: available or scheduled → cancelled now; running → cancel

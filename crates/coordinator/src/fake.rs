@@ -785,7 +785,7 @@ fn peers_may_be_dead(
     })
 }
 
-/// The fake's cleanup_stale_instances: the rule of `0026_liveness.sql` (lock lost within the
+/// The fake's cleanup_stale_instances: the rule of the SQL function `cleanup_stale_instances` (lock lost within the
 /// judge's watch and for longer than the grace; stale while the judge watched; definitively
 /// dead while the judge watched; never the judge). Returns the reaped instances and the
 /// queues whose leases were released (to wake their claimers).
@@ -887,7 +887,7 @@ fn counts(per_queue: BTreeMap<String, u64>) -> Vec<QueueCount> {
 }
 
 /// The reasons the store gives for refusing an operator's call on an item in the wrong
-/// state: the same words as the SQL functions (0020 to 0022).
+/// state: the same words as the SQL functions (`cancel_work`, `retry_dead_work`, `discard_work`).
 mod refusal {
     pub(super) const CANCEL_FINISHED: &str = "a finished item cannot be cancelled";
     pub(super) const RETRY_NOT_DEAD: &str = "only a dead letter can be retried";

@@ -491,7 +491,7 @@ pub struct RecordHeartbeatParams {
 }
 
 /// What a heartbeat reports about the instance's alive-lock. The stored cutoffs, the stale
-/// rule and the store's sweep are described in `sql/migrations/0026_liveness.sql`.
+/// rule and the store's sweep are described in the SQL function `cleanup_stale_instances`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AliveLockReport {
     /// Nothing: the store keeps what it knew (a beat from a part of the process that does not
@@ -525,7 +525,7 @@ pub struct RecordHeartbeatOutcome {
 pub struct CleanupStaleInstancesParams {
     /// The sweeping instance: it is never reaped, and it judges only on what it could see
     /// while its own sessions stayed connected (`judge_watch` in
-    /// `sql/migrations/0026_liveness.sql`). `None`: an operator's sweep, watched by the
+    /// the SQL function `cleanup_stale_instances`). `None`: an operator's sweep, watched by the
     /// calling session alone.
     pub judge: Option<InstanceId>,
     /// See [`RecordHeartbeatParams::stale_after`].

@@ -47,7 +47,7 @@ fn heartbeat(me: InstanceId) -> RecordHeartbeatParams {
     }
 }
 
-/// A peer that may judge by every rule (sql/migrations/0026_liveness.sql): registered,
+/// A peer that may judge by every rule (`cleanup_stale_instances`): registered,
 /// holding its alive-lock, and watching the store for an hour.
 async fn judge(c: &PgCoordinator, pool: &PgPool) -> (InstanceId, TakeAliveLockOutcome) {
     let me = registered(c).await;
@@ -410,79 +410,6 @@ async fn a_waiting_item_cannot_carry_a_cancel_request() {
     }
 }
 
-/// Items that a lost cancel sent back to waiting before the fix end cancelled when the store
-/// is migrated (with an entry saying why), and claim_work never hands them out.
-#[tokio::test]
-async fn migrating_ends_the_waiting_items_a_lost_cancel_left_behind() {
-    let (_db, pool) = fresh().await;
-    // The store as it was before the fix: migrations 0001 to 0024.
-    let dir = std::env::temp_dir().join(format!("wp-migrations-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir(&dir).expect("a temporary directory");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/migrations");
-    for entry in std::fs::read_dir(source).expect("sql/migrations") {
-        let path = entry.expect("an entry").path();
-        let name = path
-            .file_name()
-            .expect("a name")
-            .to_string_lossy()
-            .into_owned();
-        if name.as_str() < "0025" {
-            std::fs::copy(&path, dir.join(&name)).expect("copy a migration");
-        }
-    }
-    let old = sqlx::migrate::Migrator::new(dir.as_path())
-        .await
-        .expect("the old migrations");
-    let mut conn = PgConnection::connect_with(&pool.connect_options())
-        .await
-        .expect("connect");
-    sqlx::raw_sql("CREATE SCHEMA workpump; SET search_path TO workpump")
-        .execute(&mut conn)
-        .await
-        .expect("the schema");
-    old.run_direct(&mut conn).await.expect("migrate to 0024");
-    conn.close().await.expect("close");
-    std::fs::remove_dir_all(&dir).expect("remove the temporary directory");
-    let me = InstanceId::new();
-    sqlx::raw_sql(&format!(
-        "SELECT workpump.register_queue('q', 10);
-         SELECT * FROM workpump.record_heartbeat('{}', 'test', '{{}}', interval '30 s');
-         INSERT INTO workpump.work (queue, state, max_attempts, attempt, run_at, payload, cancel_requested)
-         VALUES ('q', 'available', 10, 1, now() - interval '1 minute', '\"lost\"', true),
-                ('q', 'scheduled', 10, 1, now() + interval '1 minute', '\"lost later\"', true),
-                ('q', 'available', 10, 0, now(), '\"fine\"', false);",
-        me.0
-    ))
-    .execute(&pool)
-    .await
-    .expect("rows written before the fix");
-
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
-    let rows: Vec<(String, String, bool, serde_json::Value)> = sqlx::query_as(
-        "SELECT payload #>> '{}', state::text, finished_at IS NOT NULL, errors
-         FROM workpump.work ORDER BY id",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("rows");
-    let summary: Vec<(&str, &str, bool, Option<&str>)> = rows
-        .iter()
-        .map(|(p, s, f, e)| (p.as_str(), s.as_str(), *f, e[0]["kind"].as_str()))
-        .collect();
-    assert_eq!(
-        summary,
-        vec![
-            ("lost", "cancelled", true, Some("cancelled")),
-            ("lost later", "cancelled", true, Some("cancelled")),
-            ("fine", "available", false, None),
-        ]
-    );
-    let c = PgCoordinator::new(pool.clone());
-    let out = claim(&c, me, 10, LEASE).await;
-    let payloads: Vec<serde_json::Value> = out.items.iter().map(|i| i.payload.clone()).collect();
-    assert_eq!(payloads, vec![json!("fine")]);
-}
-
 // -- 4. an enqueue racing the end of its unique key's holder ------------------------------------
 
 /// Makes every later INSERT statement into `workpump.work` wait, between its insert and
@@ -681,8 +608,7 @@ async fn a_callers_temporary_queues_table_does_not_let_an_unregistered_queue_in(
 }
 
 /// Every function of the store searches its own schema, then `pg_temp` last (and
-/// `pg_catalog` first, implicitly): those of released migrations (altered by 0025) and those
-/// created since, which capture the migrating session's path.
+/// `pg_catalog` first, implicitly): each captures the migrating session's path.
 #[tokio::test]
 async fn every_function_of_the_store_searches_pg_temp_last() {
     let (_db, pool) = fresh().await;

@@ -1,8 +1,7 @@
-//! The liveness rule on a real server (sql/migrations/0026_liveness.sql): what only
+//! The liveness rule on a real server (`cleanup_stale_instances` and its parts): what only
 //! PostgreSQL can show — sessions reset by the server, the age of the sweeping connection,
-//! row locks between concurrent heartbeats. The SQL here uses only the function signatures
-//! that existed before migration 0026 (kept as wrappers), so each test also runs unchanged
-//! against the previous release, where it fails.
+//! row locks between concurrent heartbeats. Each test failed against the store before the
+//! rule (`5dc7744`), as its last sentence says.
 
 use std::time::Duration;
 
@@ -31,12 +30,13 @@ async fn connect(db: &TestDatabase) -> PgConnection {
     PgConnection::connect(db.url()).await.expect("connect")
 }
 
-/// Registers `id` with the previous release's signature: stale after `stale`, dead after
-/// 5 min, lock grace `grace`.
+/// Registers `id` (a registration beat that reports no lock session): stale after `stale`,
+/// dead after 5 min, lock grace `grace`.
 async fn register(conn: &mut PgConnection, id: Uuid, stale: &str, grace: &str) {
     let evicted: bool = sqlx::query_scalar(&format!(
         "SELECT evicted FROM workpump.record_heartbeat($1, 'test', '{{}}', interval '{stale}',
-                                                       interval '5 minutes', interval '{grace}')"
+                                                       interval '5 minutes', interval '{grace}',
+                                                       NULL, true)"
     ))
     .bind(id)
     .fetch_one(conn)
@@ -68,7 +68,7 @@ async fn exec(conn: &mut PgConnection, sql: &str, id: Uuid) {
 /// An operator's sweep (no judge): its watch is the calling connection's.
 async fn sweep(conn: &mut PgConnection, stale: &str, grace: &str) -> Vec<Uuid> {
     sqlx::query_scalar(&format!(
-        "SELECT instance_id FROM workpump.cleanup_stale_instances(interval '{stale}',
+        "SELECT instance_id FROM workpump.cleanup_stale_instances(NULL, interval '{stale}',
                                                                interval '5 minutes',
                                                                interval '{grace}')"
     ))
@@ -142,7 +142,7 @@ async fn reset_every_other_session(conn: &mut PgConnection) {
 /// A reset ends every session, and with them every alive-lock: at beat ages 0, 35 and 55 s
 /// (the slow cadence is 60 s, the stale cutoff 30 s) nothing there is evidence that a client
 /// died. Sweeps right after it, and after the locks have been gone for longer than the
-/// grace, reap nobody. (Before 0026 the 35 s and 55 s instances went at the first sweep, by
+/// grace, reap nobody. (Before the rule the 35 s and 55 s instances went at the first sweep, by
 /// staleness, and the third after the grace, by the lost lock.)
 #[tokio::test]
 async fn a_reset_of_every_session_evicts_nobody_whatever_the_beat_ages() {
@@ -190,7 +190,7 @@ async fn a_reset_of_every_session_evicts_nobody_whatever_the_beat_ages() {
 /// A live instance at the slow cadence (its beat older than the stale cutoff) whose lock
 /// session is killed is not reaped by the first sweep that sees the lock gone, even by a
 /// judge that has watched for longer than the stale cutoff: the lock grace holds on the stale
-/// path too, and the owner takes its lock again within it. (Before 0026 the first sweep
+/// path too, and the owner takes its lock again within it. (Before the rule the first sweep
 /// reaped it by staleness.)
 #[tokio::test]
 async fn a_lock_blip_past_the_stale_cutoff_is_covered_by_the_grace() {
@@ -245,7 +245,7 @@ async fn a_lock_blip_past_the_stale_cutoff_is_covered_by_the_grace() {
 
 /// A sweep judges staleness only once it has watched the server for longer than the cutoff:
 /// an operator's sweep on a connection younger than the stale cutoff reaps nobody, the same
-/// sweep on the same connection later does. (Before 0026 any sweep reaped at once.)
+/// sweep on the same connection later does. (Before the rule any sweep reaped at once.)
 #[tokio::test]
 async fn a_sweep_on_a_young_connection_reaps_nobody_by_staleness() {
     let db = database().await;
@@ -273,14 +273,14 @@ async fn a_sweep_on_a_young_connection_reaps_nobody_by_staleness() {
 }
 
 /// The store refuses cutoffs below its floor: a caller cannot reap its peers with a
-/// microsecond. (Before 0026 it reaped every instance whose beat was older than that.)
+/// microsecond. (Before the rule it reaped every instance whose beat was older than that.)
 #[tokio::test]
 async fn a_cutoff_below_the_store_floor_is_refused() {
     let db = database().await;
     let mut conn = connect(&db).await;
     register(&mut conn, Uuid::new_v4(), "30 seconds", "3 seconds").await;
     let err =
-        sqlx::query("SELECT * FROM workpump.cleanup_stale_instances(interval '1 microsecond')")
+        sqlx::query("SELECT * FROM workpump.cleanup_stale_instances(NULL, interval '1 microsecond', NULL, NULL)")
             .execute(&mut conn)
             .await
             .expect_err("refused");
@@ -293,7 +293,7 @@ async fn a_cutoff_below_the_store_floor_is_refused() {
 }
 
 /// Two heartbeats whose sweeps each record the other's lost lock, while each holds its own
-/// row, do not wait on each other (before 0026 this deadlocked: each locked its own row,
+/// row, do not wait on each other (before the rule this deadlocked: each locked its own row,
 /// then its sweep waited for the other's).
 #[tokio::test]
 async fn two_heartbeats_sweeping_each_other_do_not_deadlock() {

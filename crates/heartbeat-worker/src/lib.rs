@@ -13,7 +13,7 @@
 //!
 //! A peer decides whether this instance is alive in `cleanup_stale_instances` (run by the
 //! heartbeat of whichever instance sees a peer that may be dead, and by the maintenance
-//! backstop). The rule (`sql/migrations/0026_liveness.sql`, `docs/store.md`): an instance is
+//! backstop). The rule (the SQL function `cleanup_stale_instances`, `docs/store.md`): an instance is
 //! judged dead only on evidence its judge gathered while the judge could itself see the
 //! server without interruption, so a server restart, a crash, a failover or an outage is never
 //! evidence that a client died. Within that:

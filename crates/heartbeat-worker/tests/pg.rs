@@ -117,7 +117,7 @@ async fn lock_holder(store: &Store, instance: InstanceId) -> Option<i32> {
 }
 
 /// A peer that judges: registered, holding its alive-lock, and watching the store for an hour
-/// (sql/migrations/0026_liveness.sql).
+/// (`cleanup_stale_instances`).
 async fn judge(store: &Store) -> (InstanceId, TakeAliveLockOutcome) {
     let me = InstanceId::new();
     store

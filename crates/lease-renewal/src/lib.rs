@@ -4,7 +4,7 @@
 //! monotonic clock, with no database reply needed — and when the lease is lost (or the whole
 //! instance was evicted), a cancel is requested, `max_duration` passes, the host shuts down or the handle is dropped. The
 //! [`LeaseRenewalWorker`] coalesces the handles' renewal requests into batched calls of the
-//! `renew_leases` SQL function (`sql/migrations/0025_hot_path_fixes.sql`) and moves each
+//! `renew_leases` SQL function and moves each
 //! deadline only after the database confirmed, from when the call was sent.
 //!
 //! It deliberately does not claim work, run handlers, record outcomes or release leases (the

@@ -47,7 +47,7 @@
 //!    (alive-lock guard and definitive-dead bypass included). The worker sweeps as its host's
 //!    instance ([`MaintenanceWorker::with_judge`]): that instance is never reaped by its own
 //!    sweep, and the sweep judges only on what it could see while its sessions stayed
-//!    connected (`sql/migrations/0026_liveness.sql`), so a restarted or failed-over server,
+//!    connected (the SQL function `cleanup_stale_instances`), so a restarted or failed-over server,
 //!    or an outage, evicts nobody;
 //! 2. `dead_letter_expired`: after 1, so leases it released are seen at once;
 //! 3. `promote_scheduled`, which NOTIFYs each queue it made work available in;
@@ -58,7 +58,7 @@
 //!    `workpump_notification_queue_usage_ratio` and [`MaintenanceStatus`] (a warning is
 //!    logged from [`NOTIFICATION_QUEUE_WARN`], 50 %). The depth's cost
 //!    grows with the number of available, scheduled and running items (about 4 ms per 10 000
-//!    on PostgreSQL 15; see `sql/migrations/0019_queue_depth.sql`), paid by every instance
+//!    on PostgreSQL 15; see the SQL function `queue_depth`), paid by every instance
 //!    once per interval; 0 turns it off. A (queue, state) that disappears from the result is
 //!    set back to 0.
 //!

@@ -106,7 +106,7 @@ pub struct MaintenanceConfig {
     /// The shortest time between two samples of the queue depth (`queue_depth`, published as
     /// the gauge `workpump_queue_depth`); a sweep samples when at least this long passed since
     /// the last sample. Each sample counts every available, scheduled and running item (about
-    /// 4 ms per 10 000 of them; see `sql/migrations/0019_queue_depth.sql`). 0 turns sampling
+    /// 4 ms per 10 000 of them; see the SQL function `queue_depth`). 0 turns sampling
     /// off. **Default: 15 000 ms (15 s).**
     pub depth_sample_interval_ms: u64,
     /// A store call that has not answered after this is abandoned and its step counts as
@@ -423,7 +423,7 @@ impl MaintenanceWorker {
     /// Sweeps as the instance `identity` currently is: `cleanup_stale_instances` never reaps
     /// it, and judges only on what that instance could see while its sessions (its alive-lock
     /// session above all) stayed connected. Without a judge a sweep is an operator's: its
-    /// watch is the calling connection's alone (see `sql/migrations/0026_liveness.sql`). The
+    /// watch is the calling connection's alone (see the SQL function `cleanup_stale_instances`). The
     /// host passes the identity its heartbeat beats for.
     pub fn with_judge(mut self, identity: Identity) -> Self {
         self.judge = Some(identity);

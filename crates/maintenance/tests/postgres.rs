@@ -79,7 +79,7 @@ impl Store {
     }
 
     /// A registered instance that holds its alive-lock and has watched the store for an
-    /// hour: its sweeps may judge by every rule (sql/migrations/0026_liveness.sql).
+    /// hour: its sweeps may judge by every rule (`cleanup_stale_instances`).
     async fn judge(&self) -> (InstanceId, TakeAliveLockOutcome) {
         let me = self.instance().await;
         let lock = self

@@ -442,7 +442,7 @@ impl PgCoordinator {
             .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
         let mut items = Vec::with_capacity(rows.len());
         for (ord, id, inserted) in rows {
-            // enqueue_work answers every item with an id, or fails whole (0025); a NULL here
+            // enqueue_work answers every item with an id, or fails whole; a NULL here
             // is a store that does not keep that promise.
             let id = id.ok_or_else(|| {
                 Error::database(

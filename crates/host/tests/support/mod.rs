@@ -60,7 +60,7 @@ pub async fn database() -> (TestDatabase, PgPool) {
     (db, pool)
 }
 
-/// A peer that may judge by every rule (sql/migrations/0026_liveness.sql): registered,
+/// A peer that may judge by every rule (`cleanup_stale_instances`): registered,
 /// holding its alive-lock on the returned connection (keep it open), and watching the store
 /// for an hour.
 pub async fn seasoned_judge(url: &str) -> (PgConnection, Uuid) {
