@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::types::*;
-use crate::WorkCoordinator;
+use crate::{Operations, WorkCoordinator};
 
 /// A work item as the store holds it, for assertions.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,6 +87,9 @@ impl ErrorEntry {
 pub trait Harness: Send + Sync {
     /// The coordinator under test, on a fresh, migrated store.
     fn coordinator(&self) -> Arc<dyn WorkCoordinator>;
+    /// The operator's calls on the same store. A [`WorkCoordinator`] implemented outside
+    /// this crate (a decorator) returns those of the store it wraps: [`Operations`] is sealed.
+    fn operations(&self) -> Arc<dyn Operations>;
     /// One work item as stored; `None` when it does not exist.
     async fn work_row(&self, id: WorkId) -> Option<WorkRow>;
     /// How many work items exist.
@@ -1441,7 +1444,7 @@ pub async fn alive_lock_keys_that_hash_to_negative_values_work(h: &dyn Harness) 
         .expect("take lock");
     assert!(lock.held);
     let alive = h
-        .coordinator()
+        .operations()
         .is_instance_alive(IsInstanceAliveParams { instance: me })
         .await
         .expect("alive?");
@@ -1497,7 +1500,8 @@ pub async fn the_alive_lock_is_taken_once_per_session(h: &dyn Harness) {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let alive = c
+    let alive = h
+        .operations()
         .is_instance_alive(IsInstanceAliveParams { instance: me })
         .await
         .expect("alive?");
@@ -1508,7 +1512,7 @@ async fn wait_until_not_alive(h: &dyn Harness, instance: InstanceId) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let alive = h
-            .coordinator()
+            .operations()
             .is_instance_alive(IsInstanceAliveParams { instance })
             .await
             .expect("alive?")
@@ -2341,17 +2345,17 @@ pub async fn queue_depth_counts_waiting_and_running_items_per_queue(h: &dyn Harn
 // -- operator: cancel_work / retry_dead_work / discard_work ---------------------------------
 
 async fn cancel(h: &dyn Harness, id: WorkId) -> Result<CancelWorkOutcome> {
-    h.coordinator().cancel_work(CancelWorkParams { id }).await
+    h.operations().cancel_work(CancelWorkParams { id }).await
 }
 
 async fn retry(h: &dyn Harness, id: WorkId) -> Result<RetryDeadWorkOutcome> {
-    h.coordinator()
+    h.operations()
         .retry_dead_work(RetryDeadWorkParams { id })
         .await
 }
 
 async fn discard(h: &dyn Harness, id: WorkId) -> Result<DiscardWorkOutcome> {
-    h.coordinator().discard_work(DiscardWorkParams { id }).await
+    h.operations().discard_work(DiscardWorkParams { id }).await
 }
 
 fn assert_invalid_state(err: Error, want_id: WorkId, want_state: WorkState, reason_has: &str) {

@@ -51,6 +51,8 @@ const CASES: Cases = Cases { pg: 40, fake: 256 };
 struct Store {
     kind: Kind,
     c: Arc<dyn WorkCoordinator>,
+    /// The operator's calls on the same store.
+    ops: Arc<dyn Operations>,
     pg: Option<Pg>,
     fake: Option<FakeCoordinator>,
     next: Arc<AtomicU64>,
@@ -91,9 +93,11 @@ impl Store {
                 let db = server.create_database().await.expect("a fresh database");
                 let pool = db.pool().await.expect("connect");
                 migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+                let coordinator = PgCoordinator::new(pool.clone());
                 Store {
                     kind,
-                    c: Arc::new(PgCoordinator::new(pool.clone())),
+                    c: Arc::new(coordinator.clone()),
+                    ops: Arc::new(coordinator),
                     pg: Some(Pg {
                         pool,
                         _db: Arc::new(db),
@@ -107,6 +111,7 @@ impl Store {
                 Store {
                     kind,
                     c: Arc::new(fake.clone()),
+                    ops: Arc::new(fake.clone()),
                     pg: None,
                     fake: Some(fake),
                     next: Arc::default(),
@@ -1267,12 +1272,13 @@ async fn unknown_items(store: Store, id: i64) -> TestCaseResult {
             )))
         }
     }
+    let ops = &store.ops;
     let results = [
-        c.cancel_work(CancelWorkParams { id }).await.map(drop),
-        c.retry_dead_work(RetryDeadWorkParams { id })
+        ops.cancel_work(CancelWorkParams { id }).await.map(drop),
+        ops.retry_dead_work(RetryDeadWorkParams { id })
             .await
             .map(drop),
-        c.discard_work(DiscardWorkParams { id }).await.map(drop),
+        ops.discard_work(DiscardWorkParams { id }).await.map(drop),
     ];
     for r in results {
         match r {

@@ -49,6 +49,10 @@ impl Harness for PgHarness {
         Arc::new(self.coordinator.clone())
     }
 
+    fn operations(&self) -> Arc<dyn Operations> {
+        Arc::new(self.coordinator.clone())
+    }
+
     async fn work_row(&self, id: WorkId) -> Option<WorkRow> {
         let r = sqlx::query(
             "SELECT id, queue, state::text AS state, priority, attempt, max_attempts, instance_id,
@@ -338,6 +342,9 @@ async fn fake() -> Arc<FakeHarness> {
 #[async_trait]
 impl Harness for FakeHarness {
     fn coordinator(&self) -> Arc<dyn WorkCoordinator> {
+        Arc::new(self.0.clone())
+    }
+    fn operations(&self) -> Arc<dyn Operations> {
         Arc::new(self.0.clone())
     }
     async fn work_row(&self, id: WorkId) -> Option<WorkRow> {

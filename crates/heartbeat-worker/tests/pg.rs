@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     migrate, AliveLockReport, CleanupStaleInstancesParams, Identity, InstanceId,
-    IsInstanceAliveParams, PgCoordinator, RecordHeartbeatParams, TakeAliveLockOutcome,
+    IsInstanceAliveParams, Operations, PgCoordinator, RecordHeartbeatParams, TakeAliveLockOutcome,
     TakeAliveLockParams, WorkCoordinator, Worker, WorkerError, DEFAULT_SCHEMA,
 };
 use workpump_heartbeat_worker::{HeartbeatConfig, HeartbeatStatus, HeartbeatWorker};
