@@ -12,7 +12,8 @@
 //! host list and `target_session_attrs`), and its pools and dedicated sessions follow the
 //! server that satisfies them through a failover (`docs/store.md`, "Database failover").
 //! With the `testing` feature it also has an in-memory `FakeCoordinator` with the same
-//! semantics, and the conformance suite that holds both to them.
+//! semantics, the conformance suite that holds both to them, and `testing::fresh_store`, the
+//! one fresh-database fixture of the workspace's PostgreSQL tests.
 //!
 //! It does not schedule anything: the workers (claim-worker, heartbeat-worker,
 //! lease-renewal, maintenance) decide when to call it, and the host wires them. Arrows:
@@ -49,6 +50,8 @@ mod worker;
 pub mod conformance;
 #[cfg(feature = "testing")]
 mod fake;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 pub use error::{Error, LockHolder, Result};

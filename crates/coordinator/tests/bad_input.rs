@@ -25,6 +25,7 @@ use proptest::test_runner::{Config, TestCaseError, TestCaseResult, TestRunner};
 use serde_json::{json, Number, Value};
 use sqlx::postgres::PgPool;
 use workpump_coordinator::conformance::ErrorEntry;
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
@@ -87,13 +88,11 @@ impl Store {
     async fn open(kind: Kind) -> Store {
         match kind {
             Kind::Postgres => {
-                let server = workpump_testdb::server()
-                    .await
-                    .expect("a PostgreSQL server");
-                let db = server.create_database().await.expect("a fresh database");
-                let pool = db.pool().await.expect("connect");
-                migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
-                let coordinator = PgCoordinator::new(pool.clone());
+                let FreshStore {
+                    coordinator,
+                    pool,
+                    db,
+                } = fresh_store().await;
                 Store {
                     kind,
                     c: Arc::new(coordinator.clone()),

@@ -10,6 +10,7 @@ use sqlx::postgres::PgPool;
 use sqlx::Connection;
 use sqlx::Row;
 use workpump_coordinator::conformance::{ErrorEntry, Harness, JudgeSlot, WorkRow};
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
@@ -21,14 +22,13 @@ struct PgHarness {
 }
 
 async fn pg() -> Arc<PgHarness> {
-    let server = workpump_testdb::server()
-        .await
-        .expect("a PostgreSQL server");
-    let db = server.create_database().await.expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let FreshStore {
+        coordinator,
+        pool,
+        db,
+    } = fresh_store().await;
     Arc::new(PgHarness {
-        coordinator: PgCoordinator::new(pool.clone()),
+        coordinator,
         pool,
         judge: JudgeSlot::default(),
         db,

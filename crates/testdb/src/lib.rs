@@ -11,9 +11,11 @@
 //!
 //! It deliberately does not run migrations, hold pools across tests (a pool belongs to the
 //! tokio runtime that made it, and every `#[tokio::test]` makes its own), download or build
-//! PostgreSQL, or touch any server process but the one in its own data directory. Nothing in
-//! the library depends on it: it is a dev-dependency of the crates whose tests need a
-//! database, and a dependency of `xtask`.
+//! PostgreSQL, or touch any server process but the one in its own data directory. It depends
+//! on nothing of workpump's, and nothing in the library depends on it: it is a dev-dependency
+//! of the crates whose tests need a database, a dependency of `xtask`, and an optional one of
+//! the coordinator's `testing` feature, whose `testing::fresh_store` (a fresh database,
+//! migrated, with a `PgCoordinator` and a pool) is the fixture those tests share.
 //!
 //! ```no_run
 //! # async fn example() -> workpump_testdb::Result<()> {
