@@ -3,7 +3,10 @@
 //! PostgreSQL. [`server()`] finds the server — `DATABASE_URL`'s if set, else a private
 //! cluster under the workspace's `target/` that it initialises and starts on first use and
 //! leaves running for the next run — and [`Server::create_database`] makes a
-//! `wp_<uuid>` database that is dropped again when the [`TestDatabase`] is. [`Cluster`] is
+//! `wp_<uuid>` database that is dropped again when the [`TestDatabase`] is. It connects with
+//! sqlx's `PgConnectOptions` (the server's, with the database's name:
+//! [`TestDatabase::connect_options`]); URLs are what it hands out, never what it edits to
+//! connect. [`Cluster`] is
 //! the same machinery for `cargo xtask pg` (start, stop, status) and for suites that
 //! restart the server on purpose; the `"bench"` cluster keeps PostgreSQL's durability.
 //! [`Cluster::start_standby`] makes a streaming standby of a cluster on a port of its own
