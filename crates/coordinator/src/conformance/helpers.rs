@@ -78,7 +78,7 @@ pub(super) async fn take_lock(h: &dyn Harness, id: InstanceId) -> TakeAliveLockO
     lock
 }
 
-/// The harness's judge (see [`JudgeSlot`]): registered, holding its lock, and watching the
+/// The harness's judge (see [`JudgeSlot`](super::JudgeSlot)): registered, holding its lock, and watching the
 /// store for longer than the definitive-dead cutoff.
 pub async fn judge(h: &dyn Harness) -> InstanceId {
     let mut slot = h.judge_slot().0.lock().await;

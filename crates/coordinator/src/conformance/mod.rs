@@ -1,7 +1,7 @@
-//! The conformance suite: one set of cases that every [`WorkCoordinator`] must pass. The
-//! coordinator crate runs it against [`crate::PgCoordinator`] on a real server and against
-//! [`crate::FakeCoordinator`]; a change to the trait or to a SQL function extends it in the
-//! same commit.
+//! The conformance suite: one set of cases that every
+//! [`WorkCoordinator`](crate::WorkCoordinator) must pass. The coordinator crate runs it
+//! against [`crate::PgCoordinator`] on a real server and against [`crate::FakeCoordinator`];
+//! a change to the trait or to a SQL function extends it in the same commit.
 //!
 //! A [`Harness`] gives a case the coordinator plus the few things a test needs that the trait
 //! deliberately lacks: reading a row, and moving rows in time (as an `UPDATE` in the test
