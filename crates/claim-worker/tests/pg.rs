@@ -11,6 +11,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use workpump_claim_worker::*;
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::*;
 use workpump_lease_renewal::{LeaseConfig, LeaseRenewalWorker};
 use workpump_testdb::TestDatabase;
@@ -45,11 +46,11 @@ fn short_lease() -> LeaseSettings {
 }
 
 async fn setup<H: Handler>(handler: H, settings: QueueSettings, config: ClaimConfig) -> Env {
-    let server = workpump_testdb::server().await.expect("server");
-    let db = server.create_database().await.expect("database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
-    let pg = PgCoordinator::new(pool.clone());
+    let FreshStore {
+        coordinator: pg,
+        pool,
+        db,
+    } = fresh_store().await;
     pg.register_queue(RegisterQueueParams {
         name: "q".into(),
         max_attempts: 5,

@@ -5,11 +5,19 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::types::*;
 
-/// Everything a worker may ask of the store. Method names are the SQL function names; each
-/// takes one params struct and returns one outcome struct. Object-safe: workers hold an
+/// Everything the workers and the host that runs them ask of the store, and nothing else:
+/// the operator's calls are [`crate::Operations`]. Method names are the SQL function names;
+/// each takes one params struct and returns one outcome struct. Object-safe: workers hold an
 /// `Arc<dyn WorkCoordinator>`, so the PostgreSQL implementation ([`crate::PgCoordinator`]) and
 /// the in-memory fake (`FakeCoordinator`, feature `testing`) are interchangeable; the
 /// conformance suite holds them to the same behaviour.
+///
+/// **You may implement it** (a decorator that adds tracing or injects faults, another
+/// store): the conformance suite (`conformance_suite!`, feature `testing`) is the contract.
+/// A method added to this trait after its release comes with a default body that returns
+/// [`crate::Error::Unsupported`], and the worker that calls it treats that answer as "this
+/// store cannot", so a new SQL function does not break an existing implementation; changing
+/// an existing method is a breaking change of the crate.
 ///
 /// Every timestamp is the store's clock; a caller never passes one it computed, only
 /// durations (and business times for scheduling).
@@ -106,30 +114,9 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     /// see the SQL function `server_status`.
     async fn server_status(&self, params: ServerStatusParams) -> Result<ServerStatusOutcome>;
 
-    /// An operator cancels an item: available or scheduled → cancelled now; running → cancel
-    /// requested (delivered in the next renewal reply). A finished item is refused with
-    /// [`crate::Error::InvalidState`], an unknown id with [`crate::Error::NotFound`].
-    async fn cancel_work(&self, params: CancelWorkParams) -> Result<CancelWorkOutcome>;
-
-    /// An operator retries a dead letter: available again, attempts reset to 0, error history
-    /// kept. Any other state is refused with [`crate::Error::InvalidState`], an unknown id
-    /// with [`crate::Error::NotFound`].
-    async fn retry_dead_work(&self, params: RetryDeadWorkParams) -> Result<RetryDeadWorkOutcome>;
-
-    /// An operator deletes a finished item (completed, dead or cancelled). An unfinished item
-    /// is refused with [`crate::Error::InvalidState`], an unknown id with
-    /// [`crate::Error::NotFound`].
-    async fn discard_work(&self, params: DiscardWorkParams) -> Result<DiscardWorkOutcome>;
-
     /// Opens a dedicated session (not from the shared pool) and takes the instance's
     /// alive-lock on it.
     async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome>;
-
-    /// Whether some session holds the instance's alive-lock.
-    async fn is_instance_alive(
-        &self,
-        params: IsInstanceAliveParams,
-    ) -> Result<IsInstanceAliveOutcome>;
 
     /// Opens a listener for wake signals on a dedicated connection.
     async fn listen(&self, params: ListenParams) -> Result<Box<dyn WakeListener>>;

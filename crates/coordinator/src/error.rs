@@ -69,6 +69,17 @@ pub enum Error {
         holder: Option<Box<LockHolder>>,
     },
 
+    /// The store does not implement this call: the default body of a [`WorkCoordinator`]
+    /// method added after the trait's release, in an implementation written before it. The
+    /// caller skips what needed the call; nothing changed.
+    ///
+    /// [`WorkCoordinator`]: crate::WorkCoordinator
+    #[error("{method} is not supported by this store; nothing changed")]
+    Unsupported {
+        /// The method's name (the SQL function's).
+        method: &'static str,
+    },
+
     /// The database said no, or could not be reached. `context` says what was being done.
     #[error("{context}: {source}")]
     Database {

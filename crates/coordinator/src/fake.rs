@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::conformance::{ErrorEntry, WorkRow};
 use crate::coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 use crate::error::{Error, Result};
+use crate::operations::Operations;
 use crate::types::*;
 use crate::validate::{self, sanitize_text};
 
@@ -1538,6 +1539,43 @@ impl WorkCoordinator for FakeCoordinator {
         })
     }
 
+    async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
+        self.enter(Method::TakeAliveLock, 1).await?;
+        let session_id = {
+            let mut st = self.state();
+            let id = st.next_session;
+            st.next_session += 1;
+            id
+        };
+        let mut session = FakeAliveLock {
+            fake: Arc::downgrade(&self.inner),
+            instance: params.instance,
+            session_id,
+        };
+        let held = session.retake().await?;
+        Ok(TakeAliveLockOutcome {
+            held,
+            session: Box::new(session),
+        })
+    }
+
+    async fn listen(&self, _params: ListenParams) -> Result<Box<dyn WakeListener>> {
+        self.enter(Method::Listen, 0).await?;
+        let control = self.inner.listeners.subscribe();
+        if !control.borrow().up {
+            return Err(Error::database("listening", "the fake listener is down"));
+        }
+        Ok(Box::new(FakeListener {
+            wake: self.inner.wake.clone(),
+            rx: self.inner.wake.subscribe(),
+            control,
+            state: ListenState::Fresh,
+        }))
+    }
+}
+
+#[async_trait]
+impl Operations for FakeCoordinator {
     async fn cancel_work(&self, params: CancelWorkParams) -> Result<CancelWorkOutcome> {
         self.enter(Method::CancelWork, 1).await?;
         let now = self.now();
@@ -1621,26 +1659,6 @@ impl WorkCoordinator for FakeCoordinator {
         Ok(DiscardWorkOutcome { state })
     }
 
-    async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
-        self.enter(Method::TakeAliveLock, 1).await?;
-        let session_id = {
-            let mut st = self.state();
-            let id = st.next_session;
-            st.next_session += 1;
-            id
-        };
-        let mut session = FakeAliveLock {
-            fake: Arc::downgrade(&self.inner),
-            instance: params.instance,
-            session_id,
-        };
-        let held = session.retake().await?;
-        Ok(TakeAliveLockOutcome {
-            held,
-            session: Box::new(session),
-        })
-    }
-
     async fn is_instance_alive(
         &self,
         params: IsInstanceAliveParams,
@@ -1649,20 +1667,6 @@ impl WorkCoordinator for FakeCoordinator {
         Ok(IsInstanceAliveOutcome {
             alive: self.state().alive_locks.contains_key(&params.instance),
         })
-    }
-
-    async fn listen(&self, _params: ListenParams) -> Result<Box<dyn WakeListener>> {
-        self.enter(Method::Listen, 0).await?;
-        let control = self.inner.listeners.subscribe();
-        if !control.borrow().up {
-            return Err(Error::database("listening", "the fake listener is down"));
-        }
-        Ok(Box::new(FakeListener {
-            wake: self.inner.wake.clone(),
-            rx: self.inner.wake.subscribe(),
-            control,
-            state: ListenState::Fresh,
-        }))
     }
 }
 

@@ -1,19 +1,33 @@
 //! The seam between workpump's workers and its store.
 //!
-//! This crate owns the [`WorkCoordinator`] trait — one method per SQL function in `sql/`
-//! (`claim_work`, `renew_leases`, `record_heartbeat`, `cleanup_stale_instances`, the fenced
-//! outcomes `complete_work` / `fail_work` / `release_work` / `checkpoint_work`,
-//! `enqueue_work`, the alive-lock helpers) — with its types and errors, the PostgreSQL
-//! implementation [`PgCoordinator`] and [`migrate`], which applies the embedded migrations.
+//! This crate owns the [`WorkCoordinator`] trait — one method per SQL function in `sql/` that
+//! the workers or the host running them call (`claim_work`, `renew_leases`,
+//! `record_heartbeat`, `cleanup_stale_instances`, the fenced outcomes `complete_work` /
+//! `fail_work` / `release_work` / `checkpoint_work`, `register_queue`, `enqueue_work`, the
+//! maintenance steps, the alive-lock helpers) — beside it the [`Operations`] trait, the
+//! operator's calls (`cancel_work`, `retry_dead_work`, `discard_work`, `is_instance_alive`),
+//! with their types and errors, the PostgreSQL implementation [`PgCoordinator`] of both and
+//! [`migrate`], which applies the embedded migrations.
 //! [`PgCoordinator::connect_lazy`] reads database URLs as libpq does ([`DatabaseUrl`]: a
 //! host list and `target_session_attrs`), and its pools and dedicated sessions follow the
 //! server that satisfies them through a failover (`docs/store.md`, "Database failover").
 //! With the `testing` feature it also has an in-memory `FakeCoordinator` with the same
-//! semantics, and the conformance suite that holds both to them.
+//! semantics, the conformance suite that holds both to them, and `testing::fresh_store`, the
+//! one fresh-database fixture of the workspace's PostgreSQL tests.
 //!
 //! It does not schedule anything: the workers (claim-worker, heartbeat-worker,
 //! lease-renewal, maintenance) decide when to call it, and the host wires them. Arrows:
 //! coordinator ← workers ← host. No `sqlx` type crosses the trait.
+//!
+//! Which traits you may implement:
+//!
+//! - [`WorkCoordinator`]: yes. The conformance suite is the contract; a method added to the
+//!   trait later gets a default body answering [`Error::Unsupported`], so a new SQL function
+//!   does not break your implementation.
+//! - [`Operations`]: no, it is sealed. It will grow (listing items, queue overviews, bulk
+//!   actions, pausing) with store-specific calls, and sealing lets each one land without
+//!   breaking anyone. Both stores of this crate implement it.
+//! - [`Worker`], [`AliveLockSession`], [`WakeListener`]: yes; they are small and stable.
 //!
 //! It also holds the [`Worker`] contract that every worker implements, because every worker
 //! crate depends on this one and on no other.
@@ -26,6 +40,7 @@ mod coordinator;
 mod error;
 mod identity;
 mod lease;
+mod operations;
 mod pg;
 mod types;
 mod validate;
@@ -35,6 +50,8 @@ mod worker;
 pub mod conformance;
 #[cfg(feature = "testing")]
 mod fake;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 pub use error::{Error, LockHolder, Result};
@@ -44,6 +61,7 @@ pub use identity::{Generation, Identity};
 pub use lease::{
     CancelReason, LeaseSettings, LeaseTracker, TrackedLease, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
 };
+pub use operations::Operations;
 pub use pg::{
     migrate, migrate_with, DatabaseUrl, FencedTransaction, MigrateOptions, PgCoordinator,
     TargetSessionAttrs, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIGRATE_LOCK_TIMEOUT, DEFAULT_SCHEMA,

@@ -25,6 +25,7 @@ use proptest::test_runner::{Config, TestCaseError, TestCaseResult, TestRunner};
 use serde_json::{json, Number, Value};
 use sqlx::postgres::PgPool;
 use workpump_coordinator::conformance::ErrorEntry;
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
@@ -51,6 +52,8 @@ const CASES: Cases = Cases { pg: 40, fake: 256 };
 struct Store {
     kind: Kind,
     c: Arc<dyn WorkCoordinator>,
+    /// The operator's calls on the same store.
+    ops: Arc<dyn Operations>,
     pg: Option<Pg>,
     fake: Option<FakeCoordinator>,
     next: Arc<AtomicU64>,
@@ -85,15 +88,15 @@ impl Store {
     async fn open(kind: Kind) -> Store {
         match kind {
             Kind::Postgres => {
-                let server = workpump_testdb::server()
-                    .await
-                    .expect("a PostgreSQL server");
-                let db = server.create_database().await.expect("a fresh database");
-                let pool = db.pool().await.expect("connect");
-                migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+                let FreshStore {
+                    coordinator,
+                    pool,
+                    db,
+                } = fresh_store().await;
                 Store {
                     kind,
-                    c: Arc::new(PgCoordinator::new(pool.clone())),
+                    c: Arc::new(coordinator.clone()),
+                    ops: Arc::new(coordinator),
                     pg: Some(Pg {
                         pool,
                         _db: Arc::new(db),
@@ -107,6 +110,7 @@ impl Store {
                 Store {
                     kind,
                     c: Arc::new(fake.clone()),
+                    ops: Arc::new(fake.clone()),
                     pg: None,
                     fake: Some(fake),
                     next: Arc::default(),
@@ -1267,12 +1271,13 @@ async fn unknown_items(store: Store, id: i64) -> TestCaseResult {
             )))
         }
     }
+    let ops = &store.ops;
     let results = [
-        c.cancel_work(CancelWorkParams { id }).await.map(drop),
-        c.retry_dead_work(RetryDeadWorkParams { id })
+        ops.cancel_work(CancelWorkParams { id }).await.map(drop),
+        ops.retry_dead_work(RetryDeadWorkParams { id })
             .await
             .map(drop),
-        c.discard_work(DiscardWorkParams { id }).await.map(drop),
+        ops.discard_work(DiscardWorkParams { id }).await.map(drop),
     ];
     for r in results {
         match r {

@@ -10,6 +10,7 @@ use sqlx::postgres::PgPool;
 use sqlx::Connection;
 use sqlx::Row;
 use workpump_coordinator::conformance::{ErrorEntry, Harness, JudgeSlot, WorkRow};
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
@@ -21,14 +22,13 @@ struct PgHarness {
 }
 
 async fn pg() -> Arc<PgHarness> {
-    let server = workpump_testdb::server()
-        .await
-        .expect("a PostgreSQL server");
-    let db = server.create_database().await.expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let FreshStore {
+        coordinator,
+        pool,
+        db,
+    } = fresh_store().await;
     Arc::new(PgHarness {
-        coordinator: PgCoordinator::new(pool.clone()),
+        coordinator,
         pool,
         judge: JudgeSlot::default(),
         db,
@@ -46,6 +46,10 @@ fn interval(d: chrono::Duration) -> PgInterval {
 #[async_trait]
 impl Harness for PgHarness {
     fn coordinator(&self) -> Arc<dyn WorkCoordinator> {
+        Arc::new(self.coordinator.clone())
+    }
+
+    fn operations(&self) -> Arc<dyn Operations> {
         Arc::new(self.coordinator.clone())
     }
 
@@ -338,6 +342,9 @@ async fn fake() -> Arc<FakeHarness> {
 #[async_trait]
 impl Harness for FakeHarness {
     fn coordinator(&self) -> Arc<dyn WorkCoordinator> {
+        Arc::new(self.0.clone())
+    }
+    fn operations(&self) -> Arc<dyn Operations> {
         Arc::new(self.0.clone())
     }
     async fn work_row(&self, id: WorkId) -> Option<WorkRow> {

@@ -7,21 +7,14 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
-use workpump_coordinator::{migrate, DEFAULT_SCHEMA};
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_testdb::TestDatabase;
 
 /// The longest any wait here lasts.
 const DEADLINE: Duration = Duration::from_secs(20);
 
 async fn database() -> TestDatabase {
-    let db = workpump_testdb::server()
-        .await
-        .expect("a PostgreSQL server")
-        .create_database()
-        .await
-        .expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let FreshStore { pool, db, .. } = fresh_store().await;
     pool.close().await;
     db
 }

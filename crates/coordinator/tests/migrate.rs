@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::PgConnection;
 use sqlx::Connection;
 use tokio::time::Instant;
 use workpump_coordinator::*;
@@ -43,9 +43,8 @@ async fn migrate_gives_up_after_its_lock_timeout_naming_the_session_that_holds_t
 
     // The body runs in a task of its own, so that the role is dropped even when it panics.
     let body = {
-        let (admin, url, role) = (admin.clone(), db.url().to_owned(), role.clone());
+        let (admin, options, role) = (admin.clone(), db.connect_options(), role.clone());
         tokio::spawn(async move {
-            let options: PgConnectOptions = url.parse().expect("the database URL");
             let options = options
                 .username(&role)
                 .password(&password)

@@ -108,7 +108,7 @@ async fn a_runtime_role_with_only_the_documented_grants_runs_the_whole_api_and_c
 
     // The body runs in a task of its own, so that the roles are dropped even when it panics.
     let body = {
-        let (admin, url) = (admin.clone(), db.url().to_owned());
+        let (admin, options) = (admin.clone(), db.connect_options());
         let roles = Roles {
             migrator: roles.migrator.clone(),
             runtime: roles.runtime.clone(),
@@ -116,7 +116,7 @@ async fn a_runtime_role_with_only_the_documented_grants_runs_the_whole_api_and_c
             password: roles.password.clone(),
         };
         let db_name = db.name().to_owned();
-        tokio::spawn(async move { run(admin, &url, &db_name, &roles).await })
+        tokio::spawn(async move { run(admin, options, &db_name, &roles).await })
     };
     let outcome = body.await;
 
@@ -147,9 +147,8 @@ async fn a_runtime_role_with_only_the_documented_grants_runs_the_whole_api_and_c
     dropped_db.expect("drop the database");
 }
 
-async fn run(admin: PgPool, url: &str, db_name: &str, roles: &Roles) {
+async fn run(admin: PgPool, options: PgConnectOptions, db_name: &str, roles: &Roles) {
     // --- The migrator: migrate, then grant the runtime role what docs/privileges.md says.
-    let options: PgConnectOptions = url.parse().expect("URL");
     let as_role = |role: &str| {
         options
             .clone()
@@ -649,7 +648,7 @@ async fn a_migrator_that_owns_an_existing_schema_needs_no_create_on_the_database
     .execute(&admin)
     .await
     .expect("set up the role and its schema");
-    let options: sqlx::postgres::PgConnectOptions = db.url().parse().expect("url");
+    let options = db.connect_options();
     let as_role = PgPoolOptions::new()
         .max_connections(2)
         .connect_with(options.username(&role).password(&password))

@@ -14,7 +14,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams,
-    FakeCoordinator, Identity, InstanceId, IsInstanceAliveParams, Method, NewWork,
+    FakeCoordinator, Identity, InstanceId, IsInstanceAliveParams, Method, NewWork, Operations,
     RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockParams, WorkCoordinator, Worker,
     WorkerError,
 };

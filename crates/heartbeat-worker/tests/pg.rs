@@ -11,10 +11,11 @@ use sqlx::postgres::PgPool;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::{
-    migrate, AliveLockReport, CleanupStaleInstancesParams, Identity, InstanceId,
-    IsInstanceAliveParams, PgCoordinator, RecordHeartbeatParams, TakeAliveLockOutcome,
-    TakeAliveLockParams, WorkCoordinator, Worker, WorkerError, DEFAULT_SCHEMA,
+    AliveLockReport, CleanupStaleInstancesParams, Identity, InstanceId, IsInstanceAliveParams,
+    Operations, PgCoordinator, RecordHeartbeatParams, TakeAliveLockOutcome, TakeAliveLockParams,
+    WorkCoordinator, Worker, WorkerError,
 };
 use workpump_heartbeat_worker::{HeartbeatConfig, HeartbeatStatus, HeartbeatWorker};
 use workpump_testdb::TestDatabase;
@@ -28,16 +29,13 @@ struct Store {
 }
 
 async fn store() -> Store {
-    let db = workpump_testdb::server()
-        .await
-        .expect("a PostgreSQL server")
-        .create_database()
-        .await
-        .expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let FreshStore {
+        coordinator,
+        pool,
+        db,
+    } = fresh_store().await;
     Store {
-        coordinator: Arc::new(PgCoordinator::new(pool.clone())),
+        coordinator: Arc::new(coordinator),
         pool,
         _db: db,
     }

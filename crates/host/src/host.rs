@@ -716,7 +716,8 @@ impl HostHandle {
         self.inner.coordinator.clone()
     }
 
-    /// The PostgreSQL coordinator, when the host runs on PostgreSQL.
+    /// The PostgreSQL coordinator, when the host runs on PostgreSQL. It is also the store's
+    /// [`Operations`](crate::Operations): cancel, retry or discard an item through it.
     pub fn pg(&self) -> Option<&PgCoordinator> {
         self.inner.pg.as_ref()
     }

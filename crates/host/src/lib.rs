@@ -111,8 +111,8 @@ pub use workpump_claim_worker::{
     QueueSettings,
 };
 pub use workpump_coordinator::{
-    self as coordinator, CancelReason, Fence, InstanceId, NewWork, PgCoordinator, Schedule,
-    WorkCoordinator, WorkId, Worker,
+    self as coordinator, CancelReason, Fence, InstanceId, NewWork, Operations, PgCoordinator,
+    Schedule, WorkCoordinator, WorkId, Worker,
 };
 pub use workpump_heartbeat_worker::{HeartbeatConfig, LivenessMode};
 pub use workpump_lease_renewal::LeaseConfig;

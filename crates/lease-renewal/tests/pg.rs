@@ -9,10 +9,11 @@ use sqlx::postgres::PgPool;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::{
-    migrate, AliveLockReport, ClaimWorkParams, ClaimedWork, CompleteWorkParams, EnqueueWorkParams,
+    AliveLockReport, ClaimWorkParams, ClaimedWork, CompleteWorkParams, EnqueueWorkParams,
     InstanceId, NewWork, PgCoordinator, RecordHeartbeatParams, RegisterQueueParams,
-    WorkCoordinator, Worker, DEFAULT_SCHEMA,
+    WorkCoordinator, Worker,
 };
 use workpump_lease_renewal::{CancelReason, LeaseConfig, LeaseHandle, LeaseRenewalWorker};
 use workpump_testdb::TestDatabase;
@@ -26,15 +27,12 @@ struct Pg {
 }
 
 async fn pg() -> Pg {
-    let db = workpump_testdb::server()
-        .await
-        .expect("a PostgreSQL server")
-        .create_database()
-        .await
-        .expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
-    let coordinator = Arc::new(PgCoordinator::new(pool.clone()));
+    let FreshStore {
+        coordinator,
+        pool,
+        db,
+    } = fresh_store().await;
+    let coordinator = Arc::new(coordinator);
     coordinator
         .register_queue(RegisterQueueParams::new("q"))
         .await

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU16, Ordering};
 
+use sqlx::postgres::PgConnectOptions;
+
 use crate::error::{Error, Result};
 use crate::install::Install;
 use crate::probe;
@@ -201,6 +203,12 @@ impl Cluster {
     /// The URL of database `db` over TCP: `postgres://postgres@127.0.0.1:<port>/<db>`.
     pub fn tcp_url(&self, db: &str) -> String {
         url::tcp_url(self.port(), db)
+    }
+
+    /// What [`url`](Self::url) says, as sqlx's connect options: database `db` as the
+    /// `postgres` user through the unix socket.
+    pub fn connect_options(&self, db: &str) -> PgConnectOptions {
+        url::socket_options(&self.sock_dir, self.port(), db)
     }
 
     /// The cluster's name, e.g. `"test"`.

@@ -3,7 +3,7 @@
 use std::env;
 use std::thread;
 
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
@@ -33,6 +33,9 @@ pub async fn server() -> Result<&'static Server> {
 #[derive(Debug)]
 pub struct Server {
     kind: Kind,
+    /// How to connect to [`admin_url`](Self::admin_url): a test database's options are these
+    /// with its name as the database.
+    admin: PgConnectOptions,
 }
 
 #[derive(Debug)]
@@ -53,10 +56,15 @@ impl Server {
             .filter(|url| !url.trim().is_empty())
         {
             // Fail here, once, with the URL in the message, rather than in every test.
-            let connection = connect(&url).await?;
+            let admin: PgConnectOptions = url.parse().map_err(|source| Error::Connect {
+                url: url::redact(&url),
+                source,
+            })?;
+            let connection = connect(&admin, &url).await?;
             let _ = connection.close().await;
             return Ok(Server {
                 kind: Kind::External { url },
+                admin,
             });
         }
         let cluster = tokio::task::spawn_blocking(|| {
@@ -70,11 +78,13 @@ impl Server {
             source: std::io::Error::other(join_error),
         })??;
         let admin_url = cluster.url(ADMIN_DATABASE);
+        let admin = cluster.connect_options(ADMIN_DATABASE);
         Ok(Server {
             kind: Kind::Cluster {
                 cluster: Box::new(cluster),
                 admin_url,
             },
+            admin,
         })
     }
 
@@ -91,7 +101,7 @@ impl Server {
     pub async fn create_database(&self) -> Result<TestDatabase> {
         let name = format!("wp_{}", Uuid::new_v4().simple());
         let admin_url = self.admin_url().to_owned();
-        let mut connection = connect(&admin_url).await?;
+        let mut connection = connect(&self.admin, &admin_url).await?;
         sqlx::raw_sql(&format!("CREATE DATABASE {}", quote_identifier(&name)))
             .execute(&mut connection)
             .await
@@ -104,14 +114,19 @@ impl Server {
         let _ = connection.close().await;
         Ok(TestDatabase {
             url: self.url_for(&name),
+            options: self.admin.clone().database(&name),
             name,
+            admin: self.admin.clone(),
             admin_url,
             dropped: false,
         })
     }
 
     /// The URL of database `db` on this server (through the unix socket for the throwaway
-    /// cluster).
+    /// cluster). For `DATABASE_URL`'s server it is that URL with its database replaced and
+    /// every other part kept as given (sqlx's options cannot say all of them back: a host
+    /// list, `target_session_attrs`, `application_name`); to connect from Rust,
+    /// [`TestDatabase::connect_options`] says the same without a URL.
     pub fn url_for(&self, db: &str) -> String {
         match &self.kind {
             Kind::Cluster { cluster, .. } => cluster.url(db),
@@ -144,6 +159,11 @@ impl Server {
 pub struct TestDatabase {
     name: String,
     url: String,
+    /// How to connect to it.
+    options: PgConnectOptions,
+    /// How to connect to the server's admin database, to drop it.
+    admin: PgConnectOptions,
+    /// The admin database's URL, for messages.
     admin_url: String,
     dropped: bool,
 }
@@ -159,12 +179,18 @@ impl TestDatabase {
         &self.name
     }
 
+    /// How to connect to the database, as sqlx's options (the server's, with this database):
+    /// change the user or the application name here rather than in the URL.
+    pub fn connect_options(&self) -> PgConnectOptions {
+        self.options.clone()
+    }
+
     /// A new pool on this database, of at most 20 connections. Make it inside the runtime
     /// that uses it.
     pub async fn pool(&self) -> Result<PgPool> {
         PgPoolOptions::new()
             .max_connections(POOL_MAX_CONNECTIONS)
-            .connect(&self.url)
+            .connect_with(self.options.clone())
             .await
             .map_err(|source| Error::Connect {
                 url: url::redact(&self.url),
@@ -175,7 +201,7 @@ impl TestDatabase {
     /// Drops the database, disconnecting whoever is still connected.
     pub async fn drop_database(mut self) -> Result<()> {
         self.dropped = true;
-        drop_database(&self.admin_url, &self.name).await
+        drop_database(&self.admin, &self.admin_url, &self.name).await
     }
 }
 
@@ -187,6 +213,7 @@ impl Drop for TestDatabase {
         if self.dropped {
             return;
         }
+        let admin = self.admin.clone();
         let admin_url = std::mem::take(&mut self.admin_url);
         let name = std::mem::take(&mut self.name);
         let dropper = thread::Builder::new()
@@ -196,7 +223,7 @@ impl Drop for TestDatabase {
                     .enable_all()
                     .build()
                     .map_err(Error::io("building a runtime to drop a test database"))?;
-                runtime.block_on(drop_database(&admin_url, &name))
+                runtime.block_on(drop_database(&admin, &admin_url, &name))
             });
         let outcome = match dropper {
             Ok(handle) => handle.join().unwrap_or_else(|_| {
@@ -216,8 +243,8 @@ impl Drop for TestDatabase {
     }
 }
 
-async fn drop_database(admin_url: &str, name: &str) -> Result<()> {
-    let mut connection = connect(admin_url).await?;
+async fn drop_database(admin: &PgConnectOptions, admin_url: &str, name: &str) -> Result<()> {
+    let mut connection = connect(admin, admin_url).await?;
     sqlx::raw_sql(&format!(
         "DROP DATABASE IF EXISTS {} WITH (FORCE)",
         quote_identifier(name)
@@ -232,8 +259,9 @@ async fn drop_database(admin_url: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-async fn connect(url: &str) -> Result<PgConnection> {
-    PgConnection::connect(url)
+/// Connects with `options`; `url` (what they were made from) names the server in errors.
+async fn connect(options: &PgConnectOptions, url: &str) -> Result<PgConnection> {
+    PgConnection::connect_with(options)
         .await
         .map_err(|source| Error::Connect {
             url: url::redact(url),

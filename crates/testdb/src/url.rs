@@ -1,6 +1,9 @@
-//! Building connection URLs in the form sqlx 0.8 parses.
+//! Building connection URLs in the form sqlx 0.8 parses, and the connect options testdb
+//! itself connects with.
 
 use std::path::Path;
+
+use sqlx::postgres::PgConnectOptions;
 
 /// The URL of database `db` through the unix socket in `sock_dir`:
 /// `postgres://postgres@localhost/<db>?host=<sock_dir>&port=<port>`.
@@ -14,6 +17,17 @@ pub(crate) fn socket_url(sock_dir: &Path, port: u16, db: &str) -> String {
         encode(db, false),
         encode(&sock_dir.to_string_lossy(), true),
     )
+}
+
+/// The options of [`socket_url`]: the same server, user and database, without a URL in
+/// between. Unset settings come from the `PG*` environment variables, as when sqlx parses
+/// the URL; no password file is read (the cluster trusts local connections).
+pub(crate) fn socket_options(sock_dir: &Path, port: u16, db: &str) -> PgConnectOptions {
+    PgConnectOptions::new_without_pgpass()
+        .socket(sock_dir)
+        .port(port)
+        .username("postgres")
+        .database(db)
 }
 
 /// The URL of database `db` over TCP on 127.0.0.1.
@@ -96,6 +110,19 @@ mod tests {
             socket_url(Path::new("/tmp/a b+c/sock"), 5433, "wp_1"),
             "postgres://postgres@localhost/wp_1?host=/tmp/a%20b%2Bc/sock&port=5433"
         );
+    }
+
+    #[test]
+    fn socket_options_say_what_the_socket_url_says() {
+        let dir = Path::new("/tmp/a b+c/sock");
+        let parsed: PgConnectOptions = socket_url(dir, 5433, "wp_1").parse().expect("parses");
+        let built = socket_options(dir, 5433, "wp_1");
+        for options in [&parsed, &built] {
+            assert_eq!(options.get_socket(), Some(&dir.to_path_buf()));
+            assert_eq!(options.get_port(), 5433);
+            assert_eq!(options.get_username(), "postgres");
+            assert_eq!(options.get_database(), Some("wp_1"));
+        }
     }
 
     #[test]

@@ -13,7 +13,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
-use workpump_host::coordinator::{migrate, EnqueueWorkParams, DEFAULT_SCHEMA};
+use workpump_coordinator::testing::{fresh_store, FreshStore};
+use workpump_host::coordinator::EnqueueWorkParams;
 use workpump_host::{NewWork, PgCoordinator, WorkCoordinator};
 use workpump_testdb::TestDatabase;
 
@@ -71,14 +72,7 @@ pub const FAST_LIVENESS: [(&str, &str); 7] = [
 ];
 
 pub async fn database() -> (TestDatabase, PgPool) {
-    let db = workpump_testdb::server()
-        .await
-        .expect("the test PostgreSQL")
-        .create_database()
-        .await
-        .expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let FreshStore { pool, db, .. } = fresh_store().await;
     sqlx::raw_sql(SETUP_SQL)
         .execute(&pool)
         .await

@@ -20,6 +20,7 @@ use sqlx::{Connection, Postgres, Transaction};
 
 use crate::coordinator::{WakeListener, WorkCoordinator};
 use crate::error::{Error, Result};
+use crate::operations::Operations;
 use crate::types::*;
 use crate::validate::{self, micros, sanitize_text};
 use failover::Failover;
@@ -1041,6 +1042,30 @@ impl WorkCoordinator for PgCoordinator {
         })
     }
 
+    async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
+        alive_lock::PgAliveLock::open(
+            self.sessions(),
+            self.stmts.dedicated_session.clone(),
+            self.stmts.take_alive_lock.clone(),
+            format!("{}.alive", self.schema),
+            params.instance,
+        )
+        .await
+    }
+
+    async fn listen(&self, _params: ListenParams) -> Result<Box<dyn WakeListener>> {
+        let listener = listener::PgWakeListener::open(
+            self.sessions(),
+            self.wake_channel(),
+            self.stmts.dedicated_session.clone(),
+        )
+        .await?;
+        Ok(Box::new(listener))
+    }
+}
+
+#[async_trait]
+impl Operations for PgCoordinator {
     async fn cancel_work(&self, params: CancelWorkParams) -> Result<CancelWorkOutcome> {
         let ctx = || format!("cancelling work item {}", params.id);
         let answer: String = sqlx::query_scalar(&self.stmts.cancel_work)
@@ -1082,17 +1107,6 @@ impl WorkCoordinator for PgCoordinator {
         })
     }
 
-    async fn take_alive_lock(&self, params: TakeAliveLockParams) -> Result<TakeAliveLockOutcome> {
-        alive_lock::PgAliveLock::open(
-            self.sessions(),
-            self.stmts.dedicated_session.clone(),
-            self.stmts.take_alive_lock.clone(),
-            format!("{}.alive", self.schema),
-            params.instance,
-        )
-        .await
-    }
-
     async fn is_instance_alive(
         &self,
         params: IsInstanceAliveParams,
@@ -1108,16 +1122,6 @@ impl WorkCoordinator for PgCoordinator {
                 )
             })?;
         Ok(IsInstanceAliveOutcome { alive })
-    }
-
-    async fn listen(&self, _params: ListenParams) -> Result<Box<dyn WakeListener>> {
-        let listener = listener::PgWakeListener::open(
-            self.sessions(),
-            self.wake_channel(),
-            self.stmts.dedicated_session.clone(),
-        )
-        .await?;
-        Ok(Box::new(listener))
     }
 }
 

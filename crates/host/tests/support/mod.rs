@@ -10,7 +10,7 @@ use std::time::Duration;
 use sqlx::types::Uuid;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::time::Instant;
-use workpump_coordinator::{migrate, DEFAULT_SCHEMA};
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_host::HostConfig;
 use workpump_testdb::TestDatabase;
 
@@ -45,14 +45,7 @@ CREATE TRIGGER audit AFTER UPDATE ON workpump.work FOR EACH ROW
 /// A fresh database, migrated, with the audit trigger, and a small pool on it for the test's
 /// own queries.
 pub async fn database() -> (TestDatabase, PgPool) {
-    let db = workpump_testdb::server()
-        .await
-        .expect("the test PostgreSQL")
-        .create_database()
-        .await
-        .expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let FreshStore { pool, db, .. } = fresh_store().await;
     sqlx::raw_sql(AUDIT_SQL)
         .execute(&pool)
         .await

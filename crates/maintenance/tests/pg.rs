@@ -7,10 +7,11 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::postgres::PgPool;
 use tokio_util::sync::CancellationToken;
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::{
-    migrate, AliveLockReport, ClaimWorkParams, EnqueueWorkParams, Identity, InstanceId, NewWork,
+    AliveLockReport, ClaimWorkParams, EnqueueWorkParams, Identity, InstanceId, NewWork,
     PgCoordinator, RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockOutcome,
-    TakeAliveLockParams, WorkCoordinator, Worker, DEFAULT_SCHEMA,
+    TakeAliveLockParams, WorkCoordinator, Worker,
 };
 use workpump_maintenance::{MaintenanceConfig, MaintenanceWorker, SweepReport};
 use workpump_testdb::TestDatabase;
@@ -22,16 +23,13 @@ struct Store {
 }
 
 async fn store() -> Store {
-    let db = workpump_testdb::server()
-        .await
-        .expect("a PostgreSQL server")
-        .create_database()
-        .await
-        .expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    let FreshStore {
+        coordinator,
+        pool,
+        db,
+    } = fresh_store().await;
     Store {
-        coordinator: Arc::new(PgCoordinator::new(pool.clone())),
+        coordinator: Arc::new(coordinator),
         pool,
         _db: db,
     }

@@ -7,9 +7,12 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Connection;
+use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
+/// An empty database, not migrated (unlike `fresh_store`): for the tests that migrate it
+/// themselves, or migrate an older store first.
 async fn fresh() -> (TestDatabase, PgPool) {
     let server = workpump_testdb::server()
         .await
@@ -20,9 +23,11 @@ async fn fresh() -> (TestDatabase, PgPool) {
 }
 
 async fn migrated() -> (TestDatabase, PgPool, PgCoordinator) {
-    let (db, pool) = fresh().await;
-    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
-    let c = PgCoordinator::new(pool.clone());
+    let FreshStore {
+        coordinator: c,
+        pool,
+        db,
+    } = fresh_store().await;
     c.register_queue(RegisterQueueParams::new("q"))
         .await
         .expect("queue");
