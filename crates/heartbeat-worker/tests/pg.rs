@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     migrate, AliveLockReport, CleanupStaleInstancesParams, Identity, InstanceId,
-    IsInstanceAliveParams, PgCoordinator, RecordHeartbeatParams, TakeAliveLockOutcome,
+    IsInstanceAliveParams, Liveness, PgCoordinator, RecordHeartbeatParams, TakeAliveLockOutcome,
     TakeAliveLockParams, WorkCoordinator, Worker, WorkerError, DEFAULT_SCHEMA,
 };
 use workpump_heartbeat_worker::{HeartbeatConfig, HeartbeatStatus, HeartbeatWorker};
@@ -160,11 +160,17 @@ async fn lock_columns(store: &Store, instance: InstanceId) -> (bool, Option<i32>
         .expect("the instance row")
 }
 
-fn worker(store: &Store, identity: &Identity, config: HeartbeatConfig) -> Arc<HeartbeatWorker> {
+fn worker(
+    store: &Store,
+    identity: &Identity,
+    config: HeartbeatConfig,
+    liveness: Liveness,
+) -> Arc<HeartbeatWorker> {
     Arc::new(HeartbeatWorker::new(
         store.coordinator.clone(),
         identity.clone(),
         config,
+        liveness,
         "pg-test-host".to_owned(),
         json!({ "region": "test-1" }),
     ))
@@ -180,11 +186,14 @@ async fn killing_the_alive_lock_connection_makes_the_worker_beat_at_once_and_tak
     let config = HeartbeatConfig {
         fast_interval_ms: 200,
         slow_interval_ms: 60_000,
-        stale_after_ms: 1_000,
-        dead_after_ms: Some(130_000),
         ..HeartbeatConfig::default()
     };
-    let worker = worker(&store, &identity, config);
+    let liveness = Liveness {
+        stale_after: Duration::from_secs(1),
+        dead_after: Some(Duration::from_secs(130)),
+        ..Liveness::default()
+    };
+    let worker = worker(&store, &identity, config, liveness);
     let mut status = worker.subscribe_status();
     let run = start(&worker);
 
@@ -252,7 +261,12 @@ async fn a_held_lock_keeps_a_stale_instance_from_being_reaped_and_a_reaped_one_r
     let (judge, _judge_lock) = judge(&store).await;
     let identity = Identity::new();
     let me = identity.current();
-    let worker = worker(&store, &identity, HeartbeatConfig::default());
+    let worker = worker(
+        &store,
+        &identity,
+        HeartbeatConfig::default(),
+        Liveness::default(),
+    );
     let mut status = worker.subscribe_status();
     let run = start(&worker);
     status_where(&mut status, "the lock", |s| s.lock_held).await;
