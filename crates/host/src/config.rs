@@ -343,6 +343,14 @@ mod moved {
                 )));
             }
         }
-        value.deserialize().map_err(D::Error::custom)
+        // Keep the key of a mistake inside the section in the message (figment's own errors
+        // name it; this inner one would otherwise name only the section).
+        value.deserialize().map_err(|e: figment::Error| {
+            if e.path.is_empty() {
+                D::Error::custom(e.kind)
+            } else {
+                D::Error::custom(format!("{} (at {name}.{})", e.kind, e.path.join(".")))
+            }
+        })
     }
 }
