@@ -27,7 +27,9 @@ pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
 pub struct ClaimConfig {
     /// Killswitch: `false` means the worker sends no SQL at all (an enqueue-only or
     /// maintenance-only host; its readiness then does not wait for a claim registration).
-    /// **Default: true.**
+    /// Enabled, it still claims only once the heartbeat worker has registered the instance:
+    /// with `heartbeat.enabled = false` it claims nothing (the heartbeat killswitch drains
+    /// the instance from the outside) and the host stays unready. **Default: true.**
     pub enabled: bool,
     /// The tight poll cadence and the start of the backoff while the NOTIFY gate is down.
     /// **Default: 250 ms.**

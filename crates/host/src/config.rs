@@ -21,8 +21,9 @@ use workpump_maintenance::MaintenanceConfig;
 use crate::supervise::SupervisionConfig;
 use crate::HostError;
 
-/// Where the liveness cutoffs live (`[liveness]`): the name problems about them carry.
-const LIVENESS: &str = "liveness";
+/// Where the liveness cutoffs live (`[liveness]`): the name problems about them carry (the
+/// heartbeat worker names them so when it refuses them itself).
+const LIVENESS: &str = workpump_heartbeat_worker::LIVENESS_SECTION;
 
 /// Everything a host can be told. Every field has a default; see each section's type for
 /// its settings.

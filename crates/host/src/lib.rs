@@ -162,10 +162,12 @@ fn list(problems: &[workpump_coordinator::ConfigProblem]) -> String {
 pub struct Health {
     /// The instance id the host runs as now.
     pub instance: InstanceId,
-    /// Ready for work: schema migrated, instance registered for claiming (only a host that
+    /// Ready for work: schema migrated, instance registered for claiming (by the heartbeat
+    /// worker's first recorded beat, which the claim worker waits for; only a host that
     /// claims: one with claiming switched off or without handlers — enqueue-only,
-    /// maintenance-only — has nothing to register), heartbeat fresh, every worker running, not
-    /// draining. A part whose worker reports no status (a replacement that does not report
+    /// maintenance-only — waits for no registration; one with the heartbeat switched off is
+    /// never registered, so it claims nothing and is never ready), heartbeat fresh, every
+    /// worker running, not draining. A part whose worker reports no status (a replacement that does not report
     /// through its [`WorkerContext`]) counts as fine: readiness then only sees it running.
     pub ready: bool,
     /// Alive: no worker has given up (a worker restarting after a failure is still alive).
