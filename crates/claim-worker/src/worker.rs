@@ -364,6 +364,9 @@ impl Run {
     }
 }
 
+/// How long the claim worker waits for a registration before it says so in the log.
+const REGISTRATION_WARN_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Follows the registration of each incarnation: the claim loops claim only while it says
 /// the current id is registered. The only writer of the run's registration.
 async fn watch_registration(run: Arc<Run>, stop: CancellationToken) {
@@ -371,9 +374,23 @@ async fn watch_registration(run: Arc<Run>, stop: CancellationToken) {
     let mut generations = identity.subscribe();
     loop {
         let waiting_since = Instant::now();
-        let instance = tokio::select! {
-            _ = stop.cancelled() => return,
-            instance = identity.registered() => instance,
+        let registered = identity.registered();
+        tokio::pin!(registered);
+        let mut warned = false;
+        let instance = loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                instance = &mut registered => break instance,
+                _ = tokio::time::sleep_until(waiting_since + REGISTRATION_WARN_AFTER), if !warned => {
+                    warned = true;
+                    tracing::warn!(
+                        "instance {} is not registered yet, so nothing is claimed: waiting for \
+                         the heartbeat worker's first recorded beat (is the store reachable and \
+                         migrated? is heartbeat.enabled false?)",
+                        identity.current()
+                    );
+                }
+            }
         };
         tracing::info!(
             waited = ?waiting_since.elapsed(),

@@ -706,3 +706,37 @@ async fn a_queue_the_store_does_not_know_is_reported_once_backed_off_and_claimed
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// A worker whose instance is never registered (the heartbeat switched off, or a store that
+/// never answers it) says so once, 10 s into the wait, and still claims nothing.
+#[tokio::test(start_paused = true)]
+async fn waiting_for_a_registration_is_reported_once_after_ten_seconds() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let waiting = |logs: &Logs| {
+        logs.text()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("is not registered yet"))
+            .count()
+    };
+
+    let s = start_as(FakeCoordinator::new(), Identity::new(), tight(), 10, None).await;
+    s.enqueue(1).await;
+    tokio::time::sleep(Duration::from_millis(9_999)).await;
+    assert_eq!(waiting(&logs), 0, "not before 10 s: {}", logs.text());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(waiting(&logs), 1, "{}", logs.text());
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(waiting(&logs), 1, "once per wait: {}", logs.text());
+    assert!(s.fake.calls_of(Method::ClaimWork).is_empty());
+    assert!(s.fake.calls_of(Method::RecordHeartbeat).is_empty());
+    s.stop().await;
+}
