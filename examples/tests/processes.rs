@@ -310,7 +310,7 @@ async fn a_worker_with_an_invalid_configuration_exits_naming_every_violated_sett
             "--queue",
             QUEUE,
         ])
-        .env("WORKPUMP_HEARTBEAT__STALE_AFTER_MS", "100")
+        .env("WORKPUMP_LIVENESS__STALE_AFTER_MS", "100")
         .env("WORKPUMP_LEASE__LEASE_MS", "1000")
         .env("WORKPUMP_LEASE__RENEWAL_INTERVAL_MS", "5000")
         .env("WORKPUMP_CLAIM__MAX_ITEMS_PER_CLAIM", "0")
@@ -321,7 +321,7 @@ async fn a_worker_with_an_invalid_configuration_exits_naming_every_violated_sett
     assert!(!output.status.success(), "it refuses to start");
     let stderr = String::from_utf8_lossy(&output.stderr);
     for setting in [
-        "heartbeat.stale_after_ms",
+        "liveness.stale_after_ms",
         "lease.renewal_interval_ms",
         "claim.max_items_per_claim",
     ] {

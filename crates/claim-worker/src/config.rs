@@ -15,7 +15,8 @@ pub const DEFAULT_NOTIFY_HEALTHY_BASE_MS: u64 = 5_000;
 pub const DEFAULT_MAX_ITEMS_PER_CLAIM: u32 = 1_000;
 /// Outcomes written per statement at most. **1 000.**
 pub const DEFAULT_OUTCOME_BATCH: usize = 1_000;
-/// The most handlers of one queue that may run at once.
+/// The most handlers of one queue that may run at once (a semaphore of that many permits;
+/// tokio refuses more than `usize::MAX >> 3`).
 pub const MAX_CONCURRENCY: usize = 1_000_000;
 /// How long a drain waits for in-flight handlers. **30 s.**
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
@@ -26,7 +27,9 @@ pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
 pub struct ClaimConfig {
     /// Killswitch: `false` means the worker sends no SQL at all (an enqueue-only or
     /// maintenance-only host; its readiness then does not wait for a claim registration).
-    /// **Default: true.**
+    /// Enabled, it still claims only once the heartbeat worker has registered the instance:
+    /// with `heartbeat.enabled = false` it claims nothing (the heartbeat killswitch drains
+    /// the instance from the outside) and the host stays unready. **Default: true.**
     pub enabled: bool,
     /// The tight poll cadence and the start of the backoff while the NOTIFY gate is down.
     /// **Default: 250 ms.**
@@ -190,13 +193,22 @@ impl QueueSettings {
         if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
             problems.push(ConfigProblem::new(
                 format!("{prefix}.concurrency"),
-                format!("must be between 1 and {MAX_CONCURRENCY}"),
+                format!(
+                    "must be between 1 and {MAX_CONCURRENCY}, got {}",
+                    self.concurrency
+                ),
             ));
         }
-        if self.backoff.cap > workpump_coordinator::MAX_SCHEDULE_AHEAD {
+        let max_cap = workpump_coordinator::MAX_SCHEDULE_AHEAD;
+        if self.backoff.cap > max_cap {
             problems.push(ConfigProblem::new(
                 format!("{prefix}.backoff_cap_ms"),
-                "must be at most 100 years (the store refuses longer retry delays)",
+                format!(
+                    "must be at most {} ms (100 years, the longest retry delay the store \
+                     takes), got {} ms",
+                    max_cap.as_millis(),
+                    self.backoff.cap.as_millis()
+                ),
             ));
         }
         if self.backoff.base.is_zero() {

@@ -1,7 +1,8 @@
 //! The claim worker and the handler API.
 //!
-//! [`ClaimWorker`] is the only caller of `claim_work`. It registers the instance before its
-//! first claim, then runs one poll loop per queue: it claims no more than the queue's free
+//! [`ClaimWorker`] is the only caller of `claim_work`. It waits until the instance is
+//! registered (the heartbeat worker's first recorded beat of the current id) before its first
+//! claim, and again after an eviction, then runs one poll loop per queue: it claims no more than the queue's free
 //! handler slots, dispatches each item on its own task under a lease kept by a
 //! [`LeaseTracker`](workpump_coordinator::LeaseTracker) (the lease-renewal worker), runs the
 //! user's [`Handler`], and writes the outcome — complete, retry with backoff, dead letter,
@@ -9,9 +10,10 @@
 //! waits adaptively (see [`wait_after`]); wake signals from local enqueues and from
 //! LISTEN/NOTIFY end any wait at once.
 //!
-//! It deliberately does not renew leases, send heartbeats (beyond the first, its
-//! registration), sweep stale instances or promote scheduled work: those are the
-//! lease-renewal, heartbeat and maintenance workers' jobs. Arrows: coordinator ← claim-worker
+//! It deliberately does not renew leases, send heartbeats (not even to register: liveness has
+//! one home, the heartbeat worker, so with the heartbeat switched off this worker claims
+//! nothing), sweep stale instances or promote scheduled work: those are the lease-renewal,
+//! heartbeat and maintenance workers' jobs. Arrows: coordinator ← claim-worker
 //! ← host; it talks to the store only through `WorkCoordinator` (and, for transactional
 //! completion, the PostgreSQL coordinator's fenced transactions).
 //!
@@ -55,4 +57,4 @@ pub use config::{
 };
 pub use handler::{handler_fn, FnHandler, Handler, Job, JobError, JobResult, JobTransaction};
 pub use wait::{wait_after, Gate};
-pub use worker::{ClaimStatus, ClaimWorker, Handlers, Registration, Waker};
+pub use worker::{ClaimStatus, ClaimWorker, Handlers, Waker};

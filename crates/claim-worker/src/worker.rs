@@ -1,22 +1,21 @@
-//! [`ClaimWorker`]: registration, the wake listener, one claim loop per queue, dispatch.
+//! [`ClaimWorker`]: waiting for registration, the wake listener, one claim loop per queue,
+//! dispatch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use serde_json::Value;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use workpump_coordinator::{
-    AliveLockReport, CancelReason, ClaimWorkParams, ClaimedWork, Error, FailDisposition, Fence,
-    Identity, InstanceId, LeaseTracker, ListenEvent, ListenParams, PgCoordinator,
-    RecordHeartbeatParams, TrackedLease, WorkCoordinator, Worker, WorkerError,
+    CancelReason, ClaimWorkParams, ClaimedWork, Error, FailDisposition, Fence, Identity,
+    InstanceId, LeaseTracker, ListenEvent, ListenParams, PgCoordinator, TrackedLease,
+    WorkCoordinator, Worker, WorkerError,
 };
 
 use crate::config::{ClaimConfig, QueueSettings};
@@ -24,34 +23,6 @@ use crate::handler::{ErasedHandler, Handler, JobContext, JobErrorKind, Typed};
 use crate::metrics;
 use crate::recorder::{Outcome, Recorder};
 use crate::wait::{wait_after, Gate};
-
-/// What the worker's first heartbeat (its registration) says about the instance; the
-/// heartbeat worker keeps it fresh afterwards.
-#[derive(Clone, Debug)]
-pub struct Registration {
-    /// The host name (metadata).
-    pub host: String,
-    /// Free-form metadata.
-    pub metadata: Value,
-    /// See `RecordHeartbeatParams::stale_after`. **Default: 30 s.**
-    pub stale_after: Duration,
-    /// See `RecordHeartbeatParams::dead_after`. **Default: 5 min.**
-    pub dead_after: Option<Duration>,
-    /// See `RecordHeartbeatParams::lock_grace`. **Default: 3 s.**
-    pub lock_grace: Option<Duration>,
-}
-
-impl Default for Registration {
-    fn default() -> Self {
-        Registration {
-            host: "unknown".into(),
-            metadata: Value::Object(Default::default()),
-            stale_after: Duration::from_secs(30),
-            dead_after: Some(Duration::from_secs(300)),
-            lock_grace: Some(Duration::from_secs(3)),
-        }
-    }
-}
 
 /// The handlers of the queues one worker serves, with their settings. Clones share the
 /// handlers (the host hands one to whichever claim worker fills its claim slot).
@@ -116,8 +87,12 @@ impl Waker {
 
 /// The claim worker: the only caller of `claim_work`.
 ///
-/// It registers the instance (first heartbeat) before its first claim, waiting — and saying
-/// so in the log — while the store is unreachable or not migrated. Then one loop per queue
+/// It never beats: registering the instance is the heartbeat worker's job. Before its first
+/// claim it waits until the identity's current id is registered (the heartbeat worker's
+/// first recorded beat of it, [`Identity::registered`]), and after an eviction it waits again
+/// for the fresh id, so every claim is made under a registered id. With the heartbeat
+/// switched off nothing registers the instance and this worker claims nothing: the
+/// heartbeat killswitch drains the instance from the outside. Then one loop per queue
 /// claims no more than that queue's free handler slots, dispatches each item on its own task
 /// under a lease tracked by the [`LeaseTracker`] (the lease-renewal worker), and waits
 /// adaptively between polls ([`wait_after`]). Wake signals (local enqueues through the
@@ -136,7 +111,6 @@ struct Shared {
     leases: Arc<dyn LeaseTracker>,
     identity: Identity,
     config: ClaimConfig,
-    registration: Registration,
     queues: Vec<Arc<QueueRuntime>>,
     waker: Waker,
     status: watch::Sender<ClaimStatus>,
@@ -147,7 +121,9 @@ struct Shared {
 pub struct ClaimStatus {
     /// Whether LISTEN/NOTIFY delivers wake signals.
     pub gate: Gate,
-    /// The instance registered for claiming (`None` while waiting for the store).
+    /// The instance this worker claims as: the identity's current id once it is registered
+    /// (the heartbeat worker recorded a beat of it); `None` while waiting for that, at start
+    /// and after an eviction until the fresh id is registered. Readiness waits for it.
     pub registered: Option<InstanceId>,
     /// Whether a run is in progress.
     pub running: bool,
@@ -161,8 +137,9 @@ struct QueueRuntime {
 }
 
 impl ClaimWorker {
-    /// A worker for `handlers`. `pg` enables transactional completion for handlers (pass the
-    /// same store as `coordinator` when it is PostgreSQL).
+    /// A worker for `handlers`, claiming as `identity` once its heartbeat worker registered
+    /// it. `pg` enables transactional completion for handlers (pass the same store as
+    /// `coordinator` when it is PostgreSQL).
     pub fn new(
         coordinator: Arc<dyn WorkCoordinator>,
         pg: Option<PgCoordinator>,
@@ -170,7 +147,6 @@ impl ClaimWorker {
         identity: Identity,
         handlers: Handlers,
         config: ClaimConfig,
-        registration: Registration,
     ) -> Self {
         let queues: Vec<Arc<QueueRuntime>> = handlers
             .queues
@@ -204,7 +180,6 @@ impl ClaimWorker {
                 leases,
                 identity,
                 config,
-                registration,
                 queues,
                 waker,
                 status,
@@ -213,8 +188,8 @@ impl ClaimWorker {
     }
 
     /// Whether this worker claims at all: it is enabled and has handlers. One that does not
-    /// (an enqueue-only or maintenance-only host) never registers for claiming, and readiness
-    /// must not wait for it to.
+    /// (an enqueue-only or maintenance-only host) never waits for a registration, and
+    /// readiness must not wait for it to.
     pub fn claims(&self) -> bool {
         self.shared.config.enabled && !self.shared.queues.is_empty()
     }
@@ -252,7 +227,7 @@ impl Worker for ClaimWorker {
         let dispatch = TaskTracker::new();
         let stop_claiming = shutdown.child_token();
 
-        control.spawn(register_loop(run.clone(), stop_claiming.clone()));
+        control.spawn(watch_registration(run.clone(), stop_claiming.clone()));
         if self.shared.config.listen {
             control.spawn(listen_loop(run.clone(), stop_claiming.clone()));
         } else {
@@ -280,7 +255,7 @@ impl Worker for ClaimWorker {
                         break;
                     }
                     let now = generations.borrow_and_update().instance;
-                    tracing::warn!("instance evicted; cancelling every handler and registering afresh as {now}");
+                    tracing::warn!("instance evicted; cancelling every handler and waiting for {now} to be registered before claiming again");
                     run.cancel_in_flight(CancelReason::Evicted);
                 }
             }
@@ -386,68 +361,54 @@ impl Run {
         for lease in leases {
             lease.cancel(reason);
         }
-        if reason == CancelReason::Evicted {
-            self.set_registered(None);
-        }
     }
 }
 
-/// Records the first heartbeat of each incarnation before any claim.
-async fn register_loop(run: Arc<Run>, stop: CancellationToken) {
-    let shared = &run.shared;
-    let mut generations = shared.identity.subscribe();
-    let mut delay = shared.config.base();
-    let mut waiting_logged = false;
+/// How long the claim worker waits for a registration before it says so in the log.
+const REGISTRATION_WARN_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Follows the registration of each incarnation: the claim loops claim only while it says
+/// the current id is registered. The only writer of the run's registration.
+async fn watch_registration(run: Arc<Run>, stop: CancellationToken) {
+    let identity = &run.shared.identity;
+    let mut generations = identity.subscribe();
     loop {
-        let instance = generations.borrow_and_update().instance;
-        let result = shared
-            .coordinator
-            .record_heartbeat(RecordHeartbeatParams {
-                instance,
-                host: shared.registration.host.clone(),
-                metadata: shared.registration.metadata.clone(),
-                stale_after: shared.registration.stale_after,
-                dead_after: shared.registration.dead_after,
-                lock_grace: shared.registration.lock_grace,
-                // The lock is the heartbeat worker's: this beat leaves it as it is.
-                alive_lock: AliveLockReport::Unreported,
-                registering: !shared.identity.is_registered(instance),
-            })
-            .await;
-        match result {
-            Ok(outcome) if outcome.evicted => {
-                shared.identity.evicted(instance);
-                continue;
-            }
-            Ok(_) => {
-                shared.identity.mark_registered(instance);
-                if waiting_logged {
-                    tracing::info!("registered as instance {instance}; claiming");
-                }
-                run.set_registered(Some(instance));
-                delay = shared.config.base();
-                waiting_logged = false;
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    changed = generations.changed() => if changed.is_err() { return },
-                }
-            }
-            Err(e) => {
-                if waiting_logged {
-                    tracing::debug!("still waiting for the store: {e}");
-                } else {
+        let waiting_since = Instant::now();
+        let registered = identity.registered();
+        tokio::pin!(registered);
+        let mut warned = false;
+        let instance = loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                instance = &mut registered => break instance,
+                _ = tokio::time::sleep_until(waiting_since + REGISTRATION_WARN_AFTER), if !warned => {
+                    warned = true;
                     tracing::warn!(
-                        "waiting for the store (is it reachable and migrated?) before claiming: {e}"
+                        "instance {} is not registered yet, so nothing is claimed: waiting for \
+                         the heartbeat worker's first recorded beat (is the store reachable and \
+                         migrated? is heartbeat.enabled false?)",
+                        identity.current()
                     );
-                    waiting_logged = true;
                 }
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(shared.config.max());
+            }
+        };
+        tracing::info!(
+            waited = ?waiting_since.elapsed(),
+            "instance {instance} is registered (its heartbeat was recorded); claiming"
+        );
+        run.set_registered(Some(instance));
+        // Until the identity moves on (an eviction): then no claim until the fresh id is
+        // registered in turn.
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = generations.changed() => if changed.is_err() { return },
+            }
+            if generations.borrow_and_update().instance != instance {
+                break;
             }
         }
+        run.set_registered(None);
     }
 }
 

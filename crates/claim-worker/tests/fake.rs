@@ -1,5 +1,6 @@
-//! The claim loop's timing against the fake coordinator, with paused tokio time: the backoff
-//! table, the NOTIFY gate, wake signals, slots, the drain hint and the killswitch.
+//! The claim loop's timing against the fake coordinator, with paused tokio time: waiting for
+//! registration, the backoff table, the NOTIFY gate, wake signals, slots, the drain hint and
+//! the killswitch.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,15 +73,59 @@ impl TrackedLease for FenceOnlyLease {
     }
 }
 
+/// Registers `identity`'s current id as its heartbeat worker would: one recorded beat (a
+/// registration), then [`Identity::mark_registered`]. The claim worker never beats itself.
+async fn register(fake: &FakeCoordinator, identity: &Identity) -> InstanceId {
+    let instance = identity.current();
+    let out = fake
+        .record_heartbeat(RecordHeartbeatParams {
+            instance,
+            host: "test-host".into(),
+            metadata: json!({}),
+            stale_after: Duration::from_secs(30),
+            dead_after: Some(Duration::from_secs(300)),
+            lock_grace: Some(Duration::from_secs(3)),
+            alive_lock: AliveLockReport::NotHeld,
+            registering: !identity.is_registered(instance),
+        })
+        .await
+        .unwrap();
+    assert!(!out.evicted);
+    identity.mark_registered(instance);
+    instance
+}
+
+/// A fresh identity, registered.
+async fn registered_identity(fake: &FakeCoordinator) -> Identity {
+    let identity = Identity::new();
+    register(fake, &identity).await;
+    identity
+}
+
 struct Setup {
     fake: FakeCoordinator,
+    /// The instance each handler run was dispatched under, in start order.
+    ran_as: Arc<Mutex<Vec<InstanceId>>>,
     worker: Arc<ClaimWorker>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), WorkerError>>,
 }
 
+/// A running worker whose instance is registered before it starts.
 async fn start(config: ClaimConfig, concurrency: usize, handler_hold: Option<Duration>) -> Setup {
     let fake = FakeCoordinator::new();
+    let identity = registered_identity(&fake).await;
+    start_as(fake, identity, config, concurrency, handler_hold).await
+}
+
+/// A running worker claiming as `identity`, registered or not.
+async fn start_as(
+    fake: FakeCoordinator,
+    identity: Identity,
+    config: ClaimConfig,
+    concurrency: usize,
+    handler_hold: Option<Duration>,
+) -> Setup {
     fake.register_queue(RegisterQueueParams::new("q"))
         .await
         .unwrap();
@@ -89,14 +134,19 @@ async fn start(config: ClaimConfig, concurrency: usize, handler_hold: Option<Dur
         concurrency,
         ..QueueSettings::default()
     };
+    let ran_as = Arc::new(Mutex::new(Vec::new()));
+    let seen = ran_as.clone();
     handlers
         .add(
             "q",
-            handler_fn(move |_job: Job<serde_json::Value>| async move {
-                if let Some(d) = handler_hold {
-                    tokio::time::sleep(d).await;
+            handler_fn(move |job: Job<serde_json::Value>| {
+                seen.lock().unwrap().push(job.instance());
+                async move {
+                    if let Some(d) = handler_hold {
+                        tokio::time::sleep(d).await;
+                    }
+                    Ok(())
                 }
-                Ok(())
             }),
             settings,
         )
@@ -105,10 +155,9 @@ async fn start(config: ClaimConfig, concurrency: usize, handler_hold: Option<Dur
         Arc::new(fake.clone()),
         None,
         Arc::new(StopsAtFence(CancelReason::LeaseFence)),
-        Identity::new(),
+        identity.clone(),
         handlers,
         config,
-        Registration::default(),
     ));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
@@ -118,6 +167,7 @@ async fn start(config: ClaimConfig, concurrency: usize, handler_hold: Option<Dur
     });
     Setup {
         fake,
+        ran_as,
         worker,
         shutdown,
         task,
@@ -182,27 +232,112 @@ async fn the_killswitch_means_no_coordinator_calls_at_all() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    assert!(s
-        .fake
-        .calls()
-        .iter()
-        .all(|c| c.method == Method::RegisterQueue));
-    s.stop().await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn the_first_heartbeat_comes_before_the_first_claim() {
-    let s = start(ClaimConfig::default(), 10, None).await;
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let order: Vec<Method> = s
+    let calls: Vec<Method> = s
         .fake
         .calls()
         .into_iter()
         .map(|c| c.method)
-        .filter(|m| matches!(m, Method::RecordHeartbeat | Method::ClaimWork))
+        .filter(|m| *m != Method::RegisterQueue)
         .collect();
-    assert_eq!(order.first(), Some(&Method::RecordHeartbeat));
-    assert!(order.contains(&Method::ClaimWork));
+    assert_eq!(
+        calls,
+        [Method::RecordHeartbeat],
+        "nothing but the registration the test made in the heartbeat worker's place"
+    );
+    s.stop().await;
+}
+
+impl Setup {
+    /// The instance each handler run was dispatched under, in start order.
+    fn ran_as(&self) -> Vec<InstanceId> {
+        self.ran_as.lock().unwrap().clone()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_claim_worker_never_records_a_heartbeat() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let s = start_as(fake, identity.clone(), tight(), 10, None).await;
+    s.enqueue(3).await;
+    // Waiting for registration, claiming, an eviction, claiming again: the only beats are
+    // the two registrations this test makes in the heartbeat worker's place.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    register(&s.fake, &identity).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    identity.evicted(identity.current());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    register(&s.fake, &identity).await;
+    s.enqueue(3).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(s.ran_as().len(), 6, "it did claim: {:?}", s.ran_as());
+    assert_eq!(s.fake.calls_of(Method::RecordHeartbeat).len(), 2);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_claimed_before_the_heartbeat_registers_the_instance() {
+    let fake = FakeCoordinator::new();
+    let identity = Identity::new();
+    let s = start_as(fake, identity.clone(), tight(), 10, None).await;
+    let status = s.worker.status();
+    s.enqueue(2).await;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(s.fake.calls_of(Method::ClaimWork).is_empty());
+    assert!(s.fake.calls_of(Method::RecordHeartbeat).is_empty());
+    assert_eq!(status.borrow().registered, None);
+    assert!(status.borrow().running);
+
+    // The heartbeat's first recorded beat: the first claim follows at that very instant
+    // (it is woken, not polling for it).
+    let me = register(&s.fake, &identity).await;
+    let registered_at = Instant::now();
+    settle().await;
+    let claims = s.fake.calls_of(Method::ClaimWork);
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!(claims[0].at, registered_at);
+    assert_eq!(status.borrow().registered, Some(me));
+    settle().await;
+    assert_eq!(s.ran_as(), vec![me, me]);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_an_eviction_claims_wait_for_the_fresh_id_to_be_registered() {
+    let fake = FakeCoordinator::new();
+    let identity = registered_identity(&fake).await;
+    let old = identity.current();
+    let s = start_as(fake, identity.clone(), tight(), 10, None).await;
+    let status = s.worker.status();
+    s.enqueue(1).await;
+    settle().await;
+    assert_eq!(s.ran_as(), vec![old]);
+    assert_eq!(status.borrow().registered, Some(old));
+
+    // The heartbeat worker learns of the eviction: a fresh id, not registered yet.
+    let fresh = identity.evicted(old);
+    assert_ne!(fresh, old);
+    settle().await;
+    assert_eq!(status.borrow().registered, None);
+    let claims_before = s.fake.calls_of(Method::ClaimWork).len();
+    s.enqueue(2).await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(
+        s.fake.calls_of(Method::ClaimWork).len(),
+        claims_before,
+        "no claim, under the old id or the fresh one, until the fresh id is registered"
+    );
+
+    register(&s.fake, &identity).await;
+    let registered_at = Instant::now();
+    settle().await;
+    let claims = s.fake.calls_of(Method::ClaimWork);
+    assert_eq!(claims.len(), claims_before + 1);
+    assert_eq!(claims[claims_before].at, registered_at);
+    assert_eq!(status.borrow().registered, Some(fresh));
+    settle().await;
+    assert_eq!(s.ran_as(), vec![old, fresh, fresh]);
+    assert_eq!(s.fake.calls_of(Method::RecordHeartbeat).len(), 2);
     s.stop().await;
 }
 
@@ -438,10 +573,9 @@ async fn stopped_by_a_limit_is_a_failed_attempt(why: CancelReason, named: &str) 
         Arc::new(fake.clone()),
         None,
         Arc::new(StopsAtFence(why)),
-        Identity::new(),
+        registered_identity(&fake).await,
         handlers,
         tight(),
-        Registration::default(),
     ));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
@@ -519,10 +653,9 @@ async fn a_queue_the_store_does_not_know_is_reported_once_backed_off_and_claimed
         Arc::new(fake.clone()),
         None,
         Arc::new(StopsAtFence(CancelReason::LeaseFence)),
-        Identity::new(),
+        registered_identity(&fake).await,
         handlers,
         tight(),
-        Registration::default(),
     ));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
@@ -572,4 +705,38 @@ async fn a_queue_the_store_does_not_know_is_reported_once_backed_off_and_claimed
     );
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+/// A worker whose instance is never registered (the heartbeat switched off, or a store that
+/// never answers it) says so once, 10 s into the wait, and still claims nothing.
+#[tokio::test(start_paused = true)]
+async fn waiting_for_a_registration_is_reported_once_after_ten_seconds() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let waiting = |logs: &Logs| {
+        logs.text()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("is not registered yet"))
+            .count()
+    };
+
+    let s = start_as(FakeCoordinator::new(), Identity::new(), tight(), 10, None).await;
+    s.enqueue(1).await;
+    tokio::time::sleep(Duration::from_millis(9_999)).await;
+    assert_eq!(waiting(&logs), 0, "not before 10 s: {}", logs.text());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(waiting(&logs), 1, "{}", logs.text());
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(waiting(&logs), 1, "once per wait: {}", logs.text());
+    assert!(s.fake.calls_of(Method::ClaimWork).is_empty());
+    assert!(s.fake.calls_of(Method::RecordHeartbeat).is_empty());
+    s.stop().await;
 }

@@ -65,16 +65,32 @@ async fn setup<H: Handler>(handler: H, settings: QueueSettings, config: ClaimCon
             ..LeaseConfig::default()
         },
     ));
+    // The claim worker never beats: register the instance as its heartbeat worker would.
+    let identity = Identity::new();
+    let registered = pg
+        .record_heartbeat(RecordHeartbeatParams {
+            instance: identity.current(),
+            host: "pg-test".into(),
+            metadata: json!({}),
+            stale_after: Duration::from_secs(30),
+            dead_after: Some(Duration::from_secs(300)),
+            lock_grace: None,
+            alive_lock: AliveLockReport::NotHeld,
+            registering: true,
+        })
+        .await
+        .expect("register");
+    assert!(!registered.evicted);
+    identity.mark_registered(identity.current());
     let mut handlers = Handlers::new();
     handlers.add("q", handler, settings).expect("handler");
     let worker = Arc::new(ClaimWorker::new(
         coordinator,
         Some(pg.clone()),
         Arc::new(renewal.leases()),
-        Identity::new(),
+        identity,
         handlers,
         config,
-        Registration::default(),
     ));
     let status = worker.status();
     let shutdown = CancellationToken::new();

@@ -126,12 +126,13 @@ pub struct Floor {
 }
 
 impl Default for Floor {
-    /// The migration's defaults: 1 s, 2 s, 500 ms.
+    /// The migration's defaults ([`STORE_FLOOR`](crate::STORE_FLOOR)): 1 s, 2 s, 500 ms.
     fn default() -> Self {
+        let floor = crate::STORE_FLOOR;
         Floor {
-            stale_after: Duration::from_secs(1),
-            dead_after: Duration::from_secs(2),
-            lock_grace: Duration::from_millis(500),
+            stale_after: floor.stale_after,
+            dead_after: floor.dead_after.unwrap_or(Duration::ZERO),
+            lock_grace: floor.lock_grace.unwrap_or(Duration::ZERO),
         }
     }
 }

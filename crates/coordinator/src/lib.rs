@@ -29,8 +29,9 @@
 //!   breaking anyone. Both stores of this crate implement it.
 //! - [`Worker`], [`AliveLockSession`], [`WakeListener`]: yes; they are small and stable.
 //!
-//! It also holds the [`Worker`] contract that every worker implements, because every worker
-//! crate depends on this one and on no other.
+//! It also holds the [`Worker`] contract that every worker implements and the one set of
+//! liveness cutoffs ([`Liveness`]) the heartbeat and maintenance workers are built from,
+//! because every worker crate depends on this one and on no other.
 //!
 //! Two rules hold for every call: the store's clock is the only clock (callers pass
 //! durations, never timestamps they computed), and every write on a leased item is fenced on
@@ -40,6 +41,7 @@ mod coordinator;
 mod error;
 mod identity;
 mod lease;
+mod liveness;
 mod operations;
 mod pg;
 mod types;
@@ -60,6 +62,10 @@ pub use fake::{Call, FakeCoordinator, Method};
 pub use identity::{Generation, Identity};
 pub use lease::{
     CancelReason, LeaseSettings, LeaseTracker, TrackedLease, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
+};
+pub use liveness::{
+    Liveness, DEFAULT_DEAD_AFTER, DEFAULT_LOCK_GRACE, DEFAULT_STALE_AFTER, MAX_LIVENESS_CUTOFF,
+    STORE_FLOOR,
 };
 pub use operations::Operations;
 pub use pg::{

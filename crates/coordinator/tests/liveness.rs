@@ -285,6 +285,26 @@ async fn a_cutoff_below_the_store_floor_is_refused() {
     assert_eq!(registered(&mut conn).await.len(), 1);
 }
 
+/// The floor the Rust side refuses cutoffs below at start (`STORE_FLOOR`, which
+/// `Liveness::validate` and the fake use) is the one the migration installs.
+#[tokio::test]
+async fn the_floor_rust_checks_at_start_is_the_migrated_store_floor() {
+    let db = database().await;
+    let mut conn = connect(&db).await;
+    let (stale, dead, grace): (f64, f64, f64) = sqlx::query_as(
+        "SELECT extract(epoch FROM stale_after)::float8, extract(epoch FROM dead_after)::float8,
+                extract(epoch FROM lock_grace)::float8
+         FROM workpump.liveness_floor",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("the floor");
+    let floor = workpump_coordinator::STORE_FLOOR;
+    assert_eq!(stale, floor.stale_after.as_secs_f64());
+    assert_eq!(Some(dead), floor.dead_after.map(|d| d.as_secs_f64()));
+    assert_eq!(Some(grace), floor.lock_grace.map(|g| g.as_secs_f64()));
+}
+
 /// Two heartbeats whose sweeps each record the other's lost lock, while each holds its own
 /// row, do not wait on each other (before the rule this deadlocked: each locked its own row,
 /// then its sweep waited for the other's).

@@ -13,8 +13,9 @@ use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    AliveLockReport, AliveLockSession, ConfigProblem, Identity, InstanceId, RecordHeartbeatOutcome,
-    RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator, Worker, WorkerError,
+    AliveLockReport, AliveLockSession, ConfigProblem, Identity, InstanceId, Liveness,
+    RecordHeartbeatOutcome, RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator, Worker,
+    WorkerError,
 };
 
 use crate::metrics as m;
@@ -29,14 +30,11 @@ pub const NAME: &str = "heartbeat";
 pub const DEFAULT_FAST_INTERVAL_MS: u64 = 10_000;
 /// Default [`HeartbeatConfig::slow_interval_ms`]: 60 s.
 pub const DEFAULT_SLOW_INTERVAL_MS: u64 = 60_000;
-/// Default [`HeartbeatConfig::stale_after_ms`]: 30 s.
-pub const DEFAULT_STALE_AFTER_MS: u64 = 30_000;
-/// Default [`HeartbeatConfig::lock_grace_ms`]: 3 s.
-pub const DEFAULT_LOCK_GRACE_MS: u64 = 3_000;
-/// Default [`HeartbeatConfig::dead_after_ms`]: 5 min.
-pub const DEFAULT_DEAD_AFTER_MS: u64 = 300_000;
-/// The largest interval or cutoff [`HeartbeatConfig::validate`] accepts: 24 h.
+/// The largest interval [`HeartbeatConfig::validate`] accepts: 24 h.
 pub const MAX_SETTING_MS: u64 = 24 * 60 * 60 * 1000;
+/// Where the host keeps the liveness cutoffs ([`Liveness`]): the name the problems about
+/// them carry (`liveness.stale_after_ms`, ...).
+pub const LIVENESS_SECTION: &str = "liveness";
 
 // ---------------------------------------------------------------------------------------------
 // config
@@ -72,13 +70,18 @@ impl fmt::Display for LivenessMode {
     }
 }
 
-/// The `[heartbeat]` section. See the crate docs for the liveness model these settings feed.
+/// The `[heartbeat]` section: the cadences and the liveness mode. The cutoffs the beats
+/// declare are not here but in [`Liveness`] (the host's `[liveness]` section), which the
+/// maintenance worker's sweep judges by too. See the crate docs for the liveness model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HeartbeatConfig {
     /// The killswitch. `false`: no heartbeats and no alive-lock; `run` only waits for
     /// shutdown, so peers see this instance go stale and reap it (a drain from the outside:
-    /// its leases are released to them). **Default: true.**
+    /// its leases are released to them). The heartbeat worker is the only thing that
+    /// registers the instance, and the claim worker claims only under a registered id, so
+    /// with this off the instance claims nothing (and a host stays unready). **Default:
+    /// true.**
     pub enabled: bool,
     /// The wait between beats while the alive-lock is not held (not taken yet, lost, held by
     /// another session) and in heartbeat-table-only mode; how often the lock session is
@@ -89,32 +92,12 @@ pub struct HeartbeatConfig {
     pub fast_interval_ms: u64,
     /// The wait between beats while this instance's dedicated session holds its alive-lock:
     /// the lock proves liveness, the row is a fallback, so it is written less often. May
-    /// exceed `stale_after_ms` (see the crate docs). **Default: 60 000 ms (60 s).**
+    /// exceed `liveness.stale_after_ms` (see the crate docs). **Default: 60 000 ms (60 s).**
     pub slow_interval_ms: u64,
     /// Which signal proves liveness: `"advisory_lock_when_available"` (the alive-lock first,
     /// the heartbeat row as fallback) or `"heartbeat_table_only"` (no lock, always the fast
     /// cadence). **Default: `"advisory_lock_when_available"`.**
     pub liveness: LivenessMode,
-    /// Passed to `record_heartbeat`: a peer whose heartbeat is older than this is stale, and
-    /// the sweep reaps it unless its alive-lock is held. Must be at least twice
-    /// `fast_interval_ms`, so that an instance beating at the fast cadence never looks stale
-    /// between two beats. **Default: 30 000 ms (30 s).**
-    pub stale_after_ms: u64,
-    /// Passed to `record_heartbeat`: a peer whose heartbeat is older than this is reaped even
-    /// though its alive-lock is held (the definitive-dead bypass, for a dead process whose
-    /// half-open connection still holds the lock). Must exceed `stale_after_ms` and, with the
-    /// alive-lock in use, twice `slow_interval_ms`. `"none"` (or JSON `null`) disables the
-    /// bypass. **Default: 300 000 ms (5 min).**
-    #[serde(deserialize_with = "dead_after_ms::deserialize")]
-    pub dead_after_ms: Option<u64>,
-    /// Passed to `record_heartbeat`: a peer that has held its alive-lock and lost it is dead
-    /// once the lock has stayed gone this long (failover in seconds: a crashed process loses
-    /// its connections, and the lock, at once). This worker notices its own lock session
-    /// closing at once and takes the lock again within this grace, so a connection blip does
-    /// not get a live instance reaped. `"none"` disables the rule (a dead peer is then found
-    /// by staleness only). **Default: 3 000 ms.**
-    #[serde(deserialize_with = "dead_after_ms::deserialize")]
-    pub lock_grace_ms: Option<u64>,
 }
 
 impl Default for HeartbeatConfig {
@@ -124,25 +107,29 @@ impl Default for HeartbeatConfig {
             fast_interval_ms: DEFAULT_FAST_INTERVAL_MS,
             slow_interval_ms: DEFAULT_SLOW_INTERVAL_MS,
             liveness: LivenessMode::AdvisoryLockWhenAvailable,
-            stale_after_ms: DEFAULT_STALE_AFTER_MS,
-            dead_after_ms: Some(DEFAULT_DEAD_AFTER_MS),
-            lock_grace_ms: Some(DEFAULT_LOCK_GRACE_MS),
         }
     }
 }
 
 impl HeartbeatConfig {
     /// Every setting this config refuses, each named `prefix.field` (e.g.
-    /// `heartbeat.stale_after_ms`); empty when the config is usable. Checked even with the
+    /// `heartbeat.fast_interval_ms`); empty when the config is usable. Checked even with the
     /// killswitch off, so turning it back on cannot surprise.
-    pub fn validate(&self, prefix: &str) -> Vec<ConfigProblem> {
-        let name = |field: &str| {
-            if prefix.is_empty() {
-                field.to_owned()
-            } else {
-                format!("{prefix}.{field}")
-            }
-        };
+    ///
+    /// Also the rules that tie the cadences to the cutoffs of `liveness` (whose own ranges
+    /// are [`Liveness::validate`]'s, not repeated here), named after the cutoff under
+    /// `liveness_prefix` (e.g. `liveness.stale_after_ms`): `stale_after` at least twice the
+    /// fast interval, and, with the alive-lock in use, `dead_after` beyond twice the slow
+    /// interval. A rule is checked only when the values it compares passed their own range
+    /// checks, so one bad setting is one problem.
+    pub fn validate(
+        &self,
+        prefix: &str,
+        liveness: &Liveness,
+        liveness_prefix: &str,
+    ) -> Vec<ConfigProblem> {
+        let name = |field: &str| setting(prefix, field);
+        let cutoff = |field: &str| setting(liveness_prefix, field);
         let mut problems = Vec::new();
         let mut in_range = |field: &str, value: u64| {
             if value == 0 {
@@ -160,18 +147,7 @@ impl HeartbeatConfig {
         };
         let fast = in_range("fast_interval_ms", self.fast_interval_ms);
         let slow = in_range("slow_interval_ms", self.slow_interval_ms);
-        let stale = in_range("stale_after_ms", self.stale_after_ms);
-        let dead = self
-            .dead_after_ms
-            .map(|d| in_range("dead_after_ms", d).then_some(d));
-        if let Some(grace) = self.lock_grace_ms {
-            in_range("lock_grace_ms", grace);
-        }
-        let (fast_ms, slow_ms, stale_ms) = (
-            self.fast_interval_ms,
-            self.slow_interval_ms,
-            self.stale_after_ms,
-        );
+        let (fast_ms, slow_ms) = (self.fast_interval_ms, self.slow_interval_ms);
         if fast && slow && slow_ms < fast_ms {
             problems.push(ConfigProblem::new(
                 name("slow_interval_ms"),
@@ -183,42 +159,36 @@ impl HeartbeatConfig {
                 ),
             ));
         }
-        if fast && stale && stale_ms < 2 * fast_ms {
+        let stale_ms = liveness.stale_after.as_millis();
+        if fast && liveness.stale_after_in_range() && stale_ms < 2 * u128::from(fast_ms) {
             problems.push(ConfigProblem::new(
-                name("stale_after_ms"),
+                cutoff("stale_after_ms"),
                 format!(
                     "{} ({stale_ms} ms) must be at least 2 × {} (2 × {fast_ms} ms = {} ms): \
                      otherwise peers declare an instance that beats at the fast cadence \
                      stale between two of its beats",
-                    name("stale_after_ms"),
+                    cutoff("stale_after_ms"),
                     name("fast_interval_ms"),
                     2 * fast_ms,
                 ),
             ));
         }
-        if let Some(Some(dead_ms)) = dead {
-            if stale && dead_ms <= stale_ms {
-                problems.push(ConfigProblem::new(
-                    name("dead_after_ms"),
-                    format!(
-                        "{} ({dead_ms} ms) must be greater than {} ({stale_ms} ms): the \
-                         definitive-dead cutoff lies beyond the stale one",
-                        name("dead_after_ms"),
-                        name("stale_after_ms"),
-                    ),
-                ));
-            }
+        if let Some(dead) = liveness
+            .dead_after
+            .filter(|_| liveness.dead_after_in_range())
+        {
+            let dead_ms = dead.as_millis();
             if self.liveness == LivenessMode::AdvisoryLockWhenAvailable
                 && slow
-                && dead_ms <= 2 * slow_ms
+                && dead_ms <= 2 * u128::from(slow_ms)
             {
                 problems.push(ConfigProblem::new(
-                    name("dead_after_ms"),
+                    cutoff("dead_after_ms"),
                     format!(
                         "{} ({dead_ms} ms) must be greater than 2 × {} (2 × {slow_ms} ms = {} \
                          ms): while its alive-lock is held an instance beats only every slow \
                          interval, and the definitive-dead bypass would reap it alive",
-                        name("dead_after_ms"),
+                        cutoff("dead_after_ms"),
                         name("slow_interval_ms"),
                         2 * slow_ms,
                     ),
@@ -237,76 +207,14 @@ impl HeartbeatConfig {
     pub fn slow_interval(&self) -> Duration {
         Duration::from_millis(self.slow_interval_ms)
     }
-
-    /// [`stale_after_ms`](Self::stale_after_ms) as a duration.
-    pub fn stale_after(&self) -> Duration {
-        Duration::from_millis(self.stale_after_ms)
-    }
-
-    /// [`dead_after_ms`](Self::dead_after_ms) as a duration.
-    pub fn dead_after(&self) -> Option<Duration> {
-        self.dead_after_ms.map(Duration::from_millis)
-    }
-
-    /// [`lock_grace_ms`](Self::lock_grace_ms) as a duration.
-    pub fn lock_grace(&self) -> Option<Duration> {
-        self.lock_grace_ms.map(Duration::from_millis)
-    }
 }
 
-/// `dead_after_ms` reads a number of milliseconds, or `"none"` / `null` for no bypass (TOML
-/// has no null, and environment variables are strings).
-mod dead_after_ms {
-    use std::fmt;
-
-    use serde::de::{self, Deserializer, Visitor};
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        d.deserialize_any(DeadAfter)
-    }
-
-    struct DeadAfter;
-
-    impl<'de> Visitor<'de> for DeadAfter {
-        type Value = Option<u64>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str(
-                "a number of milliseconds, or \"none\" to disable the definitive-dead bypass",
-            )
-        }
-
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-            Ok(Some(v))
-        }
-
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-            u64::try_from(v)
-                .map(Some)
-                .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
-        }
-
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            let v = v.trim();
-            if v.eq_ignore_ascii_case("none") {
-                return Ok(None);
-            }
-            v.parse::<u64>()
-                .map(Some)
-                .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))
-        }
-
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            deserialize(d)
-        }
+/// `prefix.field`, or `field` without a prefix.
+fn setting(prefix: &str, field: &str) -> String {
+    if prefix.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{prefix}.{field}")
     }
 }
 
@@ -419,6 +327,7 @@ pub struct HeartbeatWorker {
     coordinator: Arc<dyn WorkCoordinator>,
     identity: Identity,
     config: HeartbeatConfig,
+    liveness: Liveness,
     host_name: String,
     metadata: Value,
     status: watch::Sender<HeartbeatStatus>,
@@ -428,6 +337,7 @@ impl fmt::Debug for HeartbeatWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HeartbeatWorker")
             .field("config", &self.config)
+            .field("liveness", &self.liveness)
             .field("host_name", &self.host_name)
             .field("status", &*self.status.borrow())
             .finish_non_exhaustive()
@@ -435,15 +345,18 @@ impl fmt::Debug for HeartbeatWorker {
 }
 
 impl HeartbeatWorker {
-    /// A worker for the process whose instance is `identity`. `host_name` goes into the
-    /// instance row; `metadata` (a JSON object, or null) is stored beside `"pid"` and
-    /// `"version"` (this crate's), which this worker always sets itself. Anything else than an
-    /// object or null is stored under `"extra"`. The config is checked again when `run`
-    /// starts (the host checks it before any worker starts).
+    /// A worker for the process whose instance is `identity`, beating at the cadences of
+    /// `config` and declaring the cutoffs of `liveness` (the host's one [`Liveness`]; the
+    /// maintenance sweep judges by the same). `host_name` goes into the instance row;
+    /// `metadata` (a JSON object, or null) is stored beside `"pid"` and `"version"` (this
+    /// crate's), which this worker always sets itself. Anything else than an object or null
+    /// is stored under `"extra"`. Both are checked again when `run` starts (the host checks
+    /// them before any worker starts).
     pub fn new(
         coordinator: Arc<dyn WorkCoordinator>,
         identity: Identity,
         config: HeartbeatConfig,
+        liveness: Liveness,
         host_name: String,
         metadata: Value,
     ) -> Self {
@@ -459,6 +372,7 @@ impl HeartbeatWorker {
             coordinator,
             identity,
             config,
+            liveness,
             host_name,
             metadata: instance_metadata(metadata),
             status: watch::Sender::new(status),
@@ -478,6 +392,11 @@ impl HeartbeatWorker {
     /// The config this worker runs with.
     pub fn config(&self) -> &HeartbeatConfig {
         &self.config
+    }
+
+    /// The cutoffs every beat declares.
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
     }
 
     /// The metadata every heartbeat carries.
@@ -501,7 +420,8 @@ impl Worker for HeartbeatWorker {
     /// alive-lock session lives in a local and is dropped (lock released) when this returns,
     /// also when the future is dropped. Spawns nothing.
     async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
-        let problems = self.config.validate(NAME);
+        let mut problems = self.liveness.validate(LIVENESS_SECTION);
+        problems.extend(self.config.validate(NAME, &self.liveness, LIVENESS_SECTION));
         if !problems.is_empty() {
             let message = problems
                 .iter()
@@ -569,8 +489,8 @@ impl Worker for HeartbeatWorker {
             // doubling up to 1 s) for the length of the grace; later beats keep trying at the
             // fast cadence.
             let grace = self
-                .config
-                .lock_grace()
+                .liveness
+                .lock_grace
                 .unwrap_or_else(|| self.config.fast_interval());
             let mut retry = match lost_at {
                 Some(at) if use_lock && !lock_held && registered.is_some() && now < at + grace => {
@@ -788,9 +708,9 @@ impl HeartbeatWorker {
             instance,
             host: self.host_name.clone(),
             metadata: self.metadata.clone(),
-            stale_after: self.config.stale_after(),
-            dead_after: self.config.dead_after(),
-            lock_grace: self.config.lock_grace(),
+            stale_after: self.liveness.stale_after,
+            dead_after: self.liveness.dead_after,
+            lock_grace: self.liveness.lock_grace,
             alive_lock,
             registering: !self.identity.is_registered(instance),
         };

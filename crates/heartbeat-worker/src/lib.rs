@@ -27,8 +27,9 @@
 //!   the store credits only that session, never another holder of the key (a former,
 //!   half-open connection of the same process).
 //! - **The heartbeat row is the fallback.** Each beat sets `last_heartbeat_at = now()` (the
-//!   database clock) and stores the cutoffs this instance is judged by (`stale_after_ms`,
-//!   `dead_after_ms`, `lock_grace_ms`: a peer's sweep cannot shorten them). A row older than
+//!   database clock) and stores the cutoffs this instance is judged by (the host's one
+//!   [`Liveness`](workpump_coordinator::Liveness), `[liveness]`: `stale_after_ms`,
+//!   `dead_after_ms`, `lock_grace_ms`; a peer's sweep cannot shorten them). A row older than
 //!   the stale cutoff whose lock is not held is reaped: the row is deleted and all its leases
 //!   are released at once, so peers reclaim the work without waiting for the leases to
 //!   expire.
@@ -45,6 +46,10 @@
 //! - **The definitive-dead bypass.** A row older than `dead_after_ms` is reaped even with its
 //!   lock held: a process killed behind a half-open TCP connection can leave its session (and
 //!   lock) on the server until keepalive notices, hours later by default.
+//! - **Registration.** This worker is the only part of a host that beats: its first recorded
+//!   beat of an id registers the instance (`Identity::mark_registered`), and the claim
+//!   worker claims only once the current id is registered. With the killswitch off the
+//!   instance is never registered and claims nothing.
 //! - **Eviction.** A heartbeat for an instance that was reaped does not bring it back: the
 //!   store answers `evicted` (after this process's first recorded beat of an id, a missing row
 //!   can only mean that, tombstone or not). The worker then calls `Identity::evicted` (a
@@ -70,9 +75,9 @@
 //!
 //! With the lock held, the slow cadence (60 s) is longer than the stale cutoff (30 s) **by
 //! design**: between two beats the row looks stale to peers, and their sweeps keep it only
-//! because the lock is held. That is why `dead_after_ms` must exceed twice
+//! because the lock is held. That is why `liveness.dead_after_ms` must exceed twice
 //! `slow_interval_ms` (else the definitive-dead bypass would reap a live lock holder), and why
-//! `stale_after_ms` must be at least twice `fast_interval_ms` (an instance without the lock
+//! `liveness.stale_after_ms` must be at least twice `fast_interval_ms` (an instance without the lock
 //! must not look stale between two of its beats; the anchor that set the interval equal to
 //! the cutoff declared live instances dead).
 //!
@@ -80,16 +85,24 @@
 //!
 //! | setting | default | meaning |
 //! | --- | --- | --- |
-//! | `enabled` | `true` | killswitch: `false` = no heartbeats, no lock; peers see the instance stale and release its leases (a drain) |
+//! | `enabled` | `true` | killswitch: `false` = no heartbeats, no lock, no registration (so no claims); peers see the instance stale and release its leases (a drain) |
 //! | `fast_interval_ms` | `10000` | wait while the lock is not held and in table-only mode; the lock check's period while it is held; the cap of a failed beat's retry (with 1 s); also each call's timeout |
 //! | `slow_interval_ms` | `60000` | wait while the lock is held; at least `fast_interval_ms` |
 //! | `liveness` | `"advisory_lock_when_available"` | or `"heartbeat_table_only"`: no lock, always fast |
-//! | `stale_after_ms` | `30000` | stale cutoff passed to `record_heartbeat`; at least 2 × `fast_interval_ms` |
-//! | `dead_after_ms` | `300000` | definitive-dead cutoff; above `stale_after_ms` and (with the lock) above 2 × `slow_interval_ms`; `"none"` disables the bypass |
-//! | `lock_grace_ms` | `3000` | a lock-proven peer whose lock stays gone this long is dead (failover in seconds); `"none"` disables the rule |
 //!
-//! Every interval and cutoff is positive and at most 24 h. [`HeartbeatConfig::validate`]
-//! names every refused setting; `run` refuses to start with an invalid config.
+//! The cutoffs the beats declare are the host's `[liveness]` section
+//! ([`Liveness`](workpump_coordinator::Liveness), passed to [`HeartbeatWorker::new`]):
+//!
+//! | setting | default | meaning |
+//! | --- | --- | --- |
+//! | `liveness.stale_after_ms` | `30000` | stale cutoff passed to `record_heartbeat`; at least 2 × `fast_interval_ms` |
+//! | `liveness.dead_after_ms` | `300000` | definitive-dead cutoff; above `stale_after_ms` and (with the lock) above 2 × `slow_interval_ms`; `"none"` disables the bypass |
+//! | `liveness.lock_grace_ms` | `3000` | a lock-proven peer whose lock stays gone this long is dead (failover in seconds); `"none"` disables the rule |
+//!
+//! Every interval is positive and at most 24 h; every cutoff lies between the store's floor
+//! and 24 h (`Liveness::validate`). [`HeartbeatConfig::validate`] checks the intervals and
+//! the rules that tie them to the cutoffs, naming every refused setting; `run` refuses to
+//! start with an invalid config or cutoffs.
 //!
 //! # Observing it
 //!
@@ -100,7 +113,7 @@
 //!
 //! ```no_run
 //! # use std::sync::Arc;
-//! # use workpump_coordinator::{Identity, PgCoordinator, Worker};
+//! # use workpump_coordinator::{Identity, Liveness, PgCoordinator, Worker};
 //! # use workpump_heartbeat_worker::{HeartbeatConfig, HeartbeatWorker};
 //! # async fn example(coordinator: PgCoordinator) {
 //! let identity = Identity::new();
@@ -108,6 +121,7 @@
 //!     Arc::new(coordinator),
 //!     identity.clone(),
 //!     HeartbeatConfig::default(),
+//!     Liveness::default(),
 //!     "web-1".to_owned(),
 //!     serde_json::json!({ "region": "eu-1" }),
 //! );
@@ -124,8 +138,7 @@ mod tests;
 
 pub use heartbeat::{
     AliveLock, BeatOutcome, HeartbeatConfig, HeartbeatStatus, HeartbeatWorker, LivenessMode,
-    DEFAULT_DEAD_AFTER_MS, DEFAULT_FAST_INTERVAL_MS, DEFAULT_LOCK_GRACE_MS,
-    DEFAULT_SLOW_INTERVAL_MS, DEFAULT_STALE_AFTER_MS, MAX_SETTING_MS, NAME,
+    DEFAULT_FAST_INTERVAL_MS, DEFAULT_SLOW_INTERVAL_MS, LIVENESS_SECTION, MAX_SETTING_MS, NAME,
 };
 
 use std::time::Duration;

@@ -14,9 +14,9 @@ use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams,
-    FakeCoordinator, Identity, InstanceId, IsInstanceAliveParams, Method, NewWork, Operations,
-    RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockParams, WorkCoordinator, Worker,
-    WorkerError,
+    FakeCoordinator, Identity, InstanceId, IsInstanceAliveParams, Liveness, Method, NewWork,
+    Operations, RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockParams, WorkCoordinator,
+    Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -61,10 +61,20 @@ fn worker(
     identity: &Identity,
     config: HeartbeatConfig,
 ) -> Arc<HeartbeatWorker> {
+    worker_with(fake, identity, config, Liveness::default())
+}
+
+fn worker_with(
+    fake: &FakeCoordinator,
+    identity: &Identity,
+    config: HeartbeatConfig,
+    liveness: Liveness,
+) -> Arc<HeartbeatWorker> {
     Arc::new(HeartbeatWorker::new(
         Arc::new(fake.clone()),
         identity.clone(),
         config,
+        liveness,
         "test-host".to_owned(),
         json!({ "role": "test" }),
     ))
@@ -711,11 +721,11 @@ async fn the_configured_stale_cutoff_is_the_one_the_sweep_uses() {
     let fake = store();
     let identity = Identity::new();
     let peer = peer_with_leases(&fake, 1).await;
-    let config = HeartbeatConfig {
-        stale_after_ms: 45_000,
-        ..HeartbeatConfig::default()
+    let liveness = Liveness {
+        stale_after: secs(45),
+        ..Liveness::default()
     };
-    let worker = worker(&fake, &identity, config);
+    let worker = worker_with(&fake, &identity, HeartbeatConfig::default(), liveness);
     let mut lock = AliveLock::new();
 
     fake.age_heartbeat(peer, secs(40));
@@ -748,12 +758,13 @@ async fn the_configured_dead_cutoff_decides_whether_a_lock_holder_is_reaped() {
         .expect("take");
     fake.age_heartbeat(zombie, secs(400));
 
-    let no_bypass = worker(
+    let no_bypass = worker_with(
         &fake,
         &Identity::new(),
-        HeartbeatConfig {
-            dead_after_ms: None,
-            ..HeartbeatConfig::default()
+        HeartbeatConfig::default(),
+        Liveness {
+            dead_after: None,
+            ..Liveness::default()
         },
     );
     let beat = no_bypass
@@ -810,7 +821,30 @@ async fn run_refuses_an_invalid_config_naming_the_setting_and_touches_nothing() 
         .await
         .expect_err("refused");
     let text = err.to_string();
-    assert!(text.contains("heartbeat.stale_after_ms"), "{text}");
+    assert!(text.contains("liveness.stale_after_ms"), "{text}");
+    assert!(text.contains("heartbeat.fast_interval_ms"), "{text}");
+    assert!(fake.calls().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_refuses_cutoffs_below_the_store_floor_and_touches_nothing() {
+    let fake = store();
+    let worker = worker_with(
+        &fake,
+        &Identity::new(),
+        HeartbeatConfig::default(),
+        Liveness {
+            lock_grace: Some(Duration::from_millis(100)),
+            ..Liveness::default()
+        },
+    );
+    let err = worker
+        .run(CancellationToken::new())
+        .await
+        .expect_err("refused");
+    let text = err.to_string();
+    assert!(text.contains("liveness.lock_grace_ms"), "{text}");
+    assert!(text.contains("floor"), "{text}");
     assert!(fake.calls().is_empty());
 }
 
@@ -849,12 +883,23 @@ async fn fifty_starts_and_stops_leave_no_task_and_no_lock_behind() {
 
 // -- config -----------------------------------------------------------------------------------
 
-fn refused(config: &HeartbeatConfig) -> Vec<String> {
+fn refused_with(config: &HeartbeatConfig, liveness: &Liveness) -> Vec<String> {
     config
-        .validate("heartbeat")
+        .validate("heartbeat", liveness, "liveness")
         .into_iter()
         .map(|p| p.setting)
         .collect()
+}
+
+fn refused(config: &HeartbeatConfig) -> Vec<String> {
+    refused_with(config, &Liveness::default())
+}
+
+fn dead_after(ms: Option<u64>) -> Liveness {
+    Liveness {
+        dead_after: ms.map(Duration::from_millis),
+        ..Liveness::default()
+    }
 }
 
 #[test]
@@ -864,9 +909,7 @@ fn the_defaults_are_the_documented_ones_and_valid() {
     assert_eq!(c.fast_interval_ms, 10_000);
     assert_eq!(c.slow_interval_ms, 60_000);
     assert_eq!(c.liveness, LivenessMode::AdvisoryLockWhenAvailable);
-    assert_eq!(c.stale_after_ms, 30_000);
-    assert_eq!(c.dead_after_ms, Some(300_000));
-    assert!(c.validate("heartbeat").is_empty());
+    assert!(refused(&c).is_empty());
 }
 
 #[test]
@@ -875,9 +918,9 @@ fn a_stale_cutoff_under_twice_the_fast_interval_is_refused_with_both_numbers() {
         fast_interval_ms: 20_000,
         ..HeartbeatConfig::default()
     };
-    let problems = c.validate("heartbeat");
+    let problems = c.validate("heartbeat", &Liveness::default(), "liveness");
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert_eq!(problems[0].setting, "heartbeat.stale_after_ms");
+    assert_eq!(problems[0].setting, "liveness.stale_after_ms");
     let reason = &problems[0].reason;
     for part in ["30000", "20000", "40000", "heartbeat.fast_interval_ms"] {
         assert!(reason.contains(part), "{reason} lacks {part}");
@@ -886,29 +929,38 @@ fn a_stale_cutoff_under_twice_the_fast_interval_is_refused_with_both_numbers() {
         fast_interval_ms: 15_000,
         ..HeartbeatConfig::default()
     };
-    assert!(
-        edge.validate("heartbeat").is_empty(),
-        "exactly twice is enough"
-    );
+    assert!(refused(&edge).is_empty(), "exactly twice is enough");
 }
 
 #[test]
-fn zero_intervals_and_cutoffs_are_refused_each_by_name() {
+fn zero_intervals_are_refused_each_by_name() {
     let c = HeartbeatConfig {
         fast_interval_ms: 0,
         slow_interval_ms: 0,
-        stale_after_ms: 0,
-        dead_after_ms: Some(0),
         ..HeartbeatConfig::default()
     };
     assert_eq!(
         refused(&c),
-        [
-            "heartbeat.fast_interval_ms",
-            "heartbeat.slow_interval_ms",
-            "heartbeat.stale_after_ms",
-            "heartbeat.dead_after_ms"
-        ]
+        ["heartbeat.fast_interval_ms", "heartbeat.slow_interval_ms"]
+    );
+}
+
+#[test]
+fn a_cutoff_refused_by_its_own_range_is_not_refused_again_by_a_cadence_rule() {
+    // 0 is below the floor: one problem (Liveness::validate's), none from the cadence rules.
+    let liveness = Liveness {
+        stale_after: Duration::ZERO,
+        dead_after: Some(Duration::ZERO),
+        lock_grace: None,
+    };
+    assert!(refused_with(&HeartbeatConfig::default(), &liveness).is_empty());
+    assert_eq!(
+        liveness
+            .validate("liveness")
+            .into_iter()
+            .map(|p| p.setting)
+            .collect::<Vec<_>>(),
+        ["liveness.stale_after_ms", "liveness.dead_after_ms"]
     );
 }
 
@@ -916,10 +968,12 @@ fn zero_intervals_and_cutoffs_are_refused_each_by_name() {
 fn settings_beyond_a_day_are_refused() {
     let c = HeartbeatConfig {
         slow_interval_ms: crate::MAX_SETTING_MS + 1,
-        dead_after_ms: None,
         ..HeartbeatConfig::default()
     };
-    assert_eq!(refused(&c), ["heartbeat.slow_interval_ms"]);
+    assert_eq!(
+        refused_with(&c, &dead_after(None)),
+        ["heartbeat.slow_interval_ms"]
+    );
 }
 
 #[test]
@@ -933,53 +987,27 @@ fn a_slow_interval_under_the_fast_one_is_refused() {
         slow_interval_ms: 10_000,
         ..HeartbeatConfig::default()
     };
-    assert!(equal.validate("heartbeat").is_empty());
-}
-
-#[test]
-fn a_dead_cutoff_not_beyond_the_stale_one_is_refused() {
-    let c = HeartbeatConfig {
-        liveness: LivenessMode::HeartbeatTableOnly,
-        dead_after_ms: Some(30_000),
-        ..HeartbeatConfig::default()
-    };
-    assert_eq!(refused(&c), ["heartbeat.dead_after_ms"]);
-    let beyond = HeartbeatConfig {
-        dead_after_ms: Some(30_001),
-        ..c.clone()
-    };
-    assert!(beyond.validate("heartbeat").is_empty());
+    assert!(refused(&equal).is_empty());
 }
 
 #[test]
 fn with_the_lock_a_dead_cutoff_within_two_slow_intervals_is_refused() {
-    let c = HeartbeatConfig {
-        dead_after_ms: Some(120_000),
-        ..HeartbeatConfig::default()
-    };
-    let problems = c.validate("heartbeat");
+    let c = HeartbeatConfig::default();
+    let problems = c.validate("heartbeat", &dead_after(Some(120_000)), "liveness");
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert_eq!(problems[0].setting, "heartbeat.dead_after_ms");
+    assert_eq!(problems[0].setting, "liveness.dead_after_ms");
     for part in ["120000", "60000", "heartbeat.slow_interval_ms"] {
         assert!(problems[0].reason.contains(part), "{}", problems[0].reason);
     }
-    let beyond = HeartbeatConfig {
-        dead_after_ms: Some(120_001),
-        ..HeartbeatConfig::default()
-    };
-    assert!(beyond.validate("heartbeat").is_empty());
+    assert!(refused_with(&c, &dead_after(Some(120_001))).is_empty());
     // Without the lock the slow cadence is never used.
     let table_only = HeartbeatConfig {
         liveness: LivenessMode::HeartbeatTableOnly,
-        ..c
+        ..c.clone()
     };
-    assert!(table_only.validate("heartbeat").is_empty());
+    assert!(refused_with(&table_only, &dead_after(Some(120_000))).is_empty());
     // No bypass, nothing to compare.
-    let no_bypass = HeartbeatConfig {
-        dead_after_ms: None,
-        ..HeartbeatConfig::default()
-    };
-    assert!(no_bypass.validate("heartbeat").is_empty());
+    assert!(refused_with(&c, &dead_after(None)).is_empty());
 }
 
 #[test]
@@ -987,20 +1015,35 @@ fn every_problem_is_reported_at_once_and_an_empty_prefix_gives_bare_names() {
     let c = HeartbeatConfig {
         fast_interval_ms: 20_000,
         slow_interval_ms: 15_000,
-        dead_after_ms: Some(25_000),
         ..HeartbeatConfig::default()
     };
+    let liveness = dead_after(Some(25_000));
     assert_eq!(
-        refused(&c),
+        refused_with(&c, &liveness),
         [
             "heartbeat.slow_interval_ms",
-            "heartbeat.stale_after_ms",
-            "heartbeat.dead_after_ms",
-            "heartbeat.dead_after_ms"
+            "liveness.stale_after_ms",
+            "liveness.dead_after_ms"
         ]
     );
-    let bare: Vec<String> = c.validate("").into_iter().map(|p| p.setting).collect();
-    assert_eq!(bare[0], "slow_interval_ms");
+    // dead ≤ stale is the cutoffs' own rule, reported once, by them.
+    assert_eq!(
+        liveness
+            .validate("liveness")
+            .into_iter()
+            .map(|p| p.setting)
+            .collect::<Vec<_>>(),
+        ["liveness.dead_after_ms"]
+    );
+    let bare: Vec<String> = c
+        .validate("", &liveness, "")
+        .into_iter()
+        .map(|p| p.setting)
+        .collect();
+    assert_eq!(
+        bare,
+        ["slow_interval_ms", "stale_after_ms", "dead_after_ms"]
+    );
 }
 
 #[test]
@@ -1020,7 +1063,6 @@ fn the_heartbeat_section_reads_from_toml() {
         enabled = false
         fast_interval_ms = 5000
         liveness = "heartbeat_table_only"
-        dead_after_ms = "none"
         "#,
     )
     .expect("valid");
@@ -1030,12 +1072,9 @@ fn the_heartbeat_section_reads_from_toml() {
             enabled: false,
             fast_interval_ms: 5000,
             liveness: LivenessMode::HeartbeatTableOnly,
-            dead_after_ms: None,
             ..HeartbeatConfig::default()
         }
     );
-    let c = read("[heartbeat]\ndead_after_ms = 600000\n").expect("valid");
-    assert_eq!(c.dead_after_ms, Some(600_000));
     let c = read("[heartbeat]\n").expect("valid");
     assert_eq!(c, HeartbeatConfig::default());
 
@@ -1043,18 +1082,13 @@ fn the_heartbeat_section_reads_from_toml() {
     assert!(err.contains("fast_interval"), "{err}");
     let err = read("[heartbeat]\nliveness = \"lock\"\n").expect_err("unknown mode");
     assert!(err.contains("heartbeat_table_only"), "{err}");
-    let err = read("[heartbeat]\ndead_after_ms = -1\n").expect_err("negative");
-    assert!(err.contains("none"), "{err}");
+    // The cutoffs moved to [liveness]; the host names the new key (its config tests).
+    let err = read("[heartbeat]\nstale_after_ms = 30000\n").expect_err("moved");
+    assert!(err.contains("stale_after_ms"), "{err}");
 }
 
 #[test]
-fn the_config_round_trips_through_json_with_null_for_no_bypass() {
-    let c: HeartbeatConfig =
-        serde_json::from_value(json!({ "dead_after_ms": null })).expect("valid");
-    assert_eq!(c.dead_after_ms, None);
-    let back: HeartbeatConfig =
-        serde_json::from_value(serde_json::to_value(&c).expect("serialize")).expect("valid");
-    assert_eq!(back, c);
+fn the_config_round_trips_through_json() {
     let d = HeartbeatConfig::default();
     let back: HeartbeatConfig =
         serde_json::from_value(serde_json::to_value(&d).expect("serialize")).expect("valid");

@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::{
     AliveLockReport, CleanupStaleInstancesParams, Identity, InstanceId, IsInstanceAliveParams,
-    Operations, PgCoordinator, RecordHeartbeatParams, TakeAliveLockOutcome, TakeAliveLockParams,
-    WorkCoordinator, Worker, WorkerError,
+    Liveness, Operations, PgCoordinator, RecordHeartbeatParams, TakeAliveLockOutcome,
+    TakeAliveLockParams, WorkCoordinator, Worker, WorkerError,
 };
 use workpump_heartbeat_worker::{HeartbeatConfig, HeartbeatStatus, HeartbeatWorker};
 use workpump_testdb::TestDatabase;
@@ -158,11 +158,17 @@ async fn lock_columns(store: &Store, instance: InstanceId) -> (bool, Option<i32>
         .expect("the instance row")
 }
 
-fn worker(store: &Store, identity: &Identity, config: HeartbeatConfig) -> Arc<HeartbeatWorker> {
+fn worker(
+    store: &Store,
+    identity: &Identity,
+    config: HeartbeatConfig,
+    liveness: Liveness,
+) -> Arc<HeartbeatWorker> {
     Arc::new(HeartbeatWorker::new(
         store.coordinator.clone(),
         identity.clone(),
         config,
+        liveness,
         "pg-test-host".to_owned(),
         json!({ "region": "test-1" }),
     ))
@@ -178,11 +184,14 @@ async fn killing_the_alive_lock_connection_makes_the_worker_beat_at_once_and_tak
     let config = HeartbeatConfig {
         fast_interval_ms: 200,
         slow_interval_ms: 60_000,
-        stale_after_ms: 1_000,
-        dead_after_ms: Some(130_000),
         ..HeartbeatConfig::default()
     };
-    let worker = worker(&store, &identity, config);
+    let liveness = Liveness {
+        stale_after: Duration::from_secs(1),
+        dead_after: Some(Duration::from_secs(130)),
+        ..Liveness::default()
+    };
+    let worker = worker(&store, &identity, config, liveness);
     let mut status = worker.subscribe_status();
     let run = start(&worker);
 
@@ -250,7 +259,12 @@ async fn a_held_lock_keeps_a_stale_instance_from_being_reaped_and_a_reaped_one_r
     let (judge, _judge_lock) = judge(&store).await;
     let identity = Identity::new();
     let me = identity.current();
-    let worker = worker(&store, &identity, HeartbeatConfig::default());
+    let worker = worker(
+        &store,
+        &identity,
+        HeartbeatConfig::default(),
+        Liveness::default(),
+    );
     let mut status = worker.subscribe_status();
     let run = start(&worker);
     status_where(&mut status, "the lock", |s| s.lock_held).await;

@@ -12,7 +12,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 use workpump_claim_worker::{Backoff, ClaimConfig, QueueSettings};
 use workpump_coordinator::{
-    validate_queue_name, ConfigProblem, LeaseSettings, DEFAULT_SCHEMA, MAX_SCHEDULE_AHEAD,
+    validate_queue_name, ConfigProblem, LeaseSettings, Liveness, DEFAULT_SCHEMA,
 };
 use workpump_heartbeat_worker::HeartbeatConfig;
 use workpump_lease_renewal::LeaseConfig;
@@ -21,12 +21,9 @@ use workpump_maintenance::MaintenanceConfig;
 use crate::supervise::SupervisionConfig;
 use crate::HostError;
 
-/// The most handlers of one queue that may run at once (a semaphore of that many permits;
-/// tokio refuses more than `usize::MAX >> 3`).
-const MAX_CONCURRENCY: usize = 1_000_000;
-
-/// The largest renewal channel (tokio's bounded channel panics beyond `usize::MAX >> 3`).
-const MAX_CHANNEL_CAPACITY: usize = 1_000_000;
+/// Where the liveness cutoffs live (`[liveness]`): the name problems about them carry (the
+/// heartbeat worker names them so when it refuses them itself).
+const LIVENESS: &str = workpump_heartbeat_worker::LIVENESS_SECTION;
 
 /// Everything a host can be told. Every field has a default; see each section's type for
 /// its settings.
@@ -64,9 +61,18 @@ pub struct HostConfig {
     /// Lease length, renewal cadence and limits for every queue, and the renewal batching
     /// (`[lease]`). Each queue may override the lease settings.
     pub lease: LeaseConfig,
-    /// The heartbeat worker (`[heartbeat]`).
+    /// The liveness cutoffs (`[liveness]`: `stale_after_ms`, `dead_after_ms`,
+    /// `lock_grace_ms`; 30 s, 5 min, 3 s): the one set every heartbeat declares and every
+    /// sweep judges by, the heartbeat's and the maintenance backstop's alike.
+    pub liveness: Liveness,
+    /// The heartbeat worker (`[heartbeat]`): cadences and liveness mode. Its former cutoff
+    /// keys (`heartbeat.stale_after_ms`, ...) are refused with a message naming their new
+    /// place in `[liveness]`.
+    #[serde(deserialize_with = "moved::heartbeat")]
     pub heartbeat: HeartbeatConfig,
-    /// The maintenance worker (`[maintenance]`).
+    /// The maintenance worker (`[maintenance]`). Its former cutoff keys are refused like the
+    /// heartbeat's.
+    #[serde(deserialize_with = "moved::maintenance")]
     pub maintenance: MaintenanceConfig,
     /// Restarting failed workers (`[supervision]`).
     pub supervision: SupervisionConfig,
@@ -88,6 +94,7 @@ impl Default for HostConfig {
             shutdown_timeout_ms: 30_000,
             claim: ClaimConfig::default(),
             lease: LeaseConfig::default(),
+            liveness: Liveness::default(),
             heartbeat: HeartbeatConfig::default(),
             maintenance: MaintenanceConfig::default(),
             supervision: SupervisionConfig::default(),
@@ -186,46 +193,15 @@ impl HostConfig {
         }
         problems.extend(self.claim.validate("claim"));
         problems.extend(self.lease.validate("lease"));
-        if self.lease.channel_capacity > MAX_CHANNEL_CAPACITY {
-            problems.push(ConfigProblem::new(
-                "lease.channel_capacity",
-                format!(
-                    "must be at most {MAX_CHANNEL_CAPACITY}, got {}",
-                    self.lease.channel_capacity
-                ),
-            ));
-        }
-        problems.extend(self.heartbeat.validate("heartbeat"));
-        problems.extend(self.maintenance.validate("maintenance"));
-        // One pair of liveness cutoffs for the heartbeat's sweep and the maintenance backstop.
-        let defaults = MaintenanceConfig::default();
-        let derived = self.maintenance_config();
-        for (field, set, wanted, source) in [
-            (
-                "stale_after_ms",
-                self.maintenance.stale_after_ms,
-                derived.stale_after_ms,
-                "heartbeat.stale_after_ms",
-            ),
-            (
-                "dead_after_ms",
-                self.maintenance.dead_after_ms,
-                derived.dead_after_ms,
-                "heartbeat.dead_after_ms",
-            ),
-        ] {
-            let default = if field == "stale_after_ms" {
-                defaults.stale_after_ms
-            } else {
-                defaults.dead_after_ms
-            };
-            if set != default && set != wanted {
-                problems.push(ConfigProblem::new(
-                    format!("maintenance.{field}"),
-                    format!("the host takes it from {source}; set that instead"),
-                ));
-            }
-        }
+        problems.extend(self.liveness.validate(LIVENESS));
+        problems.extend(
+            self.heartbeat
+                .validate("heartbeat", &self.liveness, LIVENESS),
+        );
+        problems.extend(
+            self.maintenance
+                .validate("maintenance", &self.liveness, LIVENESS),
+        );
         self.supervision.validate(&mut problems);
         let queues: Vec<&str> = queues.into_iter().collect();
         for (name, q) in &self.queues {
@@ -257,28 +233,7 @@ impl HostConfig {
         }
         for queue in &queues {
             let prefix = format!("queues.{queue}");
-            let settings = self.queue_settings(queue);
-            problems.extend(settings.validate(&prefix));
-            if settings.concurrency > MAX_CONCURRENCY {
-                problems.push(ConfigProblem::new(
-                    format!("{prefix}.concurrency"),
-                    format!(
-                        "must be at most {MAX_CONCURRENCY}, got {}",
-                        settings.concurrency
-                    ),
-                ));
-            }
-            if settings.backoff.cap > MAX_SCHEDULE_AHEAD {
-                problems.push(ConfigProblem::new(
-                    format!("{prefix}.backoff_cap_ms"),
-                    format!(
-                        "must be at most {} ms (100 years, the longest retry delay the store \
-                         takes), got {} ms",
-                        MAX_SCHEDULE_AHEAD.as_millis(),
-                        settings.backoff.cap.as_millis()
-                    ),
-                ));
-            }
+            problems.extend(self.queue_settings(queue).validate(&prefix));
         }
         problems
     }
@@ -332,18 +287,6 @@ impl HostConfig {
             .unwrap_or(workpump_coordinator::DEFAULT_MAX_ATTEMPTS)
     }
 
-    /// The maintenance settings with the liveness cutoffs of `[heartbeat]` (one pair of
-    /// cutoffs for the heartbeat's opportunistic sweep and the maintenance backstop; without
-    /// a definitive-dead bypass the backstop uses 24 h).
-    pub fn maintenance_config(&self) -> MaintenanceConfig {
-        MaintenanceConfig {
-            stale_after_ms: self.heartbeat.stale_after_ms,
-            dead_after_ms: self.heartbeat.dead_after_ms.unwrap_or(86_400_000),
-            lock_grace_ms: self.heartbeat.lock_grace_ms,
-            ..self.maintenance.clone()
-        }
-    }
-
     pub(crate) fn host_name(&self) -> String {
         self.host_name
             .clone()
@@ -355,5 +298,60 @@ impl HostConfig {
                     .filter(|h| !h.is_empty())
             })
             .unwrap_or_else(|| "unknown".to_owned())
+    }
+}
+
+/// The cutoff keys that moved from `[heartbeat]` and `[maintenance]` to `[liveness]`: a
+/// config that still sets one is refused with a message naming the new key, not serde's bare
+/// "unknown field".
+mod moved {
+    use figment::value::Value;
+    use serde::de::{Deserialize, Deserializer, Error};
+    use workpump_heartbeat_worker::HeartbeatConfig;
+    use workpump_maintenance::MaintenanceConfig;
+
+    /// The keys that moved, as written in the sections they left.
+    const KEYS: [&str; 3] = ["stale_after_ms", "dead_after_ms", "lock_grace_ms"];
+
+    pub(super) fn heartbeat<'de, D: Deserializer<'de>>(d: D) -> Result<HeartbeatConfig, D::Error> {
+        section(d, "heartbeat")
+    }
+
+    pub(super) fn maintenance<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<MaintenanceConfig, D::Error> {
+        section(d, "maintenance")
+    }
+
+    fn section<'de, D, T>(d: D, name: &str) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: serde::de::DeserializeOwned,
+    {
+        let value = <Value as Deserialize>::deserialize(d)?;
+        if let Some(dict) = value.as_dict() {
+            let moved: Vec<String> = KEYS
+                .iter()
+                .filter(|key| dict.contains_key(**key))
+                .map(|key| format!("{name}.{key} moved to liveness.{key}"))
+                .collect();
+            if !moved.is_empty() {
+                return Err(D::Error::custom(format!(
+                    "{}: the liveness cutoffs are one [liveness] section now, shared by the \
+                     heartbeat and the maintenance sweep (WORKPUMP_LIVENESS__<KEY> in the \
+                     environment); set them there",
+                    moved.join(", ")
+                )));
+            }
+        }
+        // Keep the key of a mistake inside the section in the message (figment's own errors
+        // name it; this inner one would otherwise name only the section).
+        value.deserialize().map_err(|e: figment::Error| {
+            if e.path.is_empty() {
+                D::Error::custom(e.kind)
+            } else {
+                D::Error::custom(format!("{} (at {name}.{})", e.kind, e.path.join(".")))
+            }
+        })
     }
 }

@@ -9,7 +9,8 @@
 //! host's default, which builds the built-in worker from the same context. There is no other
 //! way in, so a replacement receives exactly what the built-in worker would: the one
 //! [`Identity`] the whole host runs as (a heartbeat under another id lets the host's instance
-//! go stale and be reaped), the liveness cutoffs every beat declares, the lease tracker
+//! go stale and be reaped), the one [`Liveness`] every beat declares and every sweep judges
+//! by, the lease tracker
 //! dispatch registers leases with, and the handlers registered with `.handler()`.
 //!
 //! The lease slot is called first because it supplies the lease tracker: its factory returns
@@ -25,16 +26,20 @@
 //! factories report through these very methods, and the host reads nothing else: a
 //! replacement that reports is judged and woken exactly like the built-in worker. One that
 //! reports nothing is judged only by whether it runs: health cannot see inside it, so an
-//! unreported part counts as fine for readiness (`heartbeat_fresh` and the claim registration
-//! are taken as true) and as not known to be held or healthy in the fields that say so
+//! unreported part counts as fine for readiness (`heartbeat_fresh` and the claim worker's
+//! registration are taken as true) and as not known to be held or healthy in the fields that say so
 //! (`alive_lock_held`, `listener_healthy` false, no NOTIFY queue sample); local enqueues then
 //! reach a replaced claim worker only through NOTIFY or its poll. Refusing readiness instead
 //! would keep a service whose replacement simply does not report out of rotation forever.
 //!
-//! The claim slot's two derived settings come from here too, so a hand-built claim worker and
-//! the default cannot drift: [`registration`](WorkerContext::registration) (host name, pid,
-//! the liveness cutoffs) and [`claim_config`](WorkerContext::claim_config) (`[claim]` with the
-//! host's drain timeout).
+//! Liveness has one home. The heartbeat slot's worker is the only part of a host that beats:
+//! its first recorded beat of an id registers the instance ([`Identity::mark_registered`]),
+//! and the claim worker waits for that ([`Identity::registered`]) before claiming, so a
+//! replacement heartbeat worker must mark its recorded beats, and a replacement claim worker
+//! should wait the same way. The cutoffs come from [`liveness`](WorkerContext::liveness) for
+//! the heartbeat and maintenance slots alike, so the two cannot drift. The claim slot's
+//! derived setting comes from here too: [`claim_config`](WorkerContext::claim_config)
+//! (`[claim]` with the host's drain timeout).
 //!
 //! The type lives in the host crate, not in the coordinator crate beside `Worker`, because it
 //! carries the claim worker's [`Handlers`] and the [`HostConfig`]; worker crates never see it
@@ -46,9 +51,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use tokio::sync::watch;
-use workpump_claim_worker::{ClaimConfig, ClaimStatus, ClaimWorker, Handlers, Registration};
-use workpump_coordinator::{Identity, LeaseTracker, PgCoordinator, WorkCoordinator, Worker};
-use workpump_heartbeat_worker::{HeartbeatConfig, HeartbeatStatus, HeartbeatWorker};
+use workpump_claim_worker::{ClaimConfig, ClaimStatus, ClaimWorker, Handlers};
+use workpump_coordinator::{
+    Identity, LeaseTracker, Liveness, PgCoordinator, WorkCoordinator, Worker,
+};
+use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
 use workpump_lease_renewal::LeaseRenewalWorker;
 use workpump_maintenance::{MaintenanceStatus, MaintenanceWorker};
 
@@ -105,9 +112,12 @@ impl WorkerContext {
         self.pg.clone()
     }
 
-    /// The instance identity the host runs as: heartbeats, registrations, claims, renewals and
-    /// the maintenance sweep's judge must all use this one (clones share it, evictions
-    /// included). [`HostHandle::instance`](crate::HostHandle::instance) reads it.
+    /// The instance identity the host runs as: heartbeats, claims, renewals and the
+    /// maintenance sweep's judge must all use this one (clones share it, evictions and
+    /// registrations included). The heartbeat worker marks each id registered
+    /// ([`Identity::mark_registered`]) when its first beat of it is recorded; a claim worker
+    /// waits for that ([`Identity::registered`]) before claiming.
+    /// [`HostHandle::instance`](crate::HostHandle::instance) reads it.
     pub fn identity(&self) -> Identity {
         self.identity.clone()
     }
@@ -120,13 +130,12 @@ impl WorkerContext {
         self.lease_tracker.clone()
     }
 
-    /// The liveness settings the host resolved and validated (`[heartbeat]`):
-    /// [`stale_after`](HeartbeatConfig::stale_after),
-    /// [`dead_after`](HeartbeatConfig::dead_after), [`lock_grace`](HeartbeatConfig::lock_grace)
-    /// and the cadences. Every beat and registration declares these cutoffs, and the sweeps
-    /// judge by them; a worker that beats or sweeps should use them rather than its own.
-    pub fn liveness(&self) -> &HeartbeatConfig {
-        &self.config.heartbeat
+    /// The liveness cutoffs the host validated (`[liveness]`): `stale_after`, `dead_after`,
+    /// `lock_grace`. Every beat declares them and every sweep judges by them (the heartbeat's
+    /// and the maintenance backstop's); a worker that beats or sweeps should use them rather
+    /// than its own. The heartbeat's cadences are `config().heartbeat`.
+    pub fn liveness(&self) -> &Liveness {
+        &self.config.liveness
     }
 
     /// The host name recorded with the instance (`host_name`, else `$HOSTNAME`, else
@@ -153,21 +162,6 @@ impl WorkerContext {
         &self.config
     }
 
-    /// The claim slot's registration (its first heartbeat, before the first claim): the host
-    /// name, `{"pid": <this process>}` as metadata, and the liveness cutoffs of
-    /// [`liveness`](Self::liveness). The default claim factory uses exactly this; a claim
-    /// worker of your own should too (change `metadata` if you like, not the cutoffs).
-    pub fn registration(&self) -> Registration {
-        let liveness = self.liveness();
-        Registration {
-            host: self.host_name.clone(),
-            metadata: json!({ "pid": std::process::id() }),
-            stale_after: liveness.stale_after(),
-            dead_after: liveness.dead_after(),
-            lock_grace: liveness.lock_grace(),
-        }
-    }
-
     /// The claim worker's configuration: `[claim]` with its drain timeout set to the host's
     /// [`shutdown_timeout`](Self::shutdown_timeout), as the default claim factory builds it.
     pub fn claim_config(&self) -> ClaimConfig {
@@ -188,10 +182,12 @@ impl WorkerContext {
         self.reports().heartbeat_status = Some(status);
     }
 
-    /// Hands the host the claim worker's status: readiness waits for its registration, and
+    /// Hands the host the claim worker's status: readiness waits until it says the current id
+    /// is registered ([`ClaimStatus::registered`]: the heartbeat worker's beat was recorded,
+    /// so the worker may claim), and
     /// [`Health::listener_healthy`](crate::Health::listener_healthy) follows its gate.
     /// Report it only from a worker that claims (the built-in one does not report when it
-    /// is switched off or has no handlers: there is nothing to register). Unreported, the
+    /// is switched off or has no handlers: it waits for no registration). Unreported, the
     /// registration counts as done and the listener as not healthy.
     pub fn report_claim_status(&self, status: watch::Receiver<ClaimStatus>) {
         self.reports().claim_status = Some(status);
@@ -267,10 +263,9 @@ pub(crate) fn default_claim(ctx: &WorkerContext) -> Arc<dyn Worker> {
         ctx.identity(),
         ctx.handlers(),
         ctx.claim_config(),
-        ctx.registration(),
     );
-    // A claim worker that does not claim (switched off, or no handlers) never registers:
-    // readiness does not wait for it.
+    // A claim worker that does not claim (switched off, or no handlers) waits for no
+    // registration: readiness does not wait for it.
     if worker.claims() {
         ctx.report_claim_status(worker.status());
     }
@@ -279,12 +274,14 @@ pub(crate) fn default_claim(ctx: &WorkerContext) -> Arc<dyn Worker> {
     Arc::new(worker)
 }
 
-/// The heartbeat slot's default: beats for the host's identity with the host's cutoffs.
+/// The heartbeat slot's default: beats for the host's identity (registering each id of it)
+/// at `[heartbeat]`'s cadences with the host's cutoffs.
 pub(crate) fn default_heartbeat(ctx: &WorkerContext) -> Arc<dyn Worker> {
     let worker = HeartbeatWorker::new(
         ctx.coordinator(),
         ctx.identity(),
-        ctx.liveness().clone(),
+        ctx.config().heartbeat.clone(),
+        *ctx.liveness(),
         ctx.host_name().to_owned(),
         json!({}),
     );
@@ -295,8 +292,12 @@ pub(crate) fn default_heartbeat(ctx: &WorkerContext) -> Arc<dyn Worker> {
 /// The maintenance slot's default: it sweeps as this instance, never reaping it, and judging
 /// only on what this instance could see while connected.
 pub(crate) fn default_maintenance(ctx: &WorkerContext) -> Arc<dyn Worker> {
-    let worker = MaintenanceWorker::new(ctx.coordinator(), ctx.config().maintenance_config())
-        .with_judge(ctx.identity());
+    let worker = MaintenanceWorker::new(
+        ctx.coordinator(),
+        ctx.config().maintenance.clone(),
+        *ctx.liveness(),
+    )
+    .with_judge(ctx.identity());
     ctx.report_maintenance_status(worker.subscribe_status());
     Arc::new(worker)
 }

@@ -133,9 +133,10 @@ impl HostBuilder {
     /// [`start`](Self::start), with the [`WorkerContext`] every worker is built from. Serve
     /// [`WorkerContext::handlers`] (the ones registered with [`handler`](Self::handler)),
     /// register leases with [`WorkerContext::lease_tracker`], claim as
-    /// [`WorkerContext::identity`], and register with [`WorkerContext::registration`] and
-    /// [`WorkerContext::claim_config`] (what the default factory uses, so the liveness cutoffs
-    /// and the drain timeout cannot drift from the host's).
+    /// [`WorkerContext::identity`] once the heartbeat worker registered it
+    /// ([`Identity::registered`](crate::coordinator::Identity::registered): the claim worker
+    /// never beats), and use [`WorkerContext::claim_config`] (what the default factory uses,
+    /// so the drain timeout cannot drift from the host's).
     ///
     /// Report back as the default factory does: its status
     /// ([`WorkerContext::report_claim_status`]: readiness waits for the registration) and its
@@ -156,7 +157,6 @@ impl HostBuilder {
     ///         ctx.identity(),
     ///         ctx.handlers(),
     ///         ctx.claim_config(),
-    ///         ctx.registration(),
     ///     );
     ///     if worker.claims() {
     ///         ctx.report_claim_status(worker.status());
@@ -182,6 +182,9 @@ impl HostBuilder {
     /// [`WorkerContext`] (see [`claim_worker`](Self::claim_worker)). Beat for
     /// [`WorkerContext::identity`] with the cutoffs of [`WorkerContext::liveness`]: a heartbeat
     /// under any other id leaves the host's instance unbeaten, and its peers reap it as stale.
+    /// It is the only thing that registers the instance: mark each id registered once a beat
+    /// of it is recorded (`Identity::mark_registered`, as `HeartbeatWorker` does), or the
+    /// claim worker never claims.
     ///
     /// Report its status with [`WorkerContext::report_heartbeat_status`], as the default
     /// factory does: [`Health::heartbeat_fresh`], [`Health::alive_lock_held`](crate::Health)
@@ -197,7 +200,8 @@ impl HostBuilder {
     ///     let worker = HeartbeatWorker::new(
     ///         ctx.coordinator(),
     ///         ctx.identity(),
-    ///         ctx.liveness().clone(),
+    ///         ctx.config().heartbeat.clone(),
+    ///         *ctx.liveness(),
     ///         ctx.host_name().to_owned(),
     ///         serde_json::json!({ "role": "api" }),
     ///     );
@@ -259,8 +263,12 @@ impl HostBuilder {
     /// use workpump_maintenance::MaintenanceWorker;
     ///
     /// let builder = Host::builder().maintenance_worker(|ctx| {
-    ///     let worker = MaintenanceWorker::new(ctx.coordinator(), ctx.config().maintenance_config())
-    ///         .with_judge(ctx.identity());
+    ///     let worker = MaintenanceWorker::new(
+    ///         ctx.coordinator(),
+    ///         ctx.config().maintenance.clone(),
+    ///         *ctx.liveness(),
+    ///     )
+    ///     .with_judge(ctx.identity());
     ///     ctx.report_maintenance_status(worker.subscribe_status());
     ///     Arc::new(worker) as Arc<dyn Worker>
     /// });

@@ -35,8 +35,9 @@
 //!   records outcomes;
 //! - the lease-renewal worker (`workpump-lease-renewal`): keeps the running items' leases and
 //!   stops handlers whose lease can't be trusted;
-//! - the heartbeat worker (`workpump-heartbeat-worker`): proves the instance alive and reaps
-//!   dead peers;
+//! - the heartbeat worker (`workpump-heartbeat-worker`): registers the instance, proves it
+//!   alive and reaps dead peers (the only worker that beats: the claim worker claims only once
+//!   the instance is registered);
 //! - the maintenance worker (`workpump-maintenance`): the backstop sweep, promotion of
 //!   scheduled work, retention, queue-depth metrics.
 //!
@@ -44,7 +45,8 @@
 //!
 //! Each of the four is built by a factory from one [`WorkerContext`] that the host assembles
 //! in [`start`](HostBuilder::start): the coordinator, the instance identity, the lease tracker,
-//! the liveness settings, the host name, the registered handlers, the configuration. The
+//! the liveness cutoffs (`[liveness]`, one [`Liveness`] for the heartbeat and the maintenance
+//! sweep), the host name, the registered handlers, the configuration. The
 //! built-in workers are the default factories; [`HostBuilder::claim_worker`],
 //! [`heartbeat_worker`](HostBuilder::heartbeat_worker),
 //! [`lease_worker`](HostBuilder::lease_worker) and
@@ -61,7 +63,8 @@
 //!     let worker = HeartbeatWorker::new(
 //!         ctx.coordinator(),
 //!         ctx.identity(),
-//!         ctx.liveness().clone(),
+//!         ctx.config().heartbeat.clone(),
+//!         *ctx.liveness(),
 //!         ctx.host_name().to_owned(),
 //!         serde_json::json!({ "role": "api" }),
 //!     );
@@ -81,8 +84,10 @@
 //! fields that claim something positive ([`Health::alive_lock_held`] and
 //! [`Health::listener_healthy`] false, no NOTIFY queue sample); a claim worker that reports
 //! no wake is reached by local enqueues only through NOTIFY or its poll. A claim worker of
-//! your own takes its registration and configuration from
-//! [`WorkerContext::registration`] and [`WorkerContext::claim_config`], as the default does.
+//! your own takes its configuration from [`WorkerContext::claim_config`], as the default
+//! does, and claims only once the heartbeat worker has registered the current id
+//! (`Identity::registered`); a heartbeat worker of your own must mark the ids it registers
+//! (`Identity::mark_registered`).
 //!
 //! Your worker implements [`Worker`]; wrapping a built-in one (to count, log or gate its
 //! runs) works the same way. Before the factories, these methods took an already-built
@@ -111,8 +116,8 @@ pub use workpump_claim_worker::{
     QueueSettings,
 };
 pub use workpump_coordinator::{
-    self as coordinator, CancelReason, Fence, InstanceId, NewWork, Operations, PgCoordinator,
-    Schedule, WorkCoordinator, WorkId, Worker,
+    self as coordinator, CancelReason, Fence, InstanceId, Liveness, NewWork, Operations,
+    PgCoordinator, Schedule, WorkCoordinator, WorkId, Worker,
 };
 pub use workpump_heartbeat_worker::{HeartbeatConfig, LivenessMode};
 pub use workpump_lease_renewal::LeaseConfig;
@@ -157,10 +162,12 @@ fn list(problems: &[workpump_coordinator::ConfigProblem]) -> String {
 pub struct Health {
     /// The instance id the host runs as now.
     pub instance: InstanceId,
-    /// Ready for work: schema migrated, instance registered for claiming (only a host that
+    /// Ready for work: schema migrated, instance registered for claiming (by the heartbeat
+    /// worker's first recorded beat, which the claim worker waits for; only a host that
     /// claims: one with claiming switched off or without handlers — enqueue-only,
-    /// maintenance-only — has nothing to register), heartbeat fresh, every worker running, not
-    /// draining. A part whose worker reports no status (a replacement that does not report
+    /// maintenance-only — waits for no registration; one with the heartbeat switched off is
+    /// never registered, so it claims nothing and is never ready), heartbeat fresh, every
+    /// worker running, not draining. A part whose worker reports no status (a replacement that does not report
     /// through its [`WorkerContext`]) counts as fine: readiness then only sees it running.
     pub ready: bool,
     /// Alive: no worker has given up (a worker restarting after a failure is still alive).

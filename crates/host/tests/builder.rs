@@ -109,11 +109,10 @@ struct Seen {
     /// The lease tracker's address, if it had one.
     tracker: Option<usize>,
     queues: Vec<(String, usize)>,
-    liveness: workpump_host::HeartbeatConfig,
+    liveness: workpump_host::Liveness,
+    heartbeat: workpump_host::HeartbeatConfig,
     host_name: String,
     shutdown_timeout: Duration,
-    /// The claim registration's host name and cutoffs (stale, dead, lock grace).
-    registration: (String, Duration, Option<Duration>, Option<Duration>),
     /// The claim configuration's drain timeout and poll base.
     claim: (u64, u64),
 }
@@ -133,13 +132,10 @@ fn seen(slot: &'static str, ctx: &workpump_host::WorkerContext) -> Seen {
             .queues()
             .map(|(q, s)| (q.to_owned(), s.concurrency))
             .collect(),
-        liveness: ctx.liveness().clone(),
+        liveness: *ctx.liveness(),
+        heartbeat: ctx.config().heartbeat.clone(),
         host_name: ctx.host_name().to_owned(),
         shutdown_timeout: ctx.shutdown_timeout(),
-        registration: {
-            let r = ctx.registration();
-            (r.host, r.stale_after, r.dead_after, r.lock_grace)
-        },
         claim: {
             let c = ctx.claim_config();
             (c.drain_timeout_ms, c.poll_base_ms)
@@ -166,7 +162,8 @@ async fn every_factory_is_handed_one_context_and_the_lease_slot_supplies_its_tra
         shutdown_timeout_ms: 1_234,
         ..workpump_host::HostConfig::default()
     };
-    config.heartbeat.stale_after_ms = 21_000;
+    config.liveness.stale_after = Duration::from_secs(21);
+    config.heartbeat.fast_interval_ms = 7_000;
     config.queues.insert(
         "q".into(),
         QueueConfig {
@@ -230,8 +227,17 @@ async fn every_factory_is_handed_one_context_and_the_lease_slot_supplies_its_tra
             s.slot
         );
         assert_eq!(
-            s.liveness, config.heartbeat,
-            "{}: the liveness settings",
+            s.liveness,
+            workpump_host::Liveness {
+                stale_after: Duration::from_secs(21),
+                ..workpump_host::Liveness::default()
+            },
+            "{}: the one set of liveness cutoffs",
+            s.slot
+        );
+        assert_eq!(
+            s.heartbeat.fast_interval_ms, 7_000,
+            "{}: the heartbeat's cadences",
             s.slot
         );
         assert_eq!(s.host_name, "swap-test", "{}", s.slot);
@@ -239,17 +245,6 @@ async fn every_factory_is_handed_one_context_and_the_lease_slot_supplies_its_tra
             s.shutdown_timeout,
             Duration::from_millis(1_234),
             "{}",
-            s.slot
-        );
-        assert_eq!(
-            s.registration,
-            (
-                "swap-test".to_owned(),
-                Duration::from_secs(21),
-                config.heartbeat.dead_after(),
-                config.heartbeat.lock_grace(),
-            ),
-            "{}: the registration declares the host's name and liveness cutoffs",
             s.slot
         );
         assert_eq!(

@@ -46,9 +46,8 @@ fn numeric_settings() -> Vec<String> {
         "lease.max_renewals",
         "lease.max_duration_ms",
         "claim.notify_healthy_base_ms",
-        "heartbeat.dead_after_ms",
-        "heartbeat.lock_grace_ms",
-        "maintenance.lock_grace_ms",
+        "liveness.dead_after_ms",
+        "liveness.lock_grace_ms",
     ] {
         if !out.iter().any(|p| p == optional) {
             out.push(optional.to_owned());
@@ -134,8 +133,9 @@ const ZERO_REFUSED: &[&str] = &[
     "lease.channel_capacity",
     "heartbeat.fast_interval_ms",
     "heartbeat.slow_interval_ms",
-    "heartbeat.stale_after_ms",
-    "heartbeat.dead_after_ms",
+    "liveness.stale_after_ms",
+    "liveness.dead_after_ms",
+    "liveness.lock_grace_ms",
     "maintenance.interval_ms",
     "maintenance.batch_limit",
     "maintenance.max_batches_per_sweep",

@@ -422,7 +422,7 @@ async fn an_invalid_configuration_is_refused_with_every_violated_setting_named()
         max_connections: 0,
         ..HostConfig::default()
     };
-    config.heartbeat.stale_after_ms = 1_000; // under 2 × fast_interval_ms (10 s)
+    config.liveness.stale_after = Duration::from_secs(1); // under 2 × fast_interval_ms (10 s)
     config.lease.lease_ms = 1_000;
     config.lease.renewal_interval_ms = Some(2_000); // not shorter than the lease
     config.claim.poll_base_ms = 0;
@@ -441,7 +441,7 @@ async fn an_invalid_configuration_is_refused_with_every_violated_setting_named()
     let settings: BTreeSet<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
     for expected in [
         "max_connections",
-        "heartbeat.stale_after_ms",
+        "liveness.stale_after_ms",
         "lease.renewal_interval_ms",
         "claim.poll_base_ms",
         "supervision.max_consecutive_failures",
@@ -491,7 +491,7 @@ async fn a_configuration_file_is_layered_and_refused_with_its_settings_named() {
     let problems = refused_at_start(config).await;
     let settings: BTreeSet<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
     assert!(
-        settings.contains("heartbeat.stale_after_ms")
+        settings.contains("liveness.stale_after_ms")
             && settings.contains("maintenance.interval_ms"),
         "{problems:#?}"
     );

@@ -29,8 +29,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use workpump_claim_worker::ClaimWorker;
 use workpump_coordinator::{
-    CancelReason, EnqueueWorkParams, InstanceId, LeaseTracker, PgCoordinator, RegisterQueueParams,
-    WorkCoordinator, WorkerError, DEFAULT_SCHEMA,
+    AliveLockReport, CancelReason, EnqueueWorkParams, Identity, InstanceId, LeaseTracker, Liveness,
+    PgCoordinator, RecordHeartbeatParams, RegisterQueueParams, WorkCoordinator, WorkerError,
+    DEFAULT_SCHEMA,
 };
 use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
 use workpump_host::{
@@ -51,9 +52,9 @@ const WATCH: Duration = Duration::from_secs(5);
 /// 500 ms (the floor); beats every 200 ms (400 ms with the lock held).
 fn config() -> HostConfig {
     let mut c = fast_config();
-    c.heartbeat.stale_after_ms = STALE.as_millis() as u64;
-    c.heartbeat.dead_after_ms = Some(3_000);
-    c.heartbeat.lock_grace_ms = Some(500);
+    c.liveness.stale_after = STALE;
+    c.liveness.dead_after = Some(Duration::from_secs(3));
+    c.liveness.lock_grace = Some(Duration::from_millis(500));
     c
 }
 
@@ -181,7 +182,6 @@ fn claim_worker(ctx: &WorkerContext) -> ClaimWorker {
         ctx.identity(),
         ctx.handlers(),
         ctx.claim_config(),
-        ctx.registration(),
     );
     ctx.report_claim_status(worker.status());
     let waker = worker.waker();
@@ -189,17 +189,57 @@ fn claim_worker(ctx: &WorkerContext) -> ClaimWorker {
     worker
 }
 
-/// A worker that runs until shutdown and does nothing else: a slot's replacement whose only
-/// sign of life is what it reports through the context.
-struct Idle;
+/// A heartbeat replacement that registers the host's instance with one recorded beat (as the
+/// heartbeat worker's first beat does: the claim worker claims only under a registered id)
+/// and then does nothing until shutdown: its only sign of life is what it reports through
+/// the context.
+struct RegistersOnce {
+    coordinator: Arc<dyn WorkCoordinator>,
+    identity: Identity,
+    liveness: Liveness,
+}
+
+impl RegistersOnce {
+    fn factory(ctx: &WorkerContext) -> Arc<dyn Worker> {
+        Arc::new(RegistersOnce {
+            coordinator: ctx.coordinator(),
+            identity: ctx.identity(),
+            liveness: *ctx.liveness(),
+        })
+    }
+}
 
 #[async_trait]
-impl Worker for Idle {
+impl Worker for RegistersOnce {
     fn name(&self) -> &str {
         "heartbeat"
     }
 
     async fn run(&self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let instance = self.identity.current();
+        // Until the store (migrated in the background) records the beat.
+        while !self.identity.is_registered(instance) {
+            let beat = self.coordinator.record_heartbeat(RecordHeartbeatParams {
+                instance,
+                host: "registers-once".into(),
+                metadata: json!({}),
+                stale_after: self.liveness.stale_after,
+                dead_after: self.liveness.dead_after,
+                lock_grace: self.liveness.lock_grace,
+                alive_lock: AliveLockReport::NotHeld,
+                registering: true,
+            });
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                out = beat => match out {
+                    Ok(out) if !out.evicted => self.identity.mark_registered(instance),
+                    _ => tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    },
+                },
+            }
+        }
         shutdown.cancelled().await;
         Ok(())
     }
@@ -221,7 +261,8 @@ async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() 
                 let worker = HeartbeatWorker::new(
                     ctx.coordinator(),
                     ctx.identity(),
-                    ctx.liveness().clone(),
+                    ctx.config().heartbeat.clone(),
+                    *ctx.liveness(),
                     ctx.host_name().to_owned(),
                     json!({ "replaced": true }),
                 );
@@ -431,9 +472,12 @@ async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
         .maintenance_worker({
             let runs = runs.clone();
             move |ctx: &WorkerContext| {
-                let worker =
-                    MaintenanceWorker::new(ctx.coordinator(), ctx.config().maintenance_config())
-                        .with_judge(ctx.identity());
+                let worker = MaintenanceWorker::new(
+                    ctx.coordinator(),
+                    ctx.config().maintenance.clone(),
+                    *ctx.liveness(),
+                )
+                .with_judge(ctx.identity());
                 Replaced::wrap(worker, &runs)
             }
         })
@@ -487,7 +531,7 @@ async fn a_replaced_heartbeat_worker_s_failing_status_makes_the_host_unready_unt
         .handler("work", recording(&handled))
         .heartbeat_worker(move |ctx: &WorkerContext| {
             ctx.report_heartbeat_status(reported);
-            Arc::new(Idle) as Arc<dyn Worker>
+            RegistersOnce::factory(ctx)
         })
         .start()
         .await
@@ -546,7 +590,7 @@ async fn a_replaced_heartbeat_worker_that_reports_nothing_is_judged_only_by_runn
         .config(config())
         .database_url(db.url())
         .handler("work", recording(&handled))
-        .heartbeat_worker(|_ctx: &WorkerContext| Arc::new(Idle) as Arc<dyn Worker>)
+        .heartbeat_worker(RegistersOnce::factory)
         .start()
         .await
         .expect("start");

@@ -86,7 +86,7 @@ mod worker;
 pub use handle::{CancelReasonReader, LeaseHandle, Leases};
 pub use worker::{
     LeaseConfig, LeaseRenewalWorker, RenewalCounts, DEFAULT_CHANNEL_CAPACITY, DEFAULT_FLUSH_AT,
-    DEFAULT_MAX_BATCH, DEFAULT_WINDOW, MAX_BATCH_LIMIT,
+    DEFAULT_MAX_BATCH, DEFAULT_WINDOW, MAX_BATCH_LIMIT, MAX_CHANNEL_CAPACITY,
 };
 /// The lease contract's types live in the coordinator crate (the claim worker may depend on
 /// nothing else); they are re-exported here for convenience.

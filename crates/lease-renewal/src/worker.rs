@@ -29,6 +29,9 @@ pub const DEFAULT_FLUSH_AT: usize = 100;
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 5_000;
 /// The largest `max_batch` accepted.
 pub const MAX_BATCH_LIMIT: usize = 10_000;
+/// The largest [`LeaseConfig::channel_capacity`] (tokio's bounded channel panics beyond
+/// `usize::MAX >> 3`).
+pub const MAX_CHANNEL_CAPACITY: usize = 1_000_000;
 
 /// The lease-renewal config, section `[lease]` of the host config: the default lease settings
 /// of every queue and the renewal flusher.
@@ -135,10 +138,13 @@ impl LeaseConfig {
                 ),
             ));
         }
-        if self.channel_capacity == 0 || self.channel_capacity > 1_000_000 {
+        if self.channel_capacity == 0 || self.channel_capacity > MAX_CHANNEL_CAPACITY {
             problems.push(ConfigProblem::new(
                 name("channel_capacity"),
-                "must be between 1 and 1000000",
+                format!(
+                    "must be between 1 and {MAX_CHANNEL_CAPACITY}, got {}",
+                    self.channel_capacity
+                ),
             ));
         }
         if self.window_ms == 0 {

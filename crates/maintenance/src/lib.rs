@@ -39,11 +39,12 @@
 //! sweeps every few seconds, and an idle sweep then costs one round trip instead of five.
 //! When a sweep finds a lock-proven peer without its lock whose grace has not passed yet, the
 //! worker sweeps again right after the grace instead of waiting for the next interval, so a
-//! crashed peer's work is released about `lock_grace_ms` after a sweep first saw it gone.
+//! crashed peer's work is released about `lock_grace` after a sweep first saw it gone.
 //!
-//! 1. `cleanup_stale_instances(judge, stale_after_ms, dead_after_ms, lock_grace_ms)`: the
+//! 1. `cleanup_stale_instances(judge, stale_after, dead_after, lock_grace)` with the cutoffs
+//!    of the [`Liveness`](workpump_coordinator::Liveness) the worker was built with: the
 //!    backstop for the heartbeat's opportunistic sweep, and what makes failover fast: a
-//!    lock-relying instance whose alive-lock stays gone past `lock_grace_ms` is reaped here
+//!    lock-relying instance whose alive-lock stays gone past `lock_grace` is reaped here
 //!    (alive-lock guard and definitive-dead bypass included). The worker sweeps as its host's
 //!    instance ([`MaintenanceWorker::with_judge`]): that instance is never reaped by its own
 //!    sweep, and the sweep judges only on what it could see while its sessions stayed
@@ -68,17 +69,19 @@
 //! | --- | --- | --- |
 //! | `enabled` | `true` | the killswitch |
 //! | `interval_ms` | 2 000 | sweep start to sweep start |
-//! | `stale_after_ms` | 30 000 | stale cutoff for `cleanup_stale_instances` (use the heartbeat's) |
-//! | `dead_after_ms` | 300 000 | definitive-dead cutoff (use the heartbeat's) |
-//! | `lock_grace_ms` | 3 000 | a lock-proven instance whose lock stays gone this long is dead (use the heartbeat's); `None` = off |
 //! | `completed_retention_ms` | 86 400 000 (24 h) | completed items are deleted after this |
 //! | `dead_retention_ms` | 604 800 000 (7 days) | dead letters and cancelled items are deleted after this |
-//! | `evicted_retention_ms` | 604 800 000 (7 days) | eviction tombstones are deleted after this |
+//! | `evicted_retention_ms` | 604 800 000 (7 days) | eviction tombstones are deleted after this; at least `liveness.dead_after_ms` |
 //! | `batch_limit` | 1 000 | rows per statement |
 //! | `max_batches_per_sweep` | 10 | statements of one kind per sweep |
 //! | `depth_sample_interval_ms` | 15 000 | shortest time between queue-depth samples; 0 = off |
 //! | `call_timeout_ms` | 30 000 | a store call is abandoned after this |
 //! | `skip_idle_steps` | `true` | probe first (`maintenance_due`) and run only the steps with work |
+//!
+//! The cutoffs the sweep judges by are not `[maintenance]` settings: they are the host's
+//! `[liveness]` section (`stale_after_ms`, `dead_after_ms`, `lock_grace_ms`; 30 s, 5 min,
+//! 3 s), one [`Liveness`](workpump_coordinator::Liveness) that the heartbeat's beats declare
+//! too, handed to [`MaintenanceWorker::new`].
 //!
 //! # Metrics
 //!
@@ -97,8 +100,7 @@ mod tests;
 pub use worker::{
     MaintenanceConfig, MaintenanceStatus, MaintenanceWorker, Step, StepFailure, SweepError,
     SweepReport, DEFAULT_BATCH_LIMIT, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_COMPLETED_RETENTION_MS,
-    DEFAULT_DEAD_AFTER_MS, DEFAULT_DEAD_RETENTION_MS, DEFAULT_DEPTH_SAMPLE_INTERVAL_MS,
-    DEFAULT_EVICTED_RETENTION_MS, DEFAULT_INTERVAL_MS, DEFAULT_MAX_BATCHES_PER_SWEEP,
-    DEFAULT_STALE_AFTER_MS, MAX_BATCHES_PER_SWEEP, MAX_INTERVAL_MS, MAX_RETENTION_MS, NAME,
-    NOTIFICATION_QUEUE_WARN,
+    DEFAULT_DEAD_RETENTION_MS, DEFAULT_DEPTH_SAMPLE_INTERVAL_MS, DEFAULT_EVICTED_RETENTION_MS,
+    DEFAULT_INTERVAL_MS, DEFAULT_MAX_BATCHES_PER_SWEEP, MAX_BATCHES_PER_SWEEP, MAX_INTERVAL_MS,
+    MAX_RETENTION_MS, NAME, NOTIFICATION_QUEUE_WARN,
 };

@@ -15,8 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, CompleteWorkParams,
-    EnqueueWorkParams, FakeCoordinator, InstanceId, Method, NewWork, RecordHeartbeatParams,
-    RegisterQueueParams, TakeAliveLockParams, WorkCoordinator, WorkState, Worker, WorkerError,
+    EnqueueWorkParams, FakeCoordinator, InstanceId, Liveness, Method, NewWork,
+    RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockParams, WorkCoordinator, WorkState,
+    Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -59,8 +60,23 @@ fn worker(fake: &FakeCoordinator, config: MaintenanceConfig) -> Arc<MaintenanceW
 }
 
 fn probing_worker(fake: &FakeCoordinator, config: MaintenanceConfig) -> Arc<MaintenanceWorker> {
-    assert!(config.validate("maintenance").is_empty());
-    Arc::new(MaintenanceWorker::new(Arc::new(fake.clone()), config))
+    worker_judging_by(fake, config, Liveness::default())
+}
+
+fn worker_judging_by(
+    fake: &FakeCoordinator,
+    config: MaintenanceConfig,
+    liveness: Liveness,
+) -> Arc<MaintenanceWorker> {
+    assert!(liveness.validate("liveness").is_empty());
+    assert!(config
+        .validate("maintenance", &liveness, "liveness")
+        .is_empty());
+    Arc::new(MaintenanceWorker::new(
+        Arc::new(fake.clone()),
+        config,
+        liveness,
+    ))
 }
 
 fn spawn_run(
@@ -607,11 +623,15 @@ async fn the_sweep_reaps_with_the_configured_stale_cutoff() {
     let fake = store();
     let quiet = instance(&fake).await;
     fake.age_heartbeat(quiet, secs(45));
-    let patient = worker(
+    let patient = worker_judging_by(
         &fake,
         MaintenanceConfig {
-            stale_after_ms: 60_000,
+            skip_idle_steps: false,
             ..five_seconds()
+        },
+        Liveness {
+            stale_after: secs(60),
+            ..Liveness::default()
         },
     );
     assert_eq!(patient.run_once().await.expect("sweep").reaped_instances, 0);
@@ -749,8 +769,6 @@ fn the_defaults_are_the_documented_ones() {
     let c = MaintenanceConfig::default();
     assert!(c.enabled);
     assert_eq!(c.interval_ms, 2_000);
-    assert_eq!(c.stale_after_ms, 30_000);
-    assert_eq!(c.dead_after_ms, 300_000);
     assert_eq!(c.completed_retention_ms, 24 * 3600 * 1000);
     assert_eq!(c.dead_retention_ms, 7 * 24 * 3600 * 1000);
     assert_eq!(c.evicted_retention_ms, 7 * 24 * 3600 * 1000);
@@ -758,7 +776,9 @@ fn the_defaults_are_the_documented_ones() {
     assert_eq!(c.max_batches_per_sweep, 10);
     assert_eq!(c.depth_sample_interval_ms, 15_000);
     assert_eq!(c.call_timeout_ms, 30_000);
-    assert!(c.validate("maintenance").is_empty());
+    assert!(c
+        .validate("maintenance", &Liveness::default(), "liveness")
+        .is_empty());
 }
 
 #[test]
@@ -766,9 +786,6 @@ fn validation_names_every_refused_setting() {
     let c = MaintenanceConfig {
         enabled: true,
         interval_ms: 0,
-        stale_after_ms: 60_000,
-        dead_after_ms: 60_000,
-        lock_grace_ms: None,
         completed_retention_ms: 0,
         dead_retention_ms: MAX_RETENTION_MS + 1,
         evicted_retention_ms: 1_000,
@@ -778,7 +795,11 @@ fn validation_names_every_refused_setting() {
         call_timeout_ms: 0,
         skip_idle_steps: true,
     };
-    let problems = c.validate("maintenance");
+    let liveness = Liveness {
+        dead_after: Some(secs(60)),
+        ..Liveness::default()
+    };
+    let problems = c.validate("maintenance", &liveness, "liveness");
     let settings: Vec<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
     assert_eq!(
         settings,
@@ -790,23 +811,45 @@ fn validation_names_every_refused_setting() {
             "maintenance.depth_sample_interval_ms",
             "maintenance.batch_limit",
             "maintenance.max_batches_per_sweep",
-            "maintenance.dead_after_ms",
             "maintenance.evicted_retention_ms",
         ]
     );
-    let dead = &problems[7];
+    let evicted = &problems[7];
     assert!(
-        dead.reason.contains("maintenance.stale_after_ms"),
+        evicted.reason.contains("liveness.dead_after_ms") && evicted.reason.contains("60000"),
         "{}",
-        dead.reason
+        evicted.reason
     );
+    // No definitive-dead cutoff, nothing to outlive; a cutoff refused by its own range is
+    // not refused again here.
+    let no_bypass = MaintenanceConfig {
+        evicted_retention_ms: 1_000,
+        ..five_seconds()
+    };
+    let off = Liveness {
+        dead_after: None,
+        ..Liveness::default()
+    };
+    assert!(no_bypass
+        .validate("maintenance", &off, "liveness")
+        .is_empty());
+    let out_of_range = Liveness {
+        dead_after: Some(Duration::from_millis(1)),
+        ..Liveness::default()
+    };
+    assert!(no_bypass
+        .validate("maintenance", &out_of_range, "liveness")
+        .is_empty());
     assert!(problems[5].reason.contains("10000"), "{}", problems[5]);
     // Without a prefix the bare field is named.
     let bare = MaintenanceConfig {
         batch_limit: 0,
         ..five_seconds()
     };
-    assert_eq!(bare.validate("")[0].setting, "batch_limit");
+    assert_eq!(
+        bare.validate("", &Liveness::default(), "")[0].setting,
+        "batch_limit"
+    );
 }
 
 #[test]
@@ -925,7 +968,8 @@ async fn a_sweep_never_reaps_the_instance_it_runs_as_and_judges_by_its_watch() {
     let me = instance(&fake).await;
     let peer = instance(&fake).await;
     let identity = workpump_coordinator::Identity::with_instance(me);
-    let w = MaintenanceWorker::new(Arc::new(fake.clone()), five_seconds()).with_judge(identity);
+    let w = MaintenanceWorker::new(Arc::new(fake.clone()), five_seconds(), Liveness::default())
+        .with_judge(identity);
     fake.age_heartbeat(me, secs(3600));
     fake.age_heartbeat(peer, secs(3600));
     // The store (and so every connection a sweep could use) is seconds old: a peer that has

@@ -13,7 +13,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, Identity,
+    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, Identity, Liveness,
     MaintenanceDueOutcome, MaintenanceDueParams, PromoteScheduledParams,
     PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth, QueueDepthParams,
     ServerStatusParams, WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
@@ -29,10 +29,6 @@ pub const NAME: &str = "maintenance";
 /// Default [`MaintenanceConfig::interval_ms`]: 2 s (often enough that a crashed peer is
 /// found soon; an idle sweep is one statement).
 pub const DEFAULT_INTERVAL_MS: u64 = 2_000;
-/// Default [`MaintenanceConfig::stale_after_ms`]: 30 s.
-pub const DEFAULT_STALE_AFTER_MS: u64 = 30_000;
-/// Default [`MaintenanceConfig::dead_after_ms`]: 5 min.
-pub const DEFAULT_DEAD_AFTER_MS: u64 = 300_000;
 /// Default [`MaintenanceConfig::completed_retention_ms`]: 24 h.
 pub const DEFAULT_COMPLETED_RETENTION_MS: u64 = 24 * HOUR_MS;
 /// Default [`MaintenanceConfig::dead_retention_ms`]: 7 days.
@@ -47,7 +43,7 @@ pub const DEFAULT_MAX_BATCHES_PER_SWEEP: u32 = 10;
 pub const DEFAULT_DEPTH_SAMPLE_INTERVAL_MS: u64 = 15_000;
 /// Default [`MaintenanceConfig::call_timeout_ms`]: 30 s.
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
-/// The longest interval, cutoff or timeout [`MaintenanceConfig::validate`] accepts: 24 h.
+/// The longest interval or timeout [`MaintenanceConfig::validate`] accepts: 24 h.
 pub const MAX_INTERVAL_MS: u64 = 24 * HOUR_MS;
 /// The longest retention [`MaintenanceConfig::validate`] accepts: 100 years.
 pub const MAX_RETENTION_MS: u64 = 100 * 366 * 24 * HOUR_MS;
@@ -59,7 +55,10 @@ const HOUR_MS: u64 = 60 * 60 * 1000;
 // ---------------------------------------------------------------------------------------------
 // config
 
-/// The `[maintenance]` section. See the crate docs for what a sweep does with it.
+/// The `[maintenance]` section. See the crate docs for what a sweep does with it. The
+/// cutoffs `cleanup_stale_instances` judges by are not here but in [`Liveness`] (the host's
+/// `[liveness]` section, which the heartbeat's beats declare too), passed to
+/// [`MaintenanceWorker::new`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MaintenanceConfig {
@@ -70,20 +69,8 @@ pub struct MaintenanceConfig {
     /// The time from the start of one sweep to the start of the next; the first sweep runs
     /// when `run` starts. A sweep that overruns delays the next one instead of bunching them
     /// (no catch-up). A sweep that saw a lock-proven peer without its lock runs once more
-    /// right after `lock_grace_ms`. **Default: 2 000 ms (2 s).**
+    /// right after the lock grace (`liveness.lock_grace_ms`). **Default: 2 000 ms (2 s).**
     pub interval_ms: u64,
-    /// Passed to `cleanup_stale_instances`: an instance whose heartbeat is older than this is
-    /// stale and reaped unless its alive-lock is held. Use the heartbeat worker's value.
-    /// **Default: 30 000 ms (30 s).**
-    pub stale_after_ms: u64,
-    /// Passed to `cleanup_stale_instances`: an instance whose heartbeat is older than this is
-    /// reaped even with its alive-lock held (the definitive-dead bypass). Must exceed
-    /// `stale_after_ms`. Use the heartbeat worker's value. **Default: 300 000 ms (5 min).**
-    pub dead_after_ms: u64,
-    /// Passed to `cleanup_stale_instances`: a lock-proven instance whose alive-lock has stayed
-    /// gone this long is reaped (failover in seconds). `None` disables the rule. Use the
-    /// heartbeat worker's value (the host does). **Default: 3 000 ms.**
-    pub lock_grace_ms: Option<u64>,
     /// Completed items are deleted once they finished longer ago than this.
     /// **Default: 86 400 000 ms (24 h).**
     pub completed_retention_ms: u64,
@@ -92,7 +79,7 @@ pub struct MaintenanceConfig {
     /// **Default: 604 800 000 ms (7 days).**
     pub dead_retention_ms: u64,
     /// Eviction tombstones (which make a reaped instance's late heartbeat report eviction
-    /// instead of resurrecting it) are deleted after this. At least `dead_after_ms`.
+    /// instead of resurrecting it) are deleted after this. At least `liveness.dead_after_ms`.
     /// **Default: 604 800 000 ms (7 days).**
     pub evicted_retention_ms: u64,
     /// The most rows one statement touches (its `LIMIT`), so no statement holds many row locks
@@ -123,9 +110,6 @@ impl Default for MaintenanceConfig {
         MaintenanceConfig {
             enabled: true,
             interval_ms: DEFAULT_INTERVAL_MS,
-            stale_after_ms: DEFAULT_STALE_AFTER_MS,
-            dead_after_ms: DEFAULT_DEAD_AFTER_MS,
-            lock_grace_ms: Some(3_000),
             completed_retention_ms: DEFAULT_COMPLETED_RETENTION_MS,
             dead_retention_ms: DEFAULT_DEAD_RETENTION_MS,
             evicted_retention_ms: DEFAULT_EVICTED_RETENTION_MS,
@@ -142,7 +126,17 @@ impl MaintenanceConfig {
     /// Every setting this config refuses, each named `prefix.field` (e.g.
     /// `maintenance.batch_limit`); empty when the config is usable. Checked even with the
     /// killswitch off, so turning it back on cannot surprise.
-    pub fn validate(&self, prefix: &str) -> Vec<ConfigProblem> {
+    ///
+    /// Also the one rule that ties it to the cutoffs of `liveness` (whose own ranges are
+    /// [`Liveness::validate`]'s, not repeated here): `evicted_retention_ms` at least
+    /// `dead_after` (named with `liveness_prefix`), checked only when that cutoff passed its
+    /// own range check, so one bad setting is one problem.
+    pub fn validate(
+        &self,
+        prefix: &str,
+        liveness: &Liveness,
+        liveness_prefix: &str,
+    ) -> Vec<ConfigProblem> {
         let name = |field: &str| {
             if prefix.is_empty() {
                 field.to_owned()
@@ -166,13 +160,6 @@ impl MaintenanceConfig {
             }
         };
         in_range("interval_ms", self.interval_ms, MAX_INTERVAL_MS, "24 h");
-        let stale = in_range(
-            "stale_after_ms",
-            self.stale_after_ms,
-            MAX_INTERVAL_MS,
-            "24 h",
-        );
-        let dead = in_range("dead_after_ms", self.dead_after_ms, MAX_INTERVAL_MS, "24 h");
         in_range(
             "completed_retention_ms",
             self.completed_retention_ms,
@@ -224,29 +211,23 @@ impl MaintenanceConfig {
                 ),
             ));
         }
-        if stale && dead && self.dead_after_ms <= self.stale_after_ms {
-            problems.push(ConfigProblem::new(
-                name("dead_after_ms"),
-                format!(
-                    "{} ({} ms) must be greater than {} ({} ms): the definitive-dead cutoff lies \
-                     beyond the stale one",
-                    name("dead_after_ms"),
-                    self.dead_after_ms,
-                    name("stale_after_ms"),
-                    self.stale_after_ms,
-                ),
-            ));
-        }
-        if dead && evicted && self.evicted_retention_ms < self.dead_after_ms {
+        let dead_after = liveness
+            .dead_after
+            .filter(|_| liveness.dead_after_in_range());
+        if let Some(dead_after) = dead_after.filter(|d| evicted && self.evicted_retention() < *d) {
+            let dead_name = if liveness_prefix.is_empty() {
+                "dead_after_ms".to_owned()
+            } else {
+                format!("{liveness_prefix}.dead_after_ms")
+            };
             problems.push(ConfigProblem::new(
                 name("evicted_retention_ms"),
                 format!(
-                    "{} ({} ms) must be at least {} ({} ms): a tombstone must outlive the time a \
-                     reaped instance may still be running and come back",
+                    "{} ({} ms) must be at least {dead_name} ({} ms): a tombstone must outlive \
+                     the time a reaped instance may still be running and come back",
                     name("evicted_retention_ms"),
                     self.evicted_retention_ms,
-                    name("dead_after_ms"),
-                    self.dead_after_ms,
+                    dead_after.as_millis(),
                 ),
             ));
         }
@@ -259,6 +240,10 @@ impl MaintenanceConfig {
 
     fn call_timeout(&self) -> Duration {
         Duration::from_millis(self.call_timeout_ms)
+    }
+
+    fn evicted_retention(&self) -> Duration {
+        Duration::from_millis(self.evicted_retention_ms)
     }
 }
 
@@ -390,6 +375,7 @@ pub struct MaintenanceWorker {
     /// connected time is what the sweeps may judge by.
     judge: Option<Identity>,
     config: MaintenanceConfig,
+    liveness: Liveness,
     status: watch::Sender<MaintenanceStatus>,
     /// When the queue depth was last sampled (rate limit across sweeps and restarts).
     last_depth_sample: Mutex<Option<Instant>>,
@@ -401,19 +387,26 @@ impl fmt::Debug for MaintenanceWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MaintenanceWorker")
             .field("config", &self.config)
+            .field("liveness", &self.liveness)
             .finish_non_exhaustive()
     }
 }
 
 impl MaintenanceWorker {
-    /// A worker sweeping through `coordinator`. Validate `config` first
-    /// ([`MaintenanceConfig::validate`]); an invalid one makes the sweep's calls fail with
-    /// [`Error::InvalidArgument`].
-    pub fn new(coordinator: Arc<dyn WorkCoordinator>, config: MaintenanceConfig) -> Self {
+    /// A worker sweeping through `coordinator`, judging peers by the cutoffs of `liveness`
+    /// (the host's one [`Liveness`], the same the heartbeat's beats declare). Validate both
+    /// first ([`Liveness::validate`], [`MaintenanceConfig::validate`]); invalid ones make the
+    /// sweep's calls fail with [`Error::InvalidArgument`].
+    pub fn new(
+        coordinator: Arc<dyn WorkCoordinator>,
+        config: MaintenanceConfig,
+        liveness: Liveness,
+    ) -> Self {
         MaintenanceWorker {
             coordinator,
             judge: None,
             config,
+            liveness,
             status: watch::Sender::new(MaintenanceStatus::default()),
             last_depth_sample: Mutex::new(None),
             published_depths: Mutex::new(HashSet::new()),
@@ -433,6 +426,11 @@ impl MaintenanceWorker {
     /// The config it runs with.
     pub fn config(&self) -> &MaintenanceConfig {
         &self.config
+    }
+
+    /// The cutoffs its sweeps judge by.
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
     }
 
     /// Watches what the sweeps sampled.
@@ -488,11 +486,11 @@ impl Worker for MaintenanceWorker {
                 },
             };
             let now = Instant::now();
-            follow_up = match (pending, self.config.lock_grace_ms) {
+            follow_up = match (pending, self.liveness.lock_grace) {
                 // The first sight sets the time; later sweeps before it keep it.
                 (true, Some(grace)) => follow_up
                     .filter(|at| *at > now)
-                    .or(Some(now + Duration::from_millis(grace) + FOLLOW_UP_MARGIN)),
+                    .or(Some(now + grace + FOLLOW_UP_MARGIN)),
                 _ => None,
             };
         }
@@ -529,9 +527,9 @@ impl MaintenanceWorker {
         let due = if self.config.skip_idle_steps {
             let probe = MaintenanceDueParams {
                 judge: self.judge(),
-                stale_after: Duration::from_millis(self.config.stale_after_ms),
-                dead_after: Some(Duration::from_millis(self.config.dead_after_ms)),
-                lock_grace: self.config.lock_grace_ms.map(Duration::from_millis),
+                stale_after: self.liveness.stale_after,
+                dead_after: self.liveness.dead_after,
+                lock_grace: self.liveness.lock_grace,
                 completed_retention: Duration::from_millis(self.config.completed_retention_ms),
                 dead_retention: Duration::from_millis(self.config.dead_retention_ms),
                 evicted_retention: Duration::from_millis(self.config.evicted_retention_ms),
@@ -606,9 +604,9 @@ impl MaintenanceWorker {
     async fn reap(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
         let params = CleanupStaleInstancesParams {
             judge: self.judge(),
-            stale_after: Duration::from_millis(self.config.stale_after_ms),
-            dead_after: Some(Duration::from_millis(self.config.dead_after_ms)),
-            lock_grace: self.config.lock_grace_ms.map(Duration::from_millis),
+            stale_after: self.liveness.stale_after,
+            dead_after: self.liveness.dead_after,
+            lock_grace: self.liveness.lock_grace,
         };
         let step = Step::CleanupStaleInstances;
         match self

@@ -9,7 +9,7 @@ use sqlx::postgres::PgPool;
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_coordinator::{
-    AliveLockReport, ClaimWorkParams, EnqueueWorkParams, Identity, InstanceId, NewWork,
+    AliveLockReport, ClaimWorkParams, EnqueueWorkParams, Identity, InstanceId, Liveness, NewWork,
     PgCoordinator, RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockOutcome,
     TakeAliveLockParams, WorkCoordinator, Worker,
 };
@@ -204,7 +204,7 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
     s.complete_long_ago(&old[..3]).await;
     let (fresh_instance, _lock) = s.judge().await;
 
-    let w = MaintenanceWorker::new(s.coordinator.clone(), config())
+    let w = MaintenanceWorker::new(s.coordinator.clone(), config(), Liveness::default())
         .with_judge(Identity::with_instance(fresh_instance));
     let report = w.run_once().await.expect("sweep");
     let depth = report.depth.clone().expect("sampled");
@@ -323,10 +323,12 @@ async fn two_workers_sweeping_one_database_at_once_never_error_and_touch_each_ro
     let a = sweeper(Arc::new(MaintenanceWorker::new(
         s.coordinator.clone(),
         config.clone(),
+        Liveness::default(),
     )));
     let b = sweeper(Arc::new(MaintenanceWorker::new(
         s.coordinator.clone(),
         config,
+        Liveness::default(),
     )));
     let (a, a_sweeps) = a.await.expect("worker a");
     let (b, b_sweeps) = b.await.expect("worker b");
@@ -358,7 +360,7 @@ async fn promotion_wakes_a_listener_on_a_real_server() {
         listener.next_event().await.expect("connected"),
         workpump_coordinator::ListenEvent::Connected
     );
-    let w = MaintenanceWorker::new(s.coordinator.clone(), config());
+    let w = MaintenanceWorker::new(s.coordinator.clone(), config(), Liveness::default());
     assert_eq!(w.run_once().await.expect("sweep").promoted, 1);
     let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
         .await
@@ -382,6 +384,7 @@ async fn run_starts_sweeps_stops_and_starts_again_many_times() {
             interval_ms: 20,
             ..MaintenanceConfig::default()
         },
+        Liveness::default(),
     ));
     for round in 0..20 {
         // Each round, one due item that only a sweep makes available.

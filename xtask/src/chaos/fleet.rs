@@ -34,9 +34,9 @@ pub(crate) const QUEUE: &str = "chaos";
 pub(crate) const SHORT_SETTINGS: [(&str, u64); 9] = [
     ("heartbeat.fast_interval_ms", 1_000),
     ("heartbeat.slow_interval_ms", 2_000),
-    ("heartbeat.stale_after_ms", 3_000),
-    ("heartbeat.dead_after_ms", 12_000),
-    ("heartbeat.lock_grace_ms", 3_000),
+    ("liveness.stale_after_ms", 3_000),
+    ("liveness.dead_after_ms", 12_000),
+    ("liveness.lock_grace_ms", 3_000),
     ("maintenance.interval_ms", 1_000),
     ("queues.chaos.lease_ms", 3_000),
     ("queues.chaos.backoff_base_ms", 100),
@@ -75,6 +75,7 @@ impl Timing {
         let secs = |ms: u64| ms as f64 / 1000.0;
         let queue = config.queue_settings(QUEUE);
         let hb = &config.heartbeat;
+        let liveness = &config.liveness;
         Timing {
             lease_s: queue.lease.lease.as_secs_f64(),
             renew_s: queue.lease.renewal_interval.as_secs_f64(),
@@ -82,10 +83,10 @@ impl Timing {
             backoff_base_s: queue.backoff.base.as_secs_f64(),
             fast_s: secs(hb.fast_interval_ms),
             slow_s: secs(hb.slow_interval_ms),
-            stale_after_s: secs(hb.stale_after_ms),
+            stale_after_s: liveness.stale_after.as_secs_f64(),
             // Without the bypass nothing is definitively dead; a day stands for "never".
-            dead_after_s: secs(hb.dead_after_ms.unwrap_or(86_400_000)),
-            lock_grace_s: secs(hb.lock_grace_ms.unwrap_or(0)),
+            dead_after_s: liveness.dead_after.map_or(86_400.0, |d| d.as_secs_f64()),
+            lock_grace_s: liveness.lock_grace.map_or(0.0, |g| g.as_secs_f64()),
             sweep_s: secs(config.maintenance.interval_ms),
             poll_max_s: secs(config.claim.poll_max_ms),
             shutdown_s: secs(config.shutdown_timeout_ms),
@@ -596,7 +597,7 @@ mod tests {
     fn the_short_settings_reach_the_workers_as_workpump_variables() {
         let env = Profile::Short.env();
         assert!(env.contains(&(
-            "WORKPUMP_HEARTBEAT__STALE_AFTER_MS".to_owned(),
+            "WORKPUMP_LIVENESS__STALE_AFTER_MS".to_owned(),
             "3000".to_owned()
         )));
         assert!(env.contains(&(

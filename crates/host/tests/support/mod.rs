@@ -94,8 +94,8 @@ pub fn fast_config() -> HostConfig {
     };
     c.heartbeat.fast_interval_ms = 200;
     c.heartbeat.slow_interval_ms = 400;
-    c.heartbeat.stale_after_ms = 1_000;
-    c.heartbeat.dead_after_ms = Some(3_000);
+    c.liveness.stale_after = Duration::from_secs(1);
+    c.liveness.dead_after = Some(Duration::from_secs(3));
     c.maintenance.interval_ms = 200;
     c.claim.poll_base_ms = 50;
     c.claim.poll_max_ms = 500;
