@@ -51,7 +51,7 @@ use workpump_coordinator::{
 };
 
 use crate::procs::{self, free_port, tail};
-use crate::{usage_error, Outcome};
+use crate::Outcome;
 
 /// The queue every worker serves.
 const QUEUE: &str = "demo";
@@ -133,27 +133,24 @@ CREATE TRIGGER workpump_audit AFTER UPDATE ON workpump.work FOR EACH ROW
 
 type Result<T, E = Box<dyn Error>> = std::result::Result<T, E>;
 
-pub(crate) fn run(args: &[String]) -> Outcome {
-    let mut items = DEFAULT_ITEMS;
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--items" => {
-                let Some(n) = args.next().and_then(|v| v.parse::<usize>().ok()) else {
-                    return Ok(usage_error("`demo --items` needs a number"));
-                };
-                if !(100..=50_000).contains(&n) {
-                    return Ok(usage_error("`demo --items` takes 100 to 50000"));
-                }
-                items = n;
-            }
-            other => {
-                return Ok(usage_error(&format!(
-                    "unexpected `demo` argument `{other}` (it takes only `--items N`)"
-                )))
-            }
-        }
-    }
+/// `cargo xtask demo`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// How many items to enqueue (100 to 50000)
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ITEMS, value_parser = item_count)]
+    items: usize,
+}
+
+/// 100 to 50 000.
+fn item_count(value: &str) -> Result<usize, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (100..=50_000).contains(n))
+        .ok_or_else(|| format!("`{value}` is not a number from 100 to 50000"))
+}
+
+pub(crate) fn run(Args { items }: Args) -> Outcome {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(demo(items))
 }

@@ -9,7 +9,20 @@ use workpump_testdb::Cluster;
 
 use crate::Outcome;
 
-pub(crate) fn run(args: &[String]) -> Outcome {
+/// `cargo xtask test [ARGS...]`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Passed on to `cargo nextest run --workspace` (or `cargo test --workspace`), e.g.
+    /// `-E 'test(orphan_predicate_truth_table)'`
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "ARGS"
+    )]
+    pub(crate) args: Vec<String>,
+}
+
+pub(crate) fn run(Args { args }: Args) -> Outcome {
     // With DATABASE_URL the tests use that server; without, they find the cluster running
     // (started here once rather than raced for by the first test processes).
     if env::var("DATABASE_URL").is_ok_and(|url| !url.trim().is_empty()) {
@@ -36,7 +49,7 @@ pub(crate) fn run(args: &[String]) -> Outcome {
         );
         command.args(["test", "--workspace"]);
     }
-    let status = command.args(args).status()?;
+    let status = command.args(&args).status()?;
     Ok(match status.code() {
         Some(0) => ExitCode::SUCCESS,
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
