@@ -41,8 +41,8 @@ enum Command {
     Demo(demo::Args),
     /// The throwaway PostgreSQL by hand
     Pg(pg::Args),
-    /// Start the test cluster, then `cargo nextest run --workspace ARGS` (`cargo test
-    /// --workspace ARGS` without nextest)
+    /// Start the test cluster, then `cargo nextest run --workspace ARGS` and, without ARGS,
+    /// the doctests (`cargo test --workspace ARGS` without nextest)
     Test(test::Args),
 }
 

@@ -1,5 +1,6 @@
 //! `cargo xtask test [ARGS...]`: start the test cluster, then run every test of the
-//! workspace — with nextest if installed (one process per test), else `cargo test`.
+//! workspace — with nextest if installed (one process per test), then the doctests, which
+//! nextest does not run (`cargo test --doc`); else `cargo test`.
 
 use std::env;
 use std::ffi::OsString;
@@ -50,6 +51,15 @@ pub(crate) fn run(Args { args }: Args) -> Outcome {
         command.args(["test", "--workspace"]);
     }
     let status = command.args(&args).status()?;
+    // nextest runs no doctests (the README's quick start is one): `cargo test --doc` does,
+    // when the whole suite runs (ARGS are nextest's, e.g. a filter).
+    let status = if has_nextest && status.success() && args.is_empty() {
+        Command::new(&cargo)
+            .args(["test", "--workspace", "--doc"])
+            .status()?
+    } else {
+        status
+    };
     Ok(match status.code() {
         Some(0) => ExitCode::SUCCESS,
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
