@@ -16,7 +16,7 @@
 //!    key on the item) and `workpump_audit`, filled by a trigger on every change of an item's
 //!    state, owner or claim token — the evidence the checks at the end read;
 //! 3. starts three workers with short liveness settings (the `WORKPUMP_*` variables in
-//!    [`WORKER_ENV`]) and waits for each to print `READY <instance>`;
+//!    [`WORKER_SETTINGS`]) and waits for each to print `READY <instance>`;
 //! 4. enqueues the items in one call: quick no-ops, slow sleepers that renew their lease
 //!    several times, failures that retry, transactional items, long jobs that checkpoint,
 //!    and exactly one item designed to become a dead letter;
@@ -50,7 +50,8 @@ use workpump_coordinator::{
     migrate, EnqueueWorkParams, NewWork, PgCoordinator, WorkCoordinator, DEFAULT_SCHEMA,
 };
 
-use crate::procs::{self, free_port, tail};
+use crate::harness::procs::{self, free_port, tail};
+use crate::harness::{build_worker, keys, worker_env};
 use crate::Outcome;
 
 /// The queue every worker serves.
@@ -65,8 +66,6 @@ const VICTIM: usize = 1;
 const SCRAPED: usize = 0;
 /// The whole demo after the build: workers up, work done, reclaim, drain.
 const DEADLINE: Duration = Duration::from_secs(180);
-/// The longest a build of the worker may take (a first build on a small machine).
-const BUILD_DEADLINE: Duration = Duration::from_secs(20 * 60);
 /// The lease each claim gets: short, so that a dead worker's items come back quickly.
 /// Renewed every lease / 3, so the sleepers (3–8 s) renew theirs several times.
 const LEASE_MS: u64 = 3_000;
@@ -80,13 +79,13 @@ const KILL_AFTER: Duration = Duration::from_secs(2);
 
 /// Liveness settings that make the demo's reclaim quick (the defaults are 10 s / 60 s beats,
 /// 30 s stale, 5 min definitive-dead, a 5 s maintenance sweep and a 1 s retry unit).
-const WORKER_ENV: [(&str, &str); 6] = [
-    ("WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS", "1000"),
-    ("WORKPUMP_HEARTBEAT__SLOW_INTERVAL_MS", "2000"),
-    ("WORKPUMP_HEARTBEAT__STALE_AFTER_MS", "3000"),
-    ("WORKPUMP_HEARTBEAT__DEAD_AFTER_MS", "10000"),
-    ("WORKPUMP_MAINTENANCE__INTERVAL_MS", "1000"),
-    ("WORKPUMP_QUEUES__DEMO__BACKOFF_BASE_MS", "100"),
+const WORKER_SETTINGS: [(&str, u64); 6] = [
+    (keys::FAST_INTERVAL_MS, 1_000),
+    (keys::SLOW_INTERVAL_MS, 2_000),
+    (keys::STALE_AFTER_MS, 3_000),
+    (keys::DEAD_AFTER_MS, 10_000),
+    (keys::SWEEP_INTERVAL_MS, 1_000),
+    ("queues.demo.backoff_base_ms", 100),
 ];
 
 /// The demo's own tables, and the audit trigger on workpump's `work` table. The trigger
@@ -161,13 +160,13 @@ async fn demo(items: usize) -> Outcome {
          part-way through\n"
     );
     // The worker's build and the database come up side by side.
-    let (built, database) = tokio::join!(build_worker(), async {
+    let (built, database) = tokio::join!(build_worker(false), async {
         let server = workpump_testdb::server().await?;
         let db = server.create_database().await?;
         Ok::<_, Box<dyn Error>>((server, db))
     });
     let (server, db) = database?;
-    let (worker, build_took) = built?;
+    let (worker, build_took) = built.map_err(|e| -> Box<dyn Error> { e })?;
     let where_ = match server.cluster() {
         Some(cluster) => format!("the throwaway cluster in {}", cluster.data_dir().display()),
         None => "DATABASE_URL's server".to_owned(),
@@ -1148,58 +1147,6 @@ async fn scrape(addr: SocketAddr, deadline: Instant) -> Result<Scraped> {
 // ---------------------------------------------------------------------------------------------
 // processes
 
-/// Builds the example worker with the cargo that runs this xtask, and returns the path of
-/// the binary and how long the build took.
-async fn build_worker() -> Result<(PathBuf, Duration)> {
-    let started = Instant::now();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(Path::new("."));
-    let mut child = Command::new(cargo)
-        .args([
-            "build",
-            "--package",
-            "workpump-examples",
-            "--bin",
-            "workpump-worker",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("running cargo to build workpump-worker: {e}"))?;
-    let stdout = child.stdout.take().ok_or("cargo's stdout")?;
-    let deadline = Instant::now() + BUILD_DEADLINE;
-    let mut lines = BufReader::new(stdout).lines();
-    let mut executable = None;
-    loop {
-        let line = timeout_at(deadline, lines.next_line())
-            .await
-            .map_err(|_| "building workpump-worker took too long")??;
-        let Some(line) = line else { break };
-        let Ok(message) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        if message["reason"] == "compiler-artifact"
-            && message["target"]["name"] == "workpump-worker"
-        {
-            executable = message["executable"].as_str().map(PathBuf::from);
-        }
-    }
-    let status = timeout_at(deadline, child.wait())
-        .await
-        .map_err(|_| "building workpump-worker took too long")??;
-    if !status.success() {
-        return Err(format!("building workpump-worker failed ({status})").into());
-    }
-    let executable = executable.ok_or("cargo built workpump-worker but did not say where")?;
-    Ok((executable, started.elapsed()))
-}
-
 /// The worker processes, in start order.
 #[derive(Default)]
 struct Fleet {
@@ -1242,7 +1189,7 @@ impl Fleet {
                 "--name",
                 name,
             ])
-            .envs(WORKER_ENV)
+            .envs(worker_env(&WORKER_SETTINGS))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)

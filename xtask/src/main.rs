@@ -9,8 +9,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod bench;
 mod chaos;
 mod demo;
+mod harness;
 mod pg;
-mod procs;
 mod test;
 
 /// What a subcommand returns: its exit code, or an error that `main` prints (exit 1).

@@ -11,20 +11,21 @@ use super::drain::fill;
 use super::setup::{BenchDb, MARK, SCHEMA};
 use super::worker::{self, Spec};
 use super::{BenchResult, Ctx};
+use crate::harness::keys;
 
 /// Items A holds.
 const ITEMS: usize = 1_000;
 
 /// The short liveness settings: heartbeat 0.5 s / 1 s, stale after 2 s, definitively dead
 /// after 5 s, maintenance sweep every 0.5 s, idle polls at most 1 s apart, lease 3 s.
-pub(crate) const SHORT_SETTINGS: &[(&str, &str)] = &[
-    ("WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS", "500"),
-    ("WORKPUMP_HEARTBEAT__SLOW_INTERVAL_MS", "1000"),
-    ("WORKPUMP_HEARTBEAT__STALE_AFTER_MS", "2000"),
-    ("WORKPUMP_HEARTBEAT__DEAD_AFTER_MS", "5000"),
-    ("WORKPUMP_MAINTENANCE__INTERVAL_MS", "500"),
-    ("WORKPUMP_CLAIM__NOTIFY_HEALTHY_BASE_MS", "500"),
-    ("WORKPUMP_CLAIM__POLL_MAX_MS", "1000"),
+pub(crate) const SHORT_SETTINGS: &[(&str, u64)] = &[
+    (keys::FAST_INTERVAL_MS, 500),
+    (keys::SLOW_INTERVAL_MS, 1_000),
+    (keys::STALE_AFTER_MS, 2_000),
+    (keys::DEAD_AFTER_MS, 5_000),
+    (keys::SWEEP_INTERVAL_MS, 500),
+    ("claim.notify_healthy_base_ms", 500),
+    ("claim.poll_max_ms", 1_000),
 ];
 
 /// The short settings' lease.
@@ -65,7 +66,7 @@ pub(crate) async fn run(ctx: &Ctx, short: bool, runs: usize) -> BenchResult<Vec<
 async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> {
     let mut spec = Spec::defaults().concurrency(2 * ITEMS);
     if short {
-        spec = spec.env(SHORT_SETTINGS).lease_ms(SHORT_LEASE_MS);
+        spec = spec.settings(SHORT_SETTINGS).lease_ms(SHORT_LEASE_MS);
     }
     db.settle().await?;
     let (mut doomed, _) =

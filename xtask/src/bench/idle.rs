@@ -45,7 +45,7 @@ pub(crate) async fn run(ctx: &Ctx, listener: bool) -> BenchResult<Idle> {
     let db = ctx.create_db("idle").await?;
     let mut spec = Spec::defaults();
     if !listener {
-        spec = spec.env(&[("WORKPUMP_CLAIM__LISTEN", "false")]);
+        spec = spec.settings(&[("claim.listen", "false")]);
     }
     let (mut workers, _) =
         worker::start_all(&ctx.worker_bin, db.url(), &spec, WORKERS, &ctx.logs, "idle").await?;

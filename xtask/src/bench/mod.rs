@@ -234,7 +234,10 @@ async fn bench(options: Options) -> BenchResult<ExitCode> {
     let worker_bin = match &options.worker_bin {
         Some(path) if path.is_file() => path.canonicalize()?,
         Some(path) => return Err(format!("--worker-bin {}: no such file", path.display()).into()),
-        None => tokio::task::spawn_blocking(worker::build).await??,
+        None => {
+            eprintln!("bench: building workpump-worker (release)");
+            crate::harness::build_worker(true).await?.0
+        }
     };
     let target = setup::Target::open().await?;
     eprintln!("bench: server: {}", target.describe());

@@ -13,47 +13,8 @@ use tokio::sync::mpsc;
 
 use super::setup::{self, QUEUE};
 use super::BenchResult;
-use crate::procs::tail;
-
-/// Builds `workpump-worker` (`cargo build --release -p workpump-examples --bin
-/// workpump-worker`) and returns the executable's path, as cargo reports it.
-pub(crate) fn build() -> BenchResult<PathBuf> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .ok_or("xtask has no parent directory")?;
-    eprintln!("bench: building workpump-worker (release)");
-    let output = Command::new(cargo)
-        .current_dir(root)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "workpump-examples",
-            "--bin",
-            "workpump-worker",
-            "--message-format=json-render-diagnostics",
-        ])
-        .stderr(Stdio::inherit())
-        .output()?;
-    if !output.status.success() {
-        return Err(format!("building workpump-worker failed ({})", output.status).into());
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    for line in stdout.lines() {
-        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if message["reason"] == "compiler-artifact"
-            && message["target"]["name"] == "workpump-worker"
-        {
-            if let Some(exe) = message["executable"].as_str() {
-                return Ok(PathBuf::from(exe));
-            }
-        }
-    }
-    Err("cargo built workpump-worker but reported no executable".into())
-}
+use crate::harness::procs::tail;
+use crate::harness::worker_env;
 
 /// How to start one worker.
 #[derive(Clone, Debug)]
@@ -62,7 +23,7 @@ pub(crate) struct Spec {
     pub(crate) concurrency: Option<usize>,
     /// `--lease-ms`; `None` keeps the default (60 s).
     pub(crate) lease_ms: Option<u64>,
-    /// `WORKPUMP_*` settings.
+    /// Settings (`HostConfig` paths and values), passed as `WORKPUMP_*` variables.
     pub(crate) env: Vec<(String, String)>,
 }
 
@@ -86,12 +47,8 @@ impl Spec {
         self
     }
 
-    pub(crate) fn env(mut self, settings: &[(&str, &str)]) -> Spec {
-        self.env.extend(
-            settings
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-        );
+    pub(crate) fn settings<V: ToString>(mut self, settings: &[(&str, V)]) -> Spec {
+        self.env.extend(worker_env(settings));
         self
     }
 }

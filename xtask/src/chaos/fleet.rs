@@ -20,7 +20,8 @@ use figment::Figment;
 use workpump_host::HostConfig;
 
 use super::Result;
-use crate::procs::{self, free_port, tail, Metrics};
+use crate::harness::procs::{self, free_port, tail, Metrics};
+use crate::harness::{keys, worker_env};
 
 /// The queue every worker serves.
 pub(crate) const QUEUE: &str = "chaos";
@@ -32,12 +33,12 @@ pub(crate) const QUEUE: &str = "chaos";
 /// from 100 ms, a 5 s drain. The workers get them as `WORKPUMP_*` variables, and the suite's
 /// bounds are derived from the same `HostConfig` (see [`Timing::of`]).
 pub(crate) const SHORT_SETTINGS: [(&str, u64); 9] = [
-    ("heartbeat.fast_interval_ms", 1_000),
-    ("heartbeat.slow_interval_ms", 2_000),
-    ("heartbeat.stale_after_ms", 3_000),
-    ("heartbeat.dead_after_ms", 12_000),
-    ("heartbeat.lock_grace_ms", 3_000),
-    ("maintenance.interval_ms", 1_000),
+    (keys::FAST_INTERVAL_MS, 1_000),
+    (keys::SLOW_INTERVAL_MS, 2_000),
+    (keys::STALE_AFTER_MS, 3_000),
+    (keys::DEAD_AFTER_MS, 12_000),
+    (keys::LOCK_GRACE_MS, 3_000),
+    (keys::SWEEP_INTERVAL_MS, 1_000),
     ("queues.chaos.lease_ms", 3_000),
     ("queues.chaos.backoff_base_ms", 100),
     ("shutdown_timeout_ms", 5_000),
@@ -172,15 +173,7 @@ impl Profile {
 
     /// The same changes as `WORKPUMP_*` variables for the workers.
     pub(crate) fn env(self) -> Vec<(String, String)> {
-        self.settings()
-            .iter()
-            .map(|(key, value)| {
-                (
-                    format!("WORKPUMP_{}", key.to_uppercase().replace('.', "__")),
-                    value.to_string(),
-                )
-            })
-            .collect()
+        worker_env(self.settings())
     }
 
     pub(crate) fn timing(self) -> Result<Timing> {

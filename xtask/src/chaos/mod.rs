@@ -39,16 +39,10 @@ use workpump_testdb::Cluster;
 use self::fleet::Profile;
 use crate::{usage_error, Outcome};
 
-/// Errors inside the suite (`Send`, so that they cross tasks).
-pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
-/// The suite's `Result`.
-pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) use crate::harness::{Error, Result};
 
 /// The cluster the suite owns; restarted on purpose, so never the shared `test` cluster.
 const CLUSTER: &str = "chaos";
-
-/// The longest a build of the worker may take (a first build on a small machine).
-const BUILD_DEADLINE: Duration = Duration::from_secs(20 * 60);
 
 /// One scenario the suite can run.
 pub(crate) struct Spec {
@@ -364,7 +358,7 @@ async fn suite(options: &Options, cluster: &Cluster) -> Result<ExitCode> {
         println!("excluded   {}", options.excluded.join(", "));
     }
 
-    let (built, up) = tokio::join!(build_worker(options.release), async {
+    let (built, up) = tokio::join!(crate::harness::build_worker(options.release), async {
         tokio::task::spawn_blocking({
             let cluster = Cluster::new(CLUSTER, false)?;
             move || cluster.start().map(|()| cluster)
@@ -438,44 +432,6 @@ fn scenario_seed(seed: u64, name: &str, profile: Profile) -> u64 {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
     }
     Rng::new(seed ^ h).next_u64()
-}
-
-/// Builds `workpump-worker` and returns its path and the build time.
-async fn build_worker(release: bool) -> Result<(PathBuf, Duration)> {
-    let started = Instant::now();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = tokio::process::Command::new(cargo);
-    command.args([
-        "build",
-        "--quiet",
-        "-p",
-        "workpump-examples",
-        "--bin",
-        "workpump-worker",
-    ]);
-    if release {
-        command.arg("--release");
-    }
-    let status = tokio::time::timeout(BUILD_DEADLINE, command.kill_on_drop(true).status())
-        .await
-        .map_err(|_| "building workpump-worker took longer than 20 minutes")??;
-    if !status.success() {
-        return Err(format!("building workpump-worker failed ({status})").into());
-    }
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join("target"),
-    };
-    let exe = target
-        .join(if release { "release" } else { "debug" })
-        .join("workpump-worker");
-    if !exe.is_file() {
-        return Err(format!("the build left no {}", exe.display()).into());
-    }
-    Ok((exe, started.elapsed()))
 }
 
 /// A small seeded generator (splitmix64): the suite's random choices, reproducible by seed.

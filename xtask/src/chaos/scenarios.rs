@@ -14,7 +14,7 @@ use super::proxy::Proxy;
 use super::report::Recovery;
 use super::store::{HoldBurst, Mix};
 use super::Result;
-use crate::procs::Metrics;
+use crate::harness::procs::Metrics;
 
 /// Handlers per worker.
 pub(crate) const CONCURRENCY: usize = 16;
