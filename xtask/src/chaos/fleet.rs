@@ -589,8 +589,8 @@ mod tests {
     fn the_short_settings_reach_the_workers_as_workpump_variables() {
         let env = Profile::Short.env();
         assert!(env.contains(&(
-            "WORKPUMP_HEARTBEAT__STALE_AFTER_MS".to_owned(),
-            "3000".to_owned()
+            "WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS".to_owned(),
+            "1000".to_owned()
         )));
         assert!(env.contains(&(
             "WORKPUMP_QUEUES__CHAOS__LEASE_MS".to_owned(),

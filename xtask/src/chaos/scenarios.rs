@@ -542,7 +542,7 @@ async fn pool_exhaustion(h: &mut Harness<'_>) -> Result<()> {
         .map(|_| {
             let mut spec = h.direct(CONCURRENCY);
             spec.env
-                .push(("WORKPUMP_MAX_CONNECTIONS".into(), "4".into()));
+                .extend(crate::harness::worker_env(&[("max_connections", 4)]));
             spec.label = Some("pool of 4 connections, 16 handlers".into());
             spec
         })

@@ -124,13 +124,13 @@ mod tests {
     fn a_setting_reaches_the_worker_as_its_workpump_variable() {
         assert_eq!(
             worker_env(&[
-                (keys::STALE_AFTER_MS, 3_000),
+                (keys::FAST_INTERVAL_MS, 1_000),
                 ("queues.chaos.lease_ms", 3_000)
             ]),
             [
                 (
-                    "WORKPUMP_HEARTBEAT__STALE_AFTER_MS".to_owned(),
-                    "3000".to_owned()
+                    "WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS".to_owned(),
+                    "1000".to_owned()
                 ),
                 (
                     "WORKPUMP_QUEUES__CHAOS__LEASE_MS".to_owned(),
