@@ -8,12 +8,12 @@ use sqlx::types::Uuid;
 use tokio::time::Instant;
 use workpump_testdb::{Cluster, Standby};
 
-use super::check::{self, Evidence, Lifeline};
 use super::fleet::{self, Fleet, Life, Profile, WorkerSpec};
 use super::proxy::Proxy;
 use super::report::{Recovery, Report};
 use super::store::{self, Db, Mix};
 use super::{scenarios, Options, Result, Rng};
+use crate::harness::check::{self, Evidence, Lifeline};
 
 /// The longest any scenario may take, start to finish (a backstop: each has its own).
 const SCENARIO_CAP: Duration = Duration::from_secs(15 * 60);

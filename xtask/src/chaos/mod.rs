@@ -21,7 +21,6 @@
 //! path (a guard with `Drop`, and `--exit-on-stdin-close`, so even a killed suite leaves no
 //! worker behind); the TCP proxy lives inside the suite's runtime.
 
-mod check;
 mod fleet;
 mod harness;
 mod liveness;

@@ -1,7 +1,9 @@
 //! What the demo, the benchmark and the fault suite share about the `workpump-worker`
-//! processes they run: one build of the worker, one way to pass it settings, and the
-//! helpers in [`procs`] (a free port, a log's tail, a Prometheus scrape).
+//! processes they run: one build of the worker, one way to pass it settings, one schema of
+//! evidence and one set of checks over it ([`check`]), and the helpers in [`procs`] (a free
+//! port, a log's tail, a Prometheus scrape).
 
+pub(crate) mod check;
 pub(crate) mod procs;
 
 use std::path::PathBuf;
@@ -17,6 +19,15 @@ use tokio::time::timeout_at;
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
 /// The harness's `Result`.
 pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The evidence tables (the workers' ledger and effects, the audit of every change to the
+/// items and instances, what the harness enqueued and cancelled) that [`check`] reads: the
+/// one copy, `examples/sql/evidence.sql`, which the process tests include too.
+pub(crate) const EVIDENCE_SQL: &str = include_str!("../../../examples/sql/evidence.sql");
+
+/// The `application_name` of the harness's own connections (the demo's and the suite's):
+/// the checks tell its writes (enqueues, cancels) from the workers'.
+pub(crate) const SUITE_APP: &str = "workpump-harness";
 
 /// The longest a build of the worker may take (a first build on a small machine).
 const BUILD_DEADLINE: Duration = Duration::from_secs(20 * 60);
