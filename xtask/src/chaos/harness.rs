@@ -127,7 +127,7 @@ pub(crate) async fn run_scenario(
             return report;
         }
     };
-    let fleet = Fleet::new(exe, &logs, &db_name);
+    let fleet = Fleet::new(exe, &logs, "chaos-w");
     let mut h = Harness {
         cluster,
         db,
@@ -383,7 +383,9 @@ impl Harness<'_> {
     pub(crate) async fn start_workers(&mut self, specs: Vec<WorkerSpec>) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         for spec in specs {
-            self.fleet.start(spec, deadline).await?;
+            self.fleet
+                .start(spec.launch(&self.db.name), deadline)
+                .await?;
         }
         Ok(())
     }
@@ -391,7 +393,7 @@ impl Harness<'_> {
     /// Starts one worker (a replacement) and waits for its `READY`; its index.
     pub(crate) async fn start_worker(&mut self, spec: WorkerSpec) -> Result<usize> {
         let deadline = Instant::now() + Duration::from_secs(60);
-        self.fleet.start(spec, deadline).await
+        self.fleet.start(spec.launch(&self.db.name), deadline).await
     }
 
     /// A worker like the others, straight to the server.

@@ -772,12 +772,7 @@ async fn skew_of_date(lib: &str) -> Result<f64> {
     Ok(faked - unix_now())
 }
 
-pub(crate) fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+pub(crate) use crate::harness::unix_now;
 
 /// The first timestamp in a worker's log (tracing writes RFC 3339 UTC) minus the suite's
 /// clock when it started that worker: the worker logs within a second of its start, so this

@@ -4,6 +4,7 @@
 //! port, a log's tail, a Prometheus scrape).
 
 pub(crate) mod check;
+pub(crate) mod fleet;
 pub(crate) mod procs;
 
 use std::path::PathBuf;
@@ -125,6 +126,14 @@ pub(crate) async fn build_worker(release: bool) -> Result<(PathBuf, Duration)> {
     }
     let executable = executable.ok_or("cargo built workpump-worker but did not say where")?;
     Ok((executable, started.elapsed()))
+}
+
+/// The local clock, in seconds since the epoch.
+pub(crate) fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 #[cfg(test)]
