@@ -603,15 +603,7 @@ impl Harness<'_> {
         report.lapsed = verdict.lapsed;
         report.reclaims = verdict.reclaims;
         report.evictions = ev.evicted.len();
-        for list in [
-            &verdict.lost,
-            &verdict.double,
-            &verdict.effects,
-            &verdict.history,
-            &verdict.fence,
-        ] {
-            report.details.extend(list.iter().cloned());
-        }
+        report.details.extend(verdict.violations().cloned());
     }
 }
 

@@ -9,9 +9,7 @@ use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
-use workpump_coordinator::{
-    migrate, EnqueueWorkParams, NewWork, PgCoordinator, WorkCoordinator, DEFAULT_SCHEMA,
-};
+use workpump_coordinator::{migrate, DEFAULT_SCHEMA};
 use workpump_testdb::Cluster;
 
 use super::fleet::QUEUE;
@@ -497,48 +495,9 @@ pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
     planned
 }
 
-/// Enqueues the planned items in one call per 10 000; returns their ids.
+/// Enqueues the planned items into the suite's queue (see [`crate::harness::enqueue`]).
 pub(crate) async fn enqueue(pool: &PgPool, planned: Vec<(Value, u64)>) -> Result<Vec<i64>> {
-    let coordinator = PgCoordinator::new(pool.clone());
-    let mut ids = Vec::with_capacity(planned.len());
-    let mut planned = planned.into_iter().peekable();
-    while planned.peek().is_some() {
-        let items: Vec<NewWork> = planned
-            .by_ref()
-            .take(10_000)
-            .map(|(payload, after)| {
-                let item = NewWork::new(QUEUE, payload);
-                if after == 0 {
-                    item
-                } else {
-                    item.run_after(Duration::from_millis(after))
-                }
-            })
-            .collect();
-        let out = coordinator
-            .enqueue_work(EnqueueWorkParams { items })
-            .await?;
-        let batch: Vec<i64> = out.items.iter().map(|e| e.id).collect();
-        // The items are in; their record must follow even if the server blips now (the
-        // suite restarts it), or the checks would call them foreign.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            let recorded =
-                sqlx::query("INSERT INTO workpump_enqueued (item) SELECT unnest($1::bigint[])")
-                    .bind(&batch)
-                    .execute(pool)
-                    .await;
-            match recorded {
-                Ok(_) => break,
-                Err(e) if tokio::time::Instant::now() >= deadline => {
-                    return Err(format!("recording {} enqueued ids: {e}", batch.len()).into())
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-            }
-        }
-        ids.extend(batch);
-    }
-    Ok(ids)
+    crate::harness::enqueue(pool, QUEUE, planned).await
 }
 
 /// Enqueues one item, due now; its id.

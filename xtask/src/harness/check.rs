@@ -342,6 +342,18 @@ pub(crate) struct Verdict {
     pub(crate) lapsed: usize,
 }
 
+impl Verdict {
+    /// Every violation found, of every kind (an empty run is one: see [`check`]).
+    pub(crate) fn violations(&self) -> impl Iterator<Item = &String> {
+        self.lost
+            .iter()
+            .chain(&self.double)
+            .chain(&self.effects)
+            .chain(&self.history)
+            .chain(&self.fence)
+    }
+}
+
 /// Runs every check. `t0` (database seconds) is the origin of the times quoted in evidence.
 pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
     let mut v = Verdict::default();

@@ -286,6 +286,15 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// SIGKILL to every worker still running, and wait for each (the error paths).
+    pub(crate) async fn kill_all(&mut self) {
+        for index in self.live() {
+            let _ = self.kill(index).await;
+        }
+    }
+}
+
 impl Drop for Fleet {
     fn drop(&mut self) {
         for proc in &mut self.procs {

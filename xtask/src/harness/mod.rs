@@ -12,9 +12,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio::time::timeout_at;
+use workpump_coordinator::{EnqueueWorkParams, NewWork, PgCoordinator, WorkCoordinator};
 
 /// Errors inside the harness (`Send`, so that they cross tasks).
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -126,6 +128,56 @@ pub(crate) async fn build_worker(release: bool) -> Result<(PathBuf, Duration)> {
     }
     let executable = executable.ok_or("cargo built workpump-worker but did not say where")?;
     Ok((executable, started.elapsed()))
+}
+
+/// Enqueues the planned items (payload, delay in ms) into `queue`, in one call per 10 000,
+/// and records their ids in `workpump_enqueued`, where the checks look for them; returns
+/// the ids.
+pub(crate) async fn enqueue(
+    pool: &PgPool,
+    queue: &str,
+    planned: Vec<(Value, u64)>,
+) -> Result<Vec<i64>> {
+    let coordinator = PgCoordinator::new(pool.clone());
+    let mut ids = Vec::with_capacity(planned.len());
+    let mut planned = planned.into_iter().peekable();
+    while planned.peek().is_some() {
+        let items: Vec<NewWork> = planned
+            .by_ref()
+            .take(10_000)
+            .map(|(payload, after)| {
+                let item = NewWork::new(queue, payload);
+                if after == 0 {
+                    item
+                } else {
+                    item.run_after(Duration::from_millis(after))
+                }
+            })
+            .collect();
+        let out = coordinator
+            .enqueue_work(EnqueueWorkParams { items })
+            .await?;
+        let batch: Vec<i64> = out.items.iter().map(|e| e.id).collect();
+        // The items are in; their record must follow even if the server blips now (the
+        // fault suite restarts it), or the checks would call them foreign.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let recorded =
+                sqlx::query("INSERT INTO workpump_enqueued (item) SELECT unnest($1::bigint[])")
+                    .bind(&batch)
+                    .execute(pool)
+                    .await;
+            match recorded {
+                Ok(_) => break,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(format!("recording {} enqueued ids: {e}", batch.len()).into())
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+        ids.extend(batch);
+    }
+    Ok(ids)
 }
 
 /// The local clock, in seconds since the epoch.
