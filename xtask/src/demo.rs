@@ -247,6 +247,8 @@ async fn start_fleet(fleet: &mut Fleet, url: &str, deadline: Instant) -> Result<
             lease_ms: Some(LEASE_MS),
             env: worker_env(&WORKER_SETTINGS),
             log_filter: "warn",
+            ledger: true,
+            metrics: true,
             label: None,
         };
         let index = fleet.start(launch, deadline).await?;
@@ -256,7 +258,7 @@ async fn start_fleet(fleet: &mut Fleet, url: &str, deadline: Instant) -> Result<
             p.name,
             p.pid,
             p.instance.map(|i| i.to_string()).unwrap_or_default(),
-            p.metrics
+            p.metrics.map(|m| m.to_string()).unwrap_or_default()
         );
     }
     println!(
@@ -526,7 +528,12 @@ impl Report {
                     "metrics",
                     format!(
                         "http://{}/metrics ({}): {} metrics described, among them",
-                        scraped_from.metrics, scraped_from.name, m.described
+                        scraped_from
+                            .metrics
+                            .map(|m| m.to_string())
+                            .unwrap_or_default(),
+                        scraped_from.name,
+                        m.described
                     ),
                 );
                 for line in &m.highlights {
@@ -997,7 +1004,8 @@ struct Scraped {
 }
 
 /// A few sums from a worker's Prometheus endpoint.
-async fn scrape(addr: SocketAddr, deadline: Instant) -> Result<Scraped> {
+async fn scrape(addr: Option<SocketAddr>, deadline: Instant) -> Result<Scraped> {
+    let addr = addr.ok_or("the worker was started without a metrics endpoint")?;
     let within = deadline
         .saturating_duration_since(Instant::now())
         .min(Duration::from_secs(10));

@@ -71,10 +71,10 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
     db.settle().await?;
     let (mut doomed, _) =
         worker::start_all(&ctx.worker_bin, db.url(), &spec, 1, &ctx.logs, "failover-a").await?;
-    let a = doomed[0]
-        .instance()
+    let a = doomed
+        .instance(0)
         .ok_or("worker A printed no instance id")?
-        .to_owned();
+        .to_string();
     fill(db, ITEMS, json!({ "kind": "sleep", "ms": 600_000 })).await?;
     let held = format!(
         "{MARK} SELECT count(*) FROM {SCHEMA}.work WHERE state = 'running' AND instance_id = $1::uuid"
@@ -88,7 +88,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         if n >= ITEMS as i64 {
             break;
         }
-        doomed[0].check_alive()?;
+        doomed.check_alive()?;
         if Instant::now() > deadline {
             return Err(format!("failover: A holds only {n} of {ITEMS} items after 60 s").into());
         }
@@ -113,7 +113,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         .map_or(0, |d| u64::from(d.subsec_nanos()) ^ d.as_secs())
         % sweep_ms;
     tokio::time::sleep(Duration::from_millis(phase_ms)).await;
-    doomed[0].kill();
+    doomed.kill(0).await?;
     let killed = Instant::now();
     let progress = format!(
         "{MARK} SELECT (SELECT count(*) FROM {SCHEMA}.work
@@ -135,9 +135,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         if moved >= ITEMS as i64 {
             break;
         }
-        for p in peers.iter_mut() {
-            p.check_alive()?;
-        }
+        peers.check_alive()?;
         if Instant::now() > deadline {
             return Err(format!(
                 "failover: only {moved} of {ITEMS} items moved to peers {limit} s after the kill"
@@ -147,9 +145,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let total_s = killed.elapsed().as_secs_f64();
-    for p in peers.iter_mut() {
-        p.kill();
-    }
+    peers.kill_all().await;
     Ok(FailoverRun {
         total_s,
         reaped_s,

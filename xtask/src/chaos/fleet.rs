@@ -185,6 +185,8 @@ impl WorkerSpec {
             lease_ms: None,
             env,
             log_filter: "info",
+            ledger: true,
+            metrics: true,
             label: self.label,
         }
     }

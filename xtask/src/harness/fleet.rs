@@ -19,8 +19,7 @@ use super::procs::{free_port, tail};
 use super::{unix_now, Result};
 
 /// How to start one worker: what the fleet passes it besides what every worker gets
-/// (`--ledger`, `--metrics` on a free port, `--name`, `--exit-on-stdin-close`, a clean
-/// environment, its own process group).
+/// (`--name`, `--exit-on-stdin-close`, a clean environment, its own process group).
 pub(crate) struct Launch {
     /// Its database URL; the fleet adds `application_name=<the worker's name>`, which names
     /// the process in every session it opens (and in the evidence).
@@ -34,6 +33,11 @@ pub(crate) struct Launch {
     pub(crate) env: Vec<(String, String)>,
     /// `RUST_LOG`.
     pub(crate) log_filter: &'static str,
+    /// `--ledger`: every execution is appended to `workpump_ledger` (the evidence tables
+    /// must exist).
+    pub(crate) ledger: bool,
+    /// `--metrics` on a free port of the loopback.
+    pub(crate) metrics: bool,
     /// A note for the report (e.g. "clock +1h").
     pub(crate) label: Option<String>,
 }
@@ -60,7 +64,8 @@ pub(crate) struct Proc {
     /// `chaos-wN`: its name, and the `application_name` of every connection it opens.
     pub(crate) name: String,
     pub(crate) pid: u32,
-    pub(crate) metrics: SocketAddr,
+    /// Its Prometheus endpoint, when started with one.
+    pub(crate) metrics: Option<SocketAddr>,
     pub(crate) log: PathBuf,
     /// The instance it printed with `READY`.
     pub(crate) instance: Option<Uuid>,
@@ -103,28 +108,33 @@ impl Fleet {
     /// Starts a worker and waits (until `deadline`) for its `READY` line; returns its index.
     pub(crate) async fn start(&mut self, launch: Launch, deadline: Instant) -> Result<usize> {
         let index = self.spawn(launch)?;
-        let proc = &mut self.procs[index];
-        let line = proc.wait_for_line("READY", deadline).await?;
-        let instance = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| Uuid::parse_str(s).ok())
-            .ok_or_else(|| format!("{}: unexpected ready line {line:?}", proc.name))?;
-        proc.instance = Some(instance);
+        self.procs[index].await_ready(deadline).await?;
         Ok(index)
     }
 
-    fn spawn(&mut self, launch: Launch) -> Result<usize> {
+    /// Starts a worker without waiting for it; its index. (Several started at once come up
+    /// side by side: [`Proc::await_ready`] each.)
+    pub(crate) fn spawn(&mut self, launch: Launch) -> Result<usize> {
         let name = format!("{}{}", self.prefix, self.procs.len() + 1);
-        let metrics = free_port()?;
+        let metrics = if launch.metrics {
+            Some(free_port()?)
+        } else {
+            None
+        };
         let log = self.logs.join(format!("{name}.log"));
         let stderr = std::fs::File::create(&log)?;
         let url = with_application_name(&launch.url, &name);
         let mut command = Command::new(&self.exe);
         command
-            .args(["--database-url", &url, "--queue", &launch.queue, "--ledger"])
-            .args(["--metrics", &metrics.to_string(), "--name", &name])
+            .args(["--database-url", &url, "--queue", &launch.queue])
+            .args(["--name", &name])
             .arg("--exit-on-stdin-close");
+        if launch.ledger {
+            command.arg("--ledger");
+        }
+        if let Some(addr) = metrics {
+            command.args(["--metrics", &addr.to_string()]);
+        }
         if let Some(n) = launch.concurrency {
             command.args(["--concurrency", &n.to_string()]);
         }
@@ -324,6 +334,23 @@ impl Proc {
         clean
     }
 
+    /// Waits (until `deadline`) for its `READY <instance>` line, and notes the instance.
+    pub(crate) async fn await_ready(&mut self, deadline: Instant) -> Result<Uuid> {
+        let line = self.wait_for_line("READY", deadline).await?;
+        let instance = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .ok_or_else(|| format!("{}: unexpected ready line {line:?}", self.name))?;
+        self.instance = Some(instance);
+        Ok(instance)
+    }
+
+    /// The next stdout line, or `None` at the deadline or when stdout closed.
+    pub(crate) async fn next_line(&mut self, deadline: Instant) -> Option<String> {
+        timeout_at(deadline, self.lines.recv()).await.ok().flatten()
+    }
+
     /// Waits for a stdout line starting with `prefix`.
     pub(crate) async fn wait_for_line(
         &mut self,
@@ -356,7 +383,8 @@ impl Proc {
 }
 
 /// Reads a worker's `/metrics` within 3 s.
-pub(crate) async fn scrape(addr: SocketAddr) -> Result<super::procs::Metrics> {
+pub(crate) async fn scrape(addr: Option<SocketAddr>) -> Result<super::procs::Metrics> {
+    let addr = addr.ok_or("the worker was started without a metrics endpoint")?;
     Ok(super::procs::scrape(addr, Duration::from_secs(3)).await?)
 }
 
