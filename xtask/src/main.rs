@@ -62,12 +62,16 @@ fn main() -> ExitCode {
     })
 }
 
-/// Exits with clap's usage error (exit code 2) for a problem clap's own checks cannot see
-/// (e.g. every scenario asked for is also excluded).
-fn usage_error(problem: &str) -> ! {
-    Cli::command()
-        .error(clap::error::ErrorKind::ValueValidation, problem)
-        .exit()
+/// Exits with clap's usage error of `command` (exit code 2) for a problem clap's own checks
+/// cannot see (e.g. every scenario asked for is also excluded).
+fn usage_error(command: &str, problem: &str) -> ! {
+    let mut cli = Cli::command();
+    cli.build();
+    match cli.find_subcommand_mut(command) {
+        Some(sub) => sub.error(clap::error::ErrorKind::ValueValidation, problem),
+        None => cli.error(clap::error::ErrorKind::ValueValidation, problem),
+    }
+    .exit()
 }
 
 /// Log lines (e.g. "initdb", "starting PostgreSQL") go to stderr; `RUST_LOG` overrides.

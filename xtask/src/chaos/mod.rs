@@ -292,7 +292,10 @@ fn options(args: Args) -> Option<Options> {
         .profiles
         .sort_by_key(|p| Profile::ALL.iter().position(|q| q == p));
     if cases(&options).is_empty() {
-        usage_error("nothing to run: every scenario asked for is excluded");
+        usage_error(
+            "chaos",
+            "nothing to run: every scenario asked for is excluded",
+        );
     }
     Some(options)
 }
