@@ -56,10 +56,17 @@ struct Payload {
     hold_ms: Option<u64>,
 }
 
-/// A service that embeds the workpump host and runs whatever its payloads say (see the
-/// module docs for the payloads). Every host setting also comes from `WORKPUMP_*` variables.
+/// A service that embeds the workpump host and runs whatever its payloads say. Every host
+/// setting also comes from `WORKPUMP_*` variables.
 #[derive(Parser)]
-#[command(name = "workpump-worker")]
+#[command(
+    name = "workpump-worker",
+    after_help = "It prints `READY <instance id>` once the host is ready, and `STOPPED` after a \
+drain (SIGTERM or SIGINT).\n\nPayloads (`kind`, default noop): noop; probe (prints `START <item> \
+<unix µs>`); sleep {ms}; fail {times}; dead; panic {times}; tx {hold_ms, times} (its effect and \
+completion in one fenced transaction); checkpoint {units, unit_ms}; hold {ms} (sits on a pool \
+connection). The module docs of examples/src/bin/workpump-worker.rs say what each does."
+)]
 struct Args {
     /// The database; a multi-host URL with `target_session_attrs=read-write` follows a
     /// failover to a promoted standby
