@@ -1,7 +1,8 @@
-//! The worker processes of one run (a fault-suite scenario, the demo): started with their
-//! settings, watched (`READY`, `STOPPED`), signalled by PID, and stopped on every path —
-//! `Fleet`'s `Drop` kills whatever still runs, and each worker also exits when its stdin (a
-//! pipe from xtask) closes, so a killed xtask leaves nothing behind.
+//! The worker processes of one run (a fault-suite scenario, the demo, a benchmark
+//! measurement): started with their settings, watched (`READY`, `STOPPED`), signalled by
+//! PID, and stopped on every path — `Fleet`'s `Drop` kills whatever still runs, and each
+//! worker also exits when its stdin (a pipe from xtask) closes, so a killed xtask leaves
+//! nothing behind.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -61,7 +62,8 @@ pub(crate) enum Life {
 
 /// One started worker process.
 pub(crate) struct Proc {
-    /// `chaos-wN`: its name, and the `application_name` of every connection it opens.
+    /// `<prefix>N` (`chaos-w1`, `w1`): its name, and the `application_name` of every
+    /// connection it opens.
     pub(crate) name: String,
     pub(crate) pid: u32,
     /// Its Prometheus endpoint, when started with one.
@@ -71,7 +73,7 @@ pub(crate) struct Proc {
     pub(crate) instance: Option<Uuid>,
     /// A note for the report (e.g. "clock +1h").
     pub(crate) label: Option<String>,
-    /// The suite's clock when it was started (seconds since the epoch).
+    /// The local clock when it was started (seconds since the epoch).
     pub(crate) spawned_at: f64,
     /// Set once it exited (killed, drained, crashed).
     pub(crate) exited: bool,
