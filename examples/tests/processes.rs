@@ -1,7 +1,8 @@
 //! End-to-end with hosts in separate processes: `workpump-worker` (this package's binary)
 //! started several times on one throwaway database, then killed with SIGKILL or stopped
 //! with SIGTERM. The database is the witness: the workers' ledger (one row per handler
-//! execution) and an audit trigger on every change of an item's state, owner or token.
+//! execution) and the audit (`workpump_audit`, examples/sql/evidence.sql) of every change to an
+//! item.
 
 mod support;
 
@@ -76,7 +77,7 @@ async fn a_killed_workers_items_are_reclaimed_by_the_others_and_completed_exactl
     // Exactly once: one final outcome per item in the audit, each written under the claim
     // (instance and token) of an execution the ledger saw start; one effect per tx item.
     let outcomes: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT item, count(*) FROM audit
+        "SELECT item, count(*) FROM workpump_audit
          WHERE to_state IN ('completed', 'dead', 'cancelled') GROUP BY item",
     )
     .fetch_all(&pool)
@@ -89,7 +90,7 @@ async fn a_killed_workers_items_are_reclaimed_by_the_others_and_completed_exactl
     );
     let unbacked = scalar(
         &pool,
-        "SELECT count(*) FROM audit a
+        "SELECT count(*) FROM workpump_audit a
          WHERE a.to_state = 'completed'
            AND NOT EXISTS (SELECT 1 FROM workpump_ledger l WHERE l.item = a.item
                            AND l.token = a.from_token AND l.instance = a.from_instance)",
@@ -110,7 +111,7 @@ async fn a_killed_workers_items_are_reclaimed_by_the_others_and_completed_exactl
     // it landed for an item a survivor had reclaimed.
     assert!(!held.is_empty());
     let reclaimed: BTreeMap<i64, Uuid> = sqlx::query_as(
-        "SELECT DISTINCT ON (item) item, to_instance FROM audit
+        "SELECT DISTINCT ON (item) item, to_instance FROM workpump_audit
          WHERE item = ANY ($1) AND to_instance IS NOT NULL AND to_instance <> $2
            AND at >= to_timestamp($3)
          ORDER BY item, at",
@@ -126,7 +127,7 @@ async fn a_killed_workers_items_are_reclaimed_by_the_others_and_completed_exactl
     // (A write in flight is stamped when its statement ran, which may be before the kill;
     // it committed after the snapshot, since the item was still running then.)
     let finished_late: BTreeSet<i64> = sqlx::query_scalar(
-        "SELECT item FROM audit WHERE item = ANY ($1) AND from_instance = $2
+        "SELECT item FROM workpump_audit WHERE item = ANY ($1) AND from_instance = $2
            AND to_state IN ('completed', 'dead', 'cancelled')",
     )
     .bind(&held)
@@ -208,12 +209,14 @@ async fn a_terminated_worker_releases_its_leases_and_a_peer_picks_them_up_long_b
 
     // The release gave the leases back without counting the attempt (no error in the
     // history), and t2 ran the same attempt number again, within 10 s of the SIGTERM.
-    let releases: Vec<(String, bool)> =
-        sqlx::query_as("SELECT to_state, failed FROM audit WHERE from_instance = $1")
-            .bind(first.instance)
-            .fetch_all(&pool)
-            .await
-            .expect("t1's transitions");
+    let releases: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT to_state, error IS NOT NULL FROM workpump_audit
+             WHERE from_instance = $1 AND to_state <> from_state",
+    )
+    .bind(first.instance)
+    .fetch_all(&pool)
+    .await
+    .expect("t1's transitions");
     assert_eq!(releases.len(), 4);
     assert!(
         releases

@@ -11,19 +11,22 @@
 //!    what `cargo xtask` itself just compiled, so on a fresh 2-core machine it took about
 //!    3 minutes where a release build took 6, and seconds on every later run; a few
 //!    thousand items don't need the speed;
-//! 2. migrates it and creates the demo's own tables: the workers' `workpump_ledger` (one row
-//!    per handler execution), `workpump_effects` (the transactional items' effect, primary
-//!    key on the item) and `workpump_audit`, filled by a trigger on every change of an item's
-//!    state, owner or claim token — the evidence the checks at the end read;
-//! 3. starts three workers with short liveness settings (the `WORKPUMP_*` variables in
-//!    [`WORKER_ENV`]) and waits for each to print `READY <instance>`;
+//! 2. migrates it and creates the evidence tables the fault suite uses too
+//!    ([`harness::EVIDENCE_SQL`]): the workers' `workpump_ledger` (one row per handler
+//!    execution), `workpump_effects` (the transactional items' effect) and `workpump_audit`,
+//!    filled by triggers on every change of an item — what the checks at the end read;
+//! 3. starts three workers (the harness's [`Fleet`]) with short liveness settings
+//!    ([`WORKER_SETTINGS`], passed as `WORKPUMP_*` variables) and waits for each to print
+//!    `READY <instance>`;
 //! 4. enqueues the items in one call: quick no-ops, slow sleepers that renew their lease
 //!    several times, failures that retry, transactional items, long jobs that checkpoint,
 //!    and exactly one item designed to become a dead letter;
 //! 5. prints progress every second and, two seconds in with a third of the items done, kills
 //!    the middle worker with SIGKILL, noting from the database which items it held; it follows those
 //!    items until every one runs (or ran) on a survivor;
-//! 6. when every item has ended, checks the outcome (see [`Evidence::check`]), reads a few
+//! 6. when every item has ended, runs the fault suite's checks on the evidence
+//!    ([`check::check`]: nothing lost, no outcome recorded twice or by a claim that did not
+//!    hold the lease, each effect once, every history consistent), reads a few
 //!    numbers from a survivor's Prometheus endpoint, drains both survivors with SIGTERM
 //!    (each prints `STOPPED`), drops the database and prints the summary.
 //!
@@ -31,27 +34,24 @@
 //! the demo overran its deadline.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::error::Error;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::path::Path;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
-use tokio::time::{sleep_until, timeout_at, Instant};
-use workpump_coordinator::{
-    migrate, EnqueueWorkParams, NewWork, PgCoordinator, WorkCoordinator, DEFAULT_SCHEMA,
-};
+use tokio::time::{sleep_until, Instant};
+use workpump_coordinator::{migrate, DEFAULT_SCHEMA};
 
-use crate::procs::{self, free_port, tail};
-use crate::{usage_error, Outcome};
+use crate::harness::check::{self, Verdict as Checked};
+use crate::harness::fleet::{with_application_name, Fleet, Launch};
+use crate::harness::procs::{self, tail};
+use crate::harness::{self, build_worker, keys, worker_env, Result, EVIDENCE_SQL, SUITE_APP};
+use crate::Outcome;
 
 /// The queue every worker serves.
 const QUEUE: &str = "demo";
@@ -65,8 +65,6 @@ const VICTIM: usize = 1;
 const SCRAPED: usize = 0;
 /// The whole demo after the build: workers up, work done, reclaim, drain.
 const DEADLINE: Duration = Duration::from_secs(180);
-/// The longest a build of the worker may take (a first build on a small machine).
-const BUILD_DEADLINE: Duration = Duration::from_secs(20 * 60);
 /// The lease each claim gets: short, so that a dead worker's items come back quickly.
 /// Renewed every lease / 3, so the sleepers (3–8 s) renew theirs several times.
 const LEASE_MS: u64 = 3_000;
@@ -80,94 +78,49 @@ const KILL_AFTER: Duration = Duration::from_secs(2);
 
 /// Liveness settings that make the demo's reclaim quick (the defaults are 10 s / 60 s beats,
 /// 30 s stale, 5 min definitive-dead, a 5 s maintenance sweep and a 1 s retry unit).
-const WORKER_ENV: [(&str, &str); 6] = [
-    ("WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS", "1000"),
-    ("WORKPUMP_HEARTBEAT__SLOW_INTERVAL_MS", "2000"),
-    ("WORKPUMP_LIVENESS__STALE_AFTER_MS", "3000"),
-    ("WORKPUMP_LIVENESS__DEAD_AFTER_MS", "10000"),
-    ("WORKPUMP_MAINTENANCE__INTERVAL_MS", "1000"),
-    ("WORKPUMP_QUEUES__DEMO__BACKOFF_BASE_MS", "100"),
+const WORKER_SETTINGS: [(&str, u64); 6] = [
+    (keys::FAST_INTERVAL_MS, 1_000),
+    (keys::SLOW_INTERVAL_MS, 2_000),
+    (keys::STALE_AFTER_MS, 3_000),
+    (keys::DEAD_AFTER_MS, 10_000),
+    (keys::SWEEP_INTERVAL_MS, 1_000),
+    ("queues.demo.backoff_base_ms", 100),
 ];
 
-/// The demo's own tables, and the audit trigger on workpump's `work` table. The trigger
-/// function pins its `search_path`: it fires inside workpump's SQL functions, which run with
-/// theirs set to the workpump schema.
-const SETUP_SQL: &str = r#"
-CREATE TABLE workpump_ledger (
-    item     bigint      NOT NULL,
-    attempt  int         NOT NULL,
-    token    bigint      NOT NULL,
-    instance uuid        NOT NULL,
-    at       timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE TABLE workpump_effects (item bigint PRIMARY KEY);
-CREATE TABLE workpump_audit (
-    item          bigint      NOT NULL,
-    from_state    text        NOT NULL,
-    to_state      text        NOT NULL,
-    from_instance uuid,
-    to_instance   uuid,
-    from_token    bigint,
-    to_token      bigint,
-    attempt       int         NOT NULL,
-    failed        boolean     NOT NULL,
-    at            timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE FUNCTION workpump_audit() RETURNS trigger
-LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-BEGIN
-    INSERT INTO workpump_audit
-        (item, from_state, to_state, from_instance, to_instance, from_token, to_token, attempt, failed)
-    VALUES (NEW.id, OLD.state::text, NEW.state::text, OLD.instance_id, NEW.instance_id,
-            OLD.claim_token, NEW.claim_token, NEW.attempt,
-            jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors));
-    RETURN NULL;
-END
-$$;
-CREATE TRIGGER workpump_audit AFTER UPDATE ON workpump.work FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state
-          OR OLD.instance_id IS DISTINCT FROM NEW.instance_id
-          OR OLD.claim_token IS DISTINCT FROM NEW.claim_token)
-    EXECUTE FUNCTION workpump_audit();
-"#;
-
-type Result<T, E = Box<dyn Error>> = std::result::Result<T, E>;
-
-pub(crate) fn run(args: &[String]) -> Outcome {
-    let mut items = DEFAULT_ITEMS;
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--items" => {
-                let Some(n) = args.next().and_then(|v| v.parse::<usize>().ok()) else {
-                    return Ok(usage_error("`demo --items` needs a number"));
-                };
-                if !(100..=50_000).contains(&n) {
-                    return Ok(usage_error("`demo --items` takes 100 to 50000"));
-                }
-                items = n;
-            }
-            other => {
-                return Ok(usage_error(&format!(
-                    "unexpected `demo` argument `{other}` (it takes only `--items N`)"
-                )))
-            }
-        }
-    }
-    let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(demo(items))
+/// `cargo xtask demo`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// How many items to enqueue (100 to 50000)
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ITEMS, value_parser = item_count)]
+    items: usize,
 }
 
-async fn demo(items: usize) -> Outcome {
+/// 100 to 50 000.
+fn item_count(value: &str) -> Result<usize, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (100..=50_000).contains(n))
+        .ok_or_else(|| format!("`{value}` is not a number from 100 to 50000"))
+}
+
+pub(crate) fn run(Args { items }: Args) -> Outcome {
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime
+        .block_on(demo(items))
+        .map_err(|e| -> Box<dyn std::error::Error> { e })
+}
+
+async fn demo(items: usize) -> Result<ExitCode> {
     println!(
         "workpump demo: {WORKERS} worker processes share {items} work items; one is killed \
          part-way through\n"
     );
     // The worker's build and the database come up side by side.
-    let (built, database) = tokio::join!(build_worker(), async {
+    let (built, database) = tokio::join!(build_worker(false), async {
         let server = workpump_testdb::server().await?;
         let db = server.create_database().await?;
-        Ok::<_, Box<dyn Error>>((server, db))
+        Ok::<_, harness::Error>((server, db))
     });
     let (server, db) = database?;
     let (worker, build_took) = built?;
@@ -183,15 +136,17 @@ async fn demo(items: usize) -> Outcome {
         build_took.as_secs_f64()
     );
 
+    // Named as the harness, so that the checks tell its writes (the enqueue) from the
+    // workers'.
     let pool = PgPoolOptions::new()
         .max_connections(4)
-        .connect(db.url())
+        .connect(&with_application_name(db.url(), SUITE_APP))
         .await?;
     migrate(&pool, DEFAULT_SCHEMA).await?;
-    sqlx::raw_sql(SETUP_SQL).execute(&pool).await?;
+    sqlx::raw_sql(EVIDENCE_SQL).execute(&pool).await?;
     println!(
         "migrated   schema {DEFAULT_SCHEMA:?}; created workpump_ledger, workpump_effects and \
-         the workpump_audit trigger"
+         the workpump_audit triggers"
     );
 
     let logs = worker
@@ -200,9 +155,9 @@ async fn demo(items: usize) -> Outcome {
         .unwrap_or(Path::new("."))
         .join("workpump-demo");
     std::fs::create_dir_all(&logs)?;
-    let mut fleet = Fleet::default();
+    let mut fleet = Fleet::new(&worker, &logs, "w");
     let result = tokio::select! {
-        result = run_demo(&worker, &logs, db.url(), &pool, items, &mut fleet) => result,
+        result = run_demo(db.url(), &pool, items, &mut fleet) => result,
         _ = tokio::signal::ctrl_c() => Err("interrupted (Ctrl-C)".into()),
         // The backstop for a wait without a deadline of its own (a query that hangs).
         _ = tokio::time::sleep(DEADLINE + Duration::from_secs(30)) => {
@@ -257,21 +212,17 @@ impl Verdict {
     }
 }
 
-async fn run_demo(
-    worker: &Path,
-    logs: &Path,
-    url: &str,
-    pool: &PgPool,
-    items: usize,
-    fleet: &mut Fleet,
-) -> Result<Verdict> {
+async fn run_demo(url: &str, pool: &PgPool, items: usize, fleet: &mut Fleet) -> Result<Verdict> {
     let started = Instant::now();
     let deadline = started + DEADLINE;
-    start_fleet(fleet, worker, logs, url, deadline).await?;
+    start_fleet(fleet, url, deadline).await?;
     let plan = Plan::new(items);
+    let t0: f64 = sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
+        .fetch_one(pool)
+        .await?;
     enqueue(pool, &plan).await?;
     let watched = watch(pool, items, fleet, deadline).await?;
-    let evidence = Evidence::read(pool, watched.kill.instance, watched.kill.at_db).await?;
+    let evidence = Evidence::read(pool, watched.kill.instance, watched.kill.at_db, t0).await?;
     let scraped = scrape(fleet.procs[SCRAPED].metrics, deadline).await;
     let drained = drain(fleet, deadline).await?;
     let report = Report {
@@ -287,27 +238,27 @@ async fn run_demo(
 }
 
 /// Starts the workers and waits for each one's `READY <instance>`.
-async fn start_fleet(
-    fleet: &mut Fleet,
-    worker: &Path,
-    logs: &Path,
-    url: &str,
-    deadline: Instant,
-) -> Result<()> {
-    for n in 1..=WORKERS {
-        fleet.start(worker, logs, url, &format!("w{n}"))?;
-    }
-    for p in &mut fleet.procs {
-        let line = p.wait_for_line("READY", deadline).await?;
-        let instance = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|id| id.parse::<Uuid>().ok())
-            .ok_or_else(|| format!("{} printed {line:?}, not `READY <instance id>`", p.name))?;
-        p.instance = Some(instance);
+async fn start_fleet(fleet: &mut Fleet, url: &str, deadline: Instant) -> Result<()> {
+    for _ in 0..WORKERS {
+        let launch = Launch {
+            url: url.to_owned(),
+            queue: QUEUE.to_owned(),
+            concurrency: Some(CONCURRENCY),
+            lease_ms: Some(LEASE_MS),
+            env: worker_env(&WORKER_SETTINGS),
+            log_filter: "warn",
+            ledger: true,
+            metrics: true,
+            label: None,
+        };
+        let index = fleet.start(launch, deadline).await?;
+        let p = &fleet.procs[index];
         println!(
             "started    {} pid {:<7} instance {}  metrics http://{}/metrics",
-            p.name, p.pid, instance, p.metrics
+            p.name,
+            p.pid,
+            p.instance.map(|i| i.to_string()).unwrap_or_default(),
+            p.metrics.map(|m| m.to_string()).unwrap_or_default()
         );
     }
     println!(
@@ -321,15 +272,8 @@ async fn start_fleet(
 /// Enqueues the plan's items in one call.
 async fn enqueue(pool: &PgPool, plan: &Plan) -> Result<()> {
     let started = Instant::now();
-    PgCoordinator::new(pool.clone())
-        .enqueue_work(EnqueueWorkParams {
-            items: plan
-                .payloads
-                .iter()
-                .map(|p| NewWork::new(QUEUE, p.clone()))
-                .collect(),
-        })
-        .await?;
+    let planned = plan.payloads.iter().map(|p| (p.clone(), 0)).collect();
+    harness::enqueue(pool, QUEUE, planned).await?;
     println!(
         "enqueued   {} items in one call ({} ms): {}",
         plan.payloads.len(),
@@ -380,11 +324,10 @@ async fn watch(
             .into());
         }
         let progress = Progress::read(pool).await?;
-        let victim = &mut fleet.procs[VICTIM];
         if let Some(k) = &mut kill {
             k.follow(pool).await?;
-        } else if progress.should_kill(items, victim.instance, started.elapsed()) {
-            kill = Some(Kill::now(pool, victim, started.elapsed()).await?);
+        } else if progress.should_kill(items, fleet.procs[VICTIM].instance, started.elapsed()) {
+            kill = Some(Kill::now(pool, fleet, started.elapsed()).await?);
         }
         let reclaim = match &kill {
             Some(k) => Some(k.reclaim(pool).await?),
@@ -422,20 +365,20 @@ async fn drain(
     deadline: Instant,
 ) -> Result<Vec<(String, Duration, bool, String)>> {
     let mut drained = Vec::new();
-    for p in fleet.procs.iter_mut().filter(|p| p.alive) {
+    for index in fleet.live() {
         let sent = Instant::now();
-        p.terminate().await?;
-        let stopped = p.wait_for_line("STOPPED", deadline).await;
-        let status = timeout_at(deadline, p.child.wait()).await;
-        p.alive = false;
-        let clean = stopped.is_ok() && matches!(&status, Ok(Ok(s)) if s.success());
-        let ended = match (stopped, status) {
-            (Err(e), _) => e.to_string(),
-            (Ok(_), Ok(Ok(s))) => s.to_string(),
-            (Ok(_), Ok(Err(e))) => e.to_string(),
-            (Ok(_), Err(_)) => "did not exit".to_owned(),
+        let clean = fleet.terminate(index, deadline).await?;
+        let ended = if clean {
+            "STOPPED".to_owned()
+        } else {
+            "no STOPPED and a clean exit before the deadline; killed".to_owned()
         };
-        drained.push((p.name.clone(), sent.elapsed(), clean, ended));
+        drained.push((
+            fleet.procs[index].name.clone(),
+            sent.elapsed(),
+            clean,
+            ended,
+        ));
     }
     Ok(drained)
 }
@@ -556,16 +499,18 @@ impl Report {
         row(
             "lost",
             format!(
-                "{} (items not completed, other than the designed dead letter)",
-                evidence.lost
+                "{} (items not ended as designed: completed, or the designed dead letter)",
+                evidence.checked.lost.len()
             ),
         );
         row(
             "recorded twice",
             format!(
-                "{} (items with more than one final outcome in the audit; {} transactional \
-                 effects for {} transactional items)",
-                evidence.doubled, evidence.effects, evidence.tx_items
+                "{} (outcomes recorded twice or by a claim that had lost its lease, from the \
+                 audit; {} transactional effects for {} transactional items)",
+                evidence.checked.double.len(),
+                evidence.effects,
+                evidence.tx_items
             ),
         );
         row(
@@ -573,7 +518,7 @@ impl Report {
             format!(
                 "{} handler runs in the ledger for {items} items (retries, and the killed \
                  worker's unfinished attempts, ran again)",
-                evidence.executions
+                evidence.checked.executions
             ),
         );
         let scraped_from = &fleet.procs[SCRAPED];
@@ -583,7 +528,12 @@ impl Report {
                     "metrics",
                     format!(
                         "http://{}/metrics ({}): {} metrics described, among them",
-                        scraped_from.metrics, scraped_from.name, m.described
+                        scraped_from
+                            .metrics
+                            .map(|m| m.to_string())
+                            .unwrap_or_default(),
+                        scraped_from.name,
+                        m.described
                     ),
                 );
                 for line in &m.highlights {
@@ -622,8 +572,8 @@ impl Report {
             headline: format!(
                 "{items} items, {} lost, {} recorded twice; {}'s {} items reclaimed within \
                  {:.1} s",
-                evidence.lost,
-                evidence.doubled,
+                evidence.checked.lost.len(),
+                evidence.checked.double.len(),
                 victim.name,
                 kill.held.len(),
                 reclaim.slowest.unwrap_or(0.0)
@@ -788,7 +738,7 @@ impl Progress {
             let Some(instance) = p.instance else { continue };
             let done = self.done_by.get(&instance).copied().unwrap_or(0);
             let running = self.running_by.get(&instance).copied().unwrap_or(0);
-            let cell = if p.killed {
+            let cell = if p.exited {
                 format!("{done}/{running} killed")
             } else {
                 format!("{done}/{running}")
@@ -826,14 +776,15 @@ struct Kill {
 }
 
 impl Kill {
-    async fn now(pool: &PgPool, victim: &mut Proc, after: Duration) -> Result<Kill> {
-        let instance = victim
+    async fn now(pool: &PgPool, fleet: &mut Fleet, after: Duration) -> Result<Kill> {
+        let instance = fleet.procs[VICTIM]
             .instance
             .ok_or("the worker to kill never said READY")?;
         let at_db: f64 = sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
             .fetch_one(pool)
             .await?;
-        victim.kill9().await?;
+        fleet.kill(VICTIM).await?;
+        let victim = &fleet.procs[VICTIM];
         let mut kill = Kill {
             instance,
             at_db,
@@ -955,97 +906,37 @@ struct Reclaim {
 // ---------------------------------------------------------------------------------------------
 // the evidence
 
-/// What the database says happened, read once every item has ended.
+/// What the database says happened, read once every item has ended: the fault suite's
+/// verdict on the evidence (nothing lost, every outcome once and by the claim that held the
+/// lease, each effect once, every history consistent) and the figures the summary tells.
 struct Evidence {
-    lost: i64,
-    doubled: i64,
-    unbacked: i64,
-    foreign: i64,
+    checked: Checked,
     retried: i64,
-    executions: i64,
     effects: i64,
     tx_items: i64,
-    tx_without_effect: i64,
     dead_error: Option<String>,
     held_kinds: String,
 }
 
 impl Evidence {
-    async fn read(pool: &PgPool, victim: Uuid, kill_at: f64) -> Result<Evidence> {
+    async fn read(pool: &PgPool, victim: Uuid, kill_at: f64, t0: f64) -> Result<Evidence> {
+        let checked = check::check(&check::Evidence::load(pool).await?, t0);
         let scalar = |sql: &'static str| sqlx::query_scalar::<_, i64>(sql);
-        // Lost: every item must end completed, except the one designed to be a dead letter,
-        // which must end dead.
-        let lost = scalar(
-            "SELECT count(*) FROM workpump.work
-             WHERE NOT (state = 'completed' AND payload->>'kind' <> 'dead'
-                        OR state = 'dead' AND payload->>'kind' = 'dead')",
-        )
-        .fetch_one(pool)
-        .await?;
-        // Recorded twice: the audit trigger writes a row for every change of an item's state,
-        // so an item whose outcome was recorded twice (completed, then completed again by a
-        // zombie, or completed and then dead-lettered, ...) has two rows that end in a final
-        // state. `work` holds one row per item and could not show it; the audit does. (The
-        // transactional items add a second proof: `workpump_effects` has a primary key on
-        // the item, so a second effect could not have committed — with its completion, since
-        // both are in one transaction.)
-        let doubled = scalar(
-            "SELECT count(*) FROM (
-                 SELECT item FROM workpump_audit
-                 WHERE to_state IN ('completed', 'dead', 'cancelled')
-                 GROUP BY item HAVING count(*) > 1) d",
-        )
-        .fetch_one(pool)
-        .await?;
-        // Every final outcome was written under the claim (instance and token) of a handler
-        // run that the ledger saw start: an outcome the fence let through from anyone else
-        // would show here.
-        let unbacked = scalar(
-            "SELECT count(*) FROM workpump_audit a
-             WHERE a.to_state IN ('completed', 'dead', 'cancelled')
-               AND NOT EXISTS (SELECT 1 FROM workpump_ledger l
-                               WHERE l.item = a.item AND l.token = a.from_token
-                                 AND l.instance = a.from_instance)",
-        )
-        .fetch_one(pool)
-        .await?;
-        // After its death nothing of the killed worker lands: no outcome of an item that was
-        // claimed elsewhere since carries its instance.
-        let foreign = sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM workpump_audit a
-             WHERE a.from_instance = $1 AND a.to_state IN ('completed', 'dead', 'cancelled')
-               AND EXISTS (SELECT 1 FROM workpump_audit b
-                           WHERE b.item = a.item AND b.at >= to_timestamp($2) AND b.at < a.at
-                             AND b.to_instance IS NOT NULL AND b.to_instance <> $1)",
-        )
-        .bind(victim)
-        .bind(kill_at)
-        .fetch_one(pool)
-        .await?;
         // A failed attempt that went back to the queue (not a drain's release: that adds no
         // error to the item's history).
         let retried = scalar(
             "SELECT count(*) FROM workpump_audit
-             WHERE from_state = 'running' AND to_state IN ('available', 'scheduled') AND failed",
+             WHERE from_state = 'running' AND to_state IN ('available', 'scheduled')
+               AND error IS NOT NULL",
         )
         .fetch_one(pool)
         .await?;
-        let executions = scalar("SELECT count(*) FROM workpump_ledger")
-            .fetch_one(pool)
-            .await?;
         let effects = scalar("SELECT count(*) FROM workpump_effects")
             .fetch_one(pool)
             .await?;
         let tx_items = scalar("SELECT count(*) FROM workpump.work WHERE payload->>'kind' = 'tx'")
             .fetch_one(pool)
             .await?;
-        let tx_without_effect = scalar(
-            "SELECT count(*) FROM workpump.work w
-             WHERE w.payload->>'kind' = 'tx'
-               AND NOT EXISTS (SELECT 1 FROM workpump_effects e WHERE e.item = w.id)",
-        )
-        .fetch_one(pool)
-        .await?;
         let dead_error: Option<String> = sqlx::query_scalar(
             "SELECT errors->-1->>'error' FROM workpump.work WHERE state = 'dead' LIMIT 1",
         )
@@ -1069,45 +960,27 @@ impl Evidence {
             .collect::<Vec<_>>()
             .join(", ");
         Ok(Evidence {
-            lost,
-            doubled,
-            unbacked,
-            foreign,
+            checked,
             retried,
-            executions,
             effects,
             tx_items,
-            tx_without_effect,
             dead_error,
             held_kinds,
         })
     }
 
-    /// Every rule the run broke.
+    /// Every rule the run broke: each violation the checks found, and what the demo designed.
     fn check(&self, plan: &Plan, progress: &Progress) -> Vec<String> {
-        let mut failures = Vec::new();
-        if self.lost != 0 {
-            failures.push(format!("{} items lost", self.lost));
+        let mut failures: Vec<String> = self.checked.violations().cloned().collect();
+        if self.checked.executions == 0 {
+            failures.push("the ledger recorded no handler execution".to_owned());
         }
-        if self.doubled != 0 {
-            failures.push(format!("{} items recorded twice", self.doubled));
-        }
-        if self.unbacked != 0 {
+        if self.effects != self.tx_items || self.tx_items != plan.count("tx") as i64 {
             failures.push(format!(
-                "{} outcomes written by no claim that ran the handler",
-                self.unbacked
-            ));
-        }
-        if self.foreign != 0 {
-            failures.push(format!(
-                "{} outcomes of the killed worker landed after its items were reclaimed",
-                self.foreign
-            ));
-        }
-        if self.tx_without_effect != 0 || self.effects != self.tx_items {
-            failures.push(format!(
-                "{} transactional effects for {} transactional items ({} without one)",
-                self.effects, self.tx_items, self.tx_without_effect
+                "{} transactional effects for {} transactional items ({} designed)",
+                self.effects,
+                self.tx_items,
+                plan.count("tx")
             ));
         }
         if progress.dead != plan.count("dead") as i64 {
@@ -1131,7 +1004,8 @@ struct Scraped {
 }
 
 /// A few sums from a worker's Prometheus endpoint.
-async fn scrape(addr: SocketAddr, deadline: Instant) -> Result<Scraped> {
+async fn scrape(addr: Option<SocketAddr>, deadline: Instant) -> Result<Scraped> {
+    let addr = addr.ok_or("the worker was started without a metrics endpoint")?;
     let within = deadline
         .saturating_duration_since(Instant::now())
         .min(Duration::from_secs(10));
@@ -1146,204 +1020,4 @@ async fn scrape(addr: SocketAddr, deadline: Instant) -> Result<Scraped> {
             highlight("workpump_lease_renewals_total", "result=\"renewed\""),
         ],
     })
-}
-
-// ---------------------------------------------------------------------------------------------
-// processes
-
-/// Builds the example worker with the cargo that runs this xtask, and returns the path of
-/// the binary and how long the build took.
-async fn build_worker() -> Result<(PathBuf, Duration)> {
-    let started = Instant::now();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(Path::new("."));
-    let mut child = Command::new(cargo)
-        .args([
-            "build",
-            "--package",
-            "workpump-examples",
-            "--bin",
-            "workpump-worker",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("running cargo to build workpump-worker: {e}"))?;
-    let stdout = child.stdout.take().ok_or("cargo's stdout")?;
-    let deadline = Instant::now() + BUILD_DEADLINE;
-    let mut lines = BufReader::new(stdout).lines();
-    let mut executable = None;
-    loop {
-        let line = timeout_at(deadline, lines.next_line())
-            .await
-            .map_err(|_| "building workpump-worker took too long")??;
-        let Some(line) = line else { break };
-        let Ok(message) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        if message["reason"] == "compiler-artifact"
-            && message["target"]["name"] == "workpump-worker"
-        {
-            executable = message["executable"].as_str().map(PathBuf::from);
-        }
-    }
-    let status = timeout_at(deadline, child.wait())
-        .await
-        .map_err(|_| "building workpump-worker took too long")??;
-    if !status.success() {
-        return Err(format!("building workpump-worker failed ({status})").into());
-    }
-    let executable = executable.ok_or("cargo built workpump-worker but did not say where")?;
-    Ok((executable, started.elapsed()))
-}
-
-/// The worker processes, in start order.
-#[derive(Default)]
-struct Fleet {
-    procs: Vec<Proc>,
-}
-
-/// One worker process.
-struct Proc {
-    name: String,
-    child: Child,
-    pid: u32,
-    metrics: SocketAddr,
-    log: PathBuf,
-    /// Its stdout, line by line.
-    lines: mpsc::UnboundedReceiver<String>,
-    instance: Option<Uuid>,
-    /// Not yet stopped or killed by the demo.
-    alive: bool,
-    killed: bool,
-}
-
-impl Fleet {
-    fn start(&mut self, exe: &Path, logs: &Path, url: &str, name: &str) -> Result<()> {
-        let metrics = free_port()?;
-        let log = logs.join(format!("{name}.log"));
-        let stderr = std::fs::File::create(&log)?;
-        let mut child = Command::new(exe)
-            .args([
-                "--database-url",
-                url,
-                "--queue",
-                QUEUE,
-                "--ledger",
-                "--lease-ms",
-                &LEASE_MS.to_string(),
-                "--concurrency",
-                &CONCURRENCY.to_string(),
-                "--metrics",
-                &metrics.to_string(),
-                "--name",
-                name,
-            ])
-            .envs(WORKER_ENV)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            // Backstop only: the demo stops every process itself, by PID.
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", exe.display()))?;
-        let pid = child.id().ok_or("a started worker has no pid")?;
-        let stdout = child.stdout.take().ok_or("the worker's stdout")?;
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        self.procs.push(Proc {
-            name: name.to_owned(),
-            child,
-            pid,
-            metrics,
-            log,
-            lines,
-            instance: None,
-            alive: true,
-            killed: false,
-        });
-        Ok(())
-    }
-
-    /// SIGKILL to every process the demo has not stopped yet, and wait for each.
-    async fn kill_all(&mut self) {
-        for p in &mut self.procs {
-            if p.alive {
-                let _ = p.child.start_kill();
-                let _ = tokio::time::timeout(Duration::from_secs(5), p.child.wait()).await;
-                p.alive = false;
-            }
-        }
-    }
-}
-
-impl Proc {
-    /// Waits for a stdout line starting with `prefix`.
-    async fn wait_for_line(&mut self, prefix: &str, deadline: Instant) -> Result<String> {
-        loop {
-            let line = timeout_at(deadline, self.lines.recv()).await.map_err(|_| {
-                format!(
-                    "{} did not print {prefix} in time; see {}",
-                    self.name,
-                    self.log.display()
-                )
-            })?;
-            match line {
-                Some(line) if line.starts_with(prefix) => return Ok(line),
-                Some(_) => continue,
-                None => {
-                    let status = timeout_at(deadline, self.child.wait()).await;
-                    self.alive = false;
-                    let status = match status {
-                        Ok(Ok(s)) => s.to_string(),
-                        _ => "its status unknown".to_owned(),
-                    };
-                    return Err(format!(
-                        "{} exited ({status}) before printing {prefix}; its log {}:\n{}",
-                        self.name,
-                        self.log.display(),
-                        tail(&self.log, 15)
-                    )
-                    .into());
-                }
-            }
-        }
-    }
-
-    /// `kill -9 <pid>`, and wait for it to be gone.
-    async fn kill9(&mut self) -> Result<()> {
-        self.child.start_kill()?;
-        tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .map_err(|_| format!("{} (pid {}) outlived SIGKILL", self.name, self.pid))??;
-        self.alive = false;
-        self.killed = true;
-        Ok(())
-    }
-
-    /// `kill -TERM <pid>`: the worker drains and prints `STOPPED`.
-    async fn terminate(&mut self) -> Result<()> {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .status()
-            .await
-            .map_err(|e| format!("running `kill -TERM {}`: {e}", self.pid))?;
-        if !status.success() {
-            return Err(format!("`kill -TERM {}` failed ({status})", self.pid).into());
-        }
-        Ok(())
-    }
 }

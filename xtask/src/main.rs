@@ -1,56 +1,60 @@
-//! `cargo xtask`: the project's chores, one module per subcommand. `main` only dispatches.
+//! `cargo xtask`: the project's chores, one module per subcommand. `main` only parses the
+//! command line (clap) and dispatches.
 
 use std::error::Error;
 use std::process::ExitCode;
 
+use clap::{CommandFactory, Parser, Subcommand};
+
 mod bench;
 mod chaos;
 mod demo;
+mod harness;
 mod pg;
-mod procs;
 mod test;
 
 /// What a subcommand returns: its exit code, or an error that `main` prints (exit 1).
 type Outcome = Result<ExitCode, Box<dyn Error>>;
 
-const USAGE: &str = "\
-usage: cargo xtask <command> [args]
+/// The project's chores.
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "workpump's chores: the demo, the tests, the benchmark, the fault suite, a throwaway PostgreSQL",
+    after_help = "With DATABASE_URL set, tests and the demo use that server and start no cluster."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-commands:
-  bench [--quick] [--json PATH] [--only LIST] [--concurrency N] [--items N] [--workers LIST]
-        [--worker-bin PATH]
-                        measure workpump on the durable bench cluster (docs/performance.md)
-  chaos [--quick] [--scenario NAME]... [--exclude NAME]... [--profile short|defaults|all]
-        [--seed N] [--json PATH] [--release] [--keep]
-                        the fault suite: kill, pause, partition and starve real workers, restart
-                        and crash PostgreSQL, blip their locks, then prove nothing was lost or
-                        recorded twice and no live instance evicted (docs/guarantees.md)
-  demo                  start a throwaway PostgreSQL and show workpump at work
-  pg start [--bench]    start the throwaway PostgreSQL (reusing a running one) and print its URL
-  pg stop [--bench]     stop it
-  pg url [--bench]      print its URL (exit 1 if it is not running)
-  pg status [--bench]   say whether it runs, where it lives, and its URL
-  test [ARGS...]        start the test cluster, then `cargo nextest run --workspace ARGS`
-                        (`cargo test --workspace ARGS` without nextest)
-
-`--bench` selects the durable \"bench\" cluster instead of \"test\".
-With DATABASE_URL set, tests use that server and start no cluster.";
+#[derive(Subcommand)]
+enum Command {
+    /// Measure workpump on the durable bench cluster (docs/performance.md)
+    Bench(bench::Args),
+    /// The fault suite: kill, pause, partition and starve real workers, restart and crash
+    /// PostgreSQL, blip their locks, then prove nothing was lost or recorded twice and no live
+    /// instance evicted (docs/guarantees.md)
+    Chaos(chaos::Args),
+    /// Start a throwaway PostgreSQL and show workpump at work
+    Demo(demo::Args),
+    /// The throwaway PostgreSQL by hand
+    Pg(pg::Args),
+    /// Start the test cluster, then `cargo nextest run --workspace ARGS` and, without ARGS,
+    /// the doctests (`cargo test --workspace ARGS` without nextest)
+    Test(test::Args),
+}
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
     init_tracing();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let outcome = match args.split_first() {
-        Some((command, rest)) if command == "bench" => bench::run(rest),
-        Some((command, rest)) if command == "chaos" => chaos::run(rest),
-        Some((command, rest)) if command == "demo" => demo::run(rest),
-        Some((command, rest)) if command == "pg" => pg::run(rest),
-        Some((command, rest)) if command == "test" => test::run(rest),
-        Some((command, _)) if command == "help" || command == "--help" || command == "-h" => {
-            println!("{USAGE}");
-            Ok(ExitCode::SUCCESS)
-        }
-        Some((command, _)) => Ok(usage_error(&format!("unknown command `{command}`"))),
-        None => Ok(usage_error("no command given")),
+    let outcome = match cli.command {
+        Command::Bench(args) => bench::run(args),
+        Command::Chaos(args) => chaos::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Pg(args) => pg::run(args),
+        Command::Test(args) => test::run(args),
     };
     outcome.unwrap_or_else(|error| {
         eprintln!("error: {error}");
@@ -58,10 +62,16 @@ fn main() -> ExitCode {
     })
 }
 
-/// Prints `problem` and the usage; exit code 2.
-fn usage_error(problem: &str) -> ExitCode {
-    eprintln!("error: {problem}\n\n{USAGE}");
-    ExitCode::from(2)
+/// Exits with clap's usage error of `command` (exit code 2) for a problem clap's own checks
+/// cannot see (e.g. every scenario asked for is also excluded).
+fn usage_error(command: &str, problem: &str) -> ! {
+    let mut cli = Cli::command();
+    cli.build();
+    match cli.find_subcommand_mut(command) {
+        Some(sub) => sub.error(clap::error::ErrorKind::ValueValidation, problem),
+        None => cli.error(clap::error::ErrorKind::ValueValidation, problem),
+    }
+    .exit()
 }
 
 /// Log lines (e.g. "initdb", "starting PostgreSQL") go to stderr; `RUST_LOG` overrides.
@@ -74,4 +84,35 @@ fn init_tracing() {
         .with_target(false)
         .without_time()
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn test_passes_every_argument_on_to_nextest() {
+        let cli =
+            Cli::try_parse_from(["cargo xtask", "test", "-E", "test(orphan)", "--no-capture"])
+                .expect("parses");
+        let Command::Test(args) = cli.command else {
+            panic!("not the test command")
+        };
+        assert_eq!(args.args, ["-E", "test(orphan)", "--no-capture"]);
+    }
+
+    #[test]
+    fn pg_takes_bench_before_or_after_its_action() {
+        for argv in [
+            ["cargo xtask", "pg", "--bench", "url"],
+            ["cargo xtask", "pg", "url", "--bench"],
+        ] {
+            assert!(Cli::try_parse_from(argv).is_ok(), "{argv:?}");
+        }
+    }
 }

@@ -4,21 +4,32 @@ use std::process::ExitCode;
 
 use workpump_testdb::Cluster;
 
-use crate::{usage_error, Outcome};
+use crate::Outcome;
 
-pub(crate) fn run(args: &[String]) -> Outcome {
-    let mut action = None;
-    let mut bench = false;
-    for arg in args {
-        match arg.as_str() {
-            "--bench" => bench = true,
-            "start" | "stop" | "url" | "status" if action.is_none() => action = Some(arg.as_str()),
-            other => return Ok(usage_error(&format!("unexpected `pg` argument `{other}`"))),
-        }
-    }
-    let Some(action) = action else {
-        return Ok(usage_error("`pg` needs one of start, stop, url, status"));
-    };
+/// `cargo xtask pg`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    action: Action,
+    /// Select the durable "bench" cluster instead of "test"
+    #[arg(long, global = true)]
+    bench: bool,
+}
+
+#[derive(clap::Subcommand, Clone, Copy)]
+enum Action {
+    /// Start the throwaway PostgreSQL (reusing a running one) and print its URL
+    Start,
+    /// Stop it
+    Stop,
+    /// Print its URL (exit 1 if it is not running)
+    Url,
+    /// Say whether it runs, where it lives, and its URL
+    Status,
+}
+
+pub(crate) fn run(args: Args) -> Outcome {
+    let Args { action, bench } = args;
     let cluster = if bench {
         Cluster::bench()?
     } else {
@@ -26,18 +37,18 @@ pub(crate) fn run(args: &[String]) -> Outcome {
     };
 
     match action {
-        "start" => {
+        Action::Start => {
             cluster.start()?;
             println!("{}", cluster.url("postgres"));
             if std::env::var("DATABASE_URL").is_ok_and(|url| !url.trim().is_empty()) {
                 eprintln!("note: DATABASE_URL is set, so tests use that server, not this one");
             }
         }
-        "stop" => {
+        Action::Stop => {
             cluster.stop()?;
             eprintln!("cluster {:?} stopped", cluster.name());
         }
-        "url" => {
+        Action::Url => {
             if !cluster.is_running() {
                 eprintln!(
                     "cluster {:?} is not running; start it with `cargo xtask pg start{}`",
@@ -48,11 +59,10 @@ pub(crate) fn run(args: &[String]) -> Outcome {
             }
             println!("{}", cluster.url("postgres"));
         }
-        _ => status(&cluster),
+        Action::Status => status(&cluster),
     }
     Ok(ExitCode::SUCCESS)
 }
-
 fn status(cluster: &Cluster) {
     let state = if cluster.is_running() {
         "running"

@@ -52,6 +52,7 @@ mod worker;
 pub mod conformance;
 #[cfg(feature = "testing")]
 mod fake;
+mod recorded_metrics;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -72,6 +73,8 @@ pub use pg::{
     migrate, migrate_with, DatabaseUrl, FencedTransaction, MigrateOptions, PgCoordinator,
     TargetSessionAttrs, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIGRATE_LOCK_TIMEOUT, DEFAULT_SCHEMA,
 };
+#[cfg(feature = "testing")]
+pub use recorded_metrics::RecordedMetrics;
 pub use types::*;
 pub use validate::{validate_queue_name, validate_schema_name};
 pub use worker::{ConfigProblem, Worker, WorkerError};

@@ -1,13 +1,9 @@
 //! Worker-logic tests against the fake coordinator under paused tokio time: cadences are
 //! asserted to the instant from the fake's call log.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::atomics::AtomicU64;
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -15,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams,
     FakeCoordinator, Identity, InstanceId, IsInstanceAliveParams, Liveness, Method, NewWork,
-    Operations, RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockParams, WorkCoordinator,
-    Worker, WorkerError,
+    Operations, RecordHeartbeatParams, RecordedMetrics, RegisterQueueParams, TakeAliveLockParams,
+    WorkCoordinator, Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -114,73 +110,12 @@ async fn alive(fake: &FakeCoordinator, instance: InstanceId) -> bool {
         .alive
 }
 
-/// Counters and gauges by `name{label=value,...}`, set as the thread's recorder (the tests
-/// run on one thread, worker tasks included).
-#[derive(Default)]
-struct TestRecorder {
-    values: Mutex<HashMap<String, Arc<AtomicU64>>>,
-}
-
-impl TestRecorder {
-    fn handle(&self, key: &Key) -> Arc<AtomicU64> {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        self.values.lock().unwrap().entry(name).or_default().clone()
-    }
-
-    fn raw(&self, name: &str) -> u64 {
-        self.values
-            .lock()
-            .unwrap()
-            .get(name)
-            .map_or(0, |v| v.load(Ordering::Acquire))
-    }
-
-    fn counter(&self, name: &str) -> u64 {
-        self.raw(name)
-    }
-
-    fn gauge(&self, name: &str) -> f64 {
-        f64::from_bits(self.raw(name))
-    }
-}
-
-impl Recorder for TestRecorder {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.handle(key))
-    }
-
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.handle(key))
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
-
-fn beats(result: &str) -> String {
-    format!("{}{{{}={result}}}", m::HEARTBEATS_TOTAL, m::RESULT)
-}
-
-fn plain(name: &str) -> String {
-    format!("{name}{{}}")
-}
-
 // -- cadence ----------------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
 async fn the_first_beat_is_at_start_and_beats_are_60_s_apart_while_the_lock_is_held() {
-    let recorder = TestRecorder::default();
-    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _recorder = recorder.set_local();
     let fake = store();
     let identity = Identity::new();
     let me = identity.current();
@@ -197,8 +132,8 @@ async fn the_first_beat_is_at_start_and_beats_are_60_s_apart_while_the_lock_is_h
     assert_eq!(status.last_success, Some(t0));
     assert!(status.lock_held);
     assert_eq!(status.cadence, Some(secs(60)));
-    assert_eq!(recorder.gauge(&plain(m::CADENCE_SECONDS)), 60.0);
-    assert_eq!(recorder.gauge(&plain(m::ALIVE_LOCK_HELD)), 1.0);
+    assert_eq!(recorder.gauge(m::CADENCE_SECONDS, &[]), Some(60.0));
+    assert_eq!(recorder.gauge(m::ALIVE_LOCK_HELD, &[]), Some(1.0));
 
     sleep_until(t0 + secs(190)).await;
     assert_eq!(
@@ -207,11 +142,11 @@ async fn the_first_beat_is_at_start_and_beats_are_60_s_apart_while_the_lock_is_h
     );
     // One session, re-checked on every beat.
     assert_eq!(calls_at(&fake, Method::TakeAliveLock, t0), offsets(&[0]));
-    assert_eq!(recorder.counter(&beats(m::OK)), 4);
     assert_eq!(
-        recorder.counter(&plain(m::ALIVE_LOCK_ACQUISITIONS_TOTAL)),
-        1
+        recorder.counter(m::HEARTBEATS_TOTAL, &[(m::RESULT, m::OK)]),
+        4
     );
+    assert_eq!(recorder.counter(m::ALIVE_LOCK_ACQUISITIONS_TOTAL, &[]), 1);
 
     run.stop().await;
     assert!(
@@ -221,13 +156,13 @@ async fn the_first_beat_is_at_start_and_beats_are_60_s_apart_while_the_lock_is_h
     let status = worker.status();
     assert!(!status.lock_held);
     assert_eq!(status.cadence, None);
-    assert_eq!(recorder.gauge(&plain(m::ALIVE_LOCK_HELD)), 0.0);
+    assert_eq!(recorder.gauge(m::ALIVE_LOCK_HELD, &[]), Some(0.0));
 }
 
 #[tokio::test(start_paused = true)]
 async fn beats_are_10_s_apart_while_another_session_holds_the_lock_and_slow_once_it_is_ours() {
-    let recorder = TestRecorder::default();
-    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _recorder = recorder.set_local();
     let fake = store();
     let identity = Identity::new();
     let me = identity.current();
@@ -248,11 +183,8 @@ async fn beats_are_10_s_apart_while_another_session_holds_the_lock_and_slow_once
     let status = worker.status();
     assert!(!status.lock_held);
     assert_eq!(status.cadence, Some(secs(10)));
-    assert_eq!(recorder.gauge(&plain(m::ALIVE_LOCK_HELD)), 0.0);
-    assert_eq!(
-        recorder.counter(&plain(m::ALIVE_LOCK_ACQUISITIONS_TOTAL)),
-        0
-    );
+    assert_eq!(recorder.gauge(m::ALIVE_LOCK_HELD, &[]), Some(0.0));
+    assert_eq!(recorder.counter(m::ALIVE_LOCK_ACQUISITIONS_TOTAL, &[]), 0);
 
     drop(other);
     sleep_until(t0 + secs(105)).await;
@@ -263,10 +195,7 @@ async fn beats_are_10_s_apart_while_another_session_holds_the_lock_and_slow_once
     // The test's session and the worker's; the worker re-checked its own every beat.
     assert_eq!(calls_at(&fake, Method::TakeAliveLock, t0), offsets(&[0, 0]));
     assert!(worker.status().lock_held);
-    assert_eq!(
-        recorder.counter(&plain(m::ALIVE_LOCK_ACQUISITIONS_TOTAL)),
-        1
-    );
+    assert_eq!(recorder.counter(m::ALIVE_LOCK_ACQUISITIONS_TOTAL, &[]), 1);
     run.stop().await;
 }
 
@@ -296,8 +225,8 @@ async fn heartbeat_table_only_beats_every_10_s_and_never_takes_the_lock() {
 
 #[tokio::test(start_paused = true)]
 async fn a_killed_lock_session_makes_the_worker_beat_at_once_and_take_the_lock_again() {
-    let recorder = TestRecorder::default();
-    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _recorder = recorder.set_local();
     let fake = store();
     let identity = Identity::new();
     let me = identity.current();
@@ -318,11 +247,8 @@ async fn a_killed_lock_session_makes_the_worker_beat_at_once_and_take_the_lock_a
     assert_eq!(calls_at(&fake, Method::TakeAliveLock, t0), offsets(&[0, 1]));
     assert!(alive(&fake, me).await);
     assert!(worker.status().lock_held);
-    assert_eq!(recorder.counter(&plain(m::ALIVE_LOCK_ERRORS_TOTAL)), 1);
-    assert_eq!(
-        recorder.counter(&plain(m::ALIVE_LOCK_ACQUISITIONS_TOTAL)),
-        2
-    );
+    assert_eq!(recorder.counter(m::ALIVE_LOCK_ERRORS_TOTAL, &[]), 1);
+    assert_eq!(recorder.counter(m::ALIVE_LOCK_ACQUISITIONS_TOTAL, &[]), 2);
 
     // With the lock held again, the slow cadence resumes from that beat.
     sleep_until(t0 + secs(125)).await;
@@ -447,8 +373,8 @@ async fn a_lock_session_that_cannot_be_opened_makes_the_next_beat_fast() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_heartbeat_is_counted_and_retried_after_100_ms() {
-    let recorder = TestRecorder::default();
-    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _recorder = recorder.set_local();
     let fake = store();
     let identity = Identity::new();
     let worker = worker(&fake, &identity, HeartbeatConfig::default());
@@ -463,7 +389,10 @@ async fn a_failed_heartbeat_is_counted_and_retried_after_100_ms() {
     assert_eq!(status.last_success, Some(t0));
     assert_eq!(status.cadence, Some(Duration::from_millis(100)));
     assert!(status.lock_held, "the lock was still checked");
-    assert_eq!(recorder.counter(&beats(m::FAILED)), 1);
+    assert_eq!(
+        recorder.counter(m::HEARTBEATS_TOTAL, &[(m::RESULT, m::FAILED)]),
+        1
+    );
 
     sleep_until(t0 + secs(135)).await;
     assert_eq!(
@@ -476,7 +405,10 @@ async fn a_failed_heartbeat_is_counted_and_retried_after_100_ms() {
         status.last_success,
         Some(t0 + Duration::from_millis(120_100))
     );
-    assert_eq!(recorder.counter(&beats(m::OK)), 3);
+    assert_eq!(
+        recorder.counter(m::HEARTBEATS_TOTAL, &[(m::RESULT, m::OK)]),
+        3
+    );
     run.stop().await;
 }
 
@@ -531,8 +463,8 @@ async fn shutdown_during_a_hung_heartbeat_returns_at_once_and_releases_the_lock(
 
 #[tokio::test(start_paused = true)]
 async fn an_evicted_instance_mints_a_new_id_and_registers_it_at_once_with_its_own_lock() {
-    let recorder = TestRecorder::default();
-    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _recorder = recorder.set_local();
     let fake = store();
     let identity = Identity::new();
     let old = identity.current();
@@ -581,9 +513,15 @@ async fn an_evicted_instance_mints_a_new_id_and_registers_it_at_once_with_its_ow
     assert_eq!(status.evictions, 1);
     assert!(status.lock_held);
     assert_eq!(status.last_success, Some(t0 + secs(60)));
-    assert_eq!(recorder.counter(&plain(m::EVICTIONS_TOTAL)), 1);
-    assert_eq!(recorder.counter(&beats(m::EVICTED)), 1);
-    assert_eq!(recorder.counter(&beats(m::OK)), 2);
+    assert_eq!(recorder.counter(m::EVICTIONS_TOTAL, &[]), 1);
+    assert_eq!(
+        recorder.counter(m::HEARTBEATS_TOTAL, &[(m::RESULT, m::EVICTED)]),
+        1
+    );
+    assert_eq!(
+        recorder.counter(m::HEARTBEATS_TOTAL, &[(m::RESULT, m::OK)]),
+        2
+    );
 
     // No extra beat for the identity change the worker made itself: slow cadence again.
     sleep_until(t0 + secs(125)).await;
@@ -699,8 +637,8 @@ async fn peer_with_leases(fake: &FakeCoordinator, items: usize) -> InstanceId {
 
 #[tokio::test(start_paused = true)]
 async fn the_sweep_counts_reaped_peers_and_released_leases() {
-    let recorder = TestRecorder::default();
-    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _recorder = recorder.set_local();
     let fake = store();
     let identity = Identity::new();
     let peer = peer_with_leases(&fake, 2).await;
@@ -712,8 +650,8 @@ async fn the_sweep_counts_reaped_peers_and_released_leases() {
     assert_eq!((beat.reaped, beat.released), (1, 2));
     assert!(!fake.instance_registered(peer));
     assert!(fake.work_rows().iter().all(|r| r.instance.is_none()));
-    assert_eq!(recorder.counter(&plain(m::REAPED_INSTANCES_TOTAL)), 1);
-    assert_eq!(recorder.counter(&plain(m::RELEASED_LEASES_TOTAL)), 2);
+    assert_eq!(recorder.counter(m::REAPED_INSTANCES_TOTAL, &[]), 1);
+    assert_eq!(recorder.counter(m::RELEASED_LEASES_TOTAL, &[]), 2);
 }
 
 #[tokio::test(start_paused = true)]

@@ -590,11 +590,12 @@ async fn an_evicted_host_cancels_its_handlers_records_nothing_for_them_and_regis
     }
     // Nothing the cancelled handlers returned was recorded: no failed attempt, no outcome
     // written under the old id; each item's one outcome is the new id's.
-    let failures: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM audit WHERE failed AND to_state <> 'running'")
-            .fetch_one(&pool)
-            .await
-            .expect("count failures");
+    let failures: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM workpump_audit WHERE error IS NOT NULL AND to_state <> 'running'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count failures");
     assert_eq!(failures, 0, "the cancelled attempts recorded no failure");
     assert_eq!(recorded_twice(&pool).await, 0);
     for (item, writer) in outcome_writers(&pool).await {

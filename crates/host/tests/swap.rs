@@ -445,7 +445,8 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
     .await;
     let (attempt, claims): (i32, i64) = sqlx::query_as(
         "SELECT (SELECT attempt FROM workpump.work),
-                (SELECT count(*) FROM audit WHERE to_state = 'running')",
+                (SELECT count(*) FROM workpump_audit
+                 WHERE to_state = 'running' AND to_token IS DISTINCT FROM from_token)",
     )
     .fetch_one(&pool)
     .await

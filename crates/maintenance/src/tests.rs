@@ -1,14 +1,9 @@
 //! Worker logic against the in-memory fake, under paused tokio time: cadences, bounds and
 //! failure handling asserted exactly.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ::metrics::{
-    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
-};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -16,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, CompleteWorkParams,
     EnqueueWorkParams, FakeCoordinator, InstanceId, Liveness, Method, NewWork,
-    RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockParams, WorkCoordinator, WorkState,
-    Worker, WorkerError,
+    RecordHeartbeatParams, RecordedMetrics, RegisterQueueParams, TakeAliveLockParams,
+    WorkCoordinator, WorkState, Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -166,88 +161,6 @@ async fn claim(
     (me, out.items.iter().map(|c| c.fence).collect())
 }
 
-/// A recorder that keeps the last value of every metric, keyed `name{label=value,...}`.
-#[derive(Clone, Default)]
-struct TestRecorder {
-    values: Arc<Mutex<BTreeMap<String, f64>>>,
-}
-
-struct Cell {
-    key: String,
-    values: Arc<Mutex<BTreeMap<String, f64>>>,
-}
-
-impl Cell {
-    fn update(&self, f: impl FnOnce(f64) -> f64) {
-        let mut values = self.values.lock().unwrap();
-        let v = values.entry(self.key.clone()).or_insert(0.0);
-        *v = f(*v);
-    }
-}
-
-impl CounterFn for Cell {
-    fn increment(&self, value: u64) {
-        self.update(|v| v + value as f64);
-    }
-    fn absolute(&self, value: u64) {
-        self.update(|v| v.max(value as f64));
-    }
-}
-
-impl GaugeFn for Cell {
-    fn increment(&self, value: f64) {
-        self.update(|v| v + value);
-    }
-    fn decrement(&self, value: f64) {
-        self.update(|v| v - value);
-    }
-    fn set(&self, value: f64) {
-        self.update(|_| value);
-    }
-}
-
-impl HistogramFn for Cell {
-    fn record(&self, _value: f64) {
-        // Counts observations.
-        self.update(|v| v + 1.0);
-    }
-}
-
-impl TestRecorder {
-    fn cell(&self, key: &Key) -> Arc<Cell> {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        Arc::new(Cell {
-            key: format!("{}{{{}}}", key.name(), labels.join(",")),
-            values: self.values.clone(),
-        })
-    }
-
-    /// The value of `name{labels}` (labels as `k=v`, sorted), or `None` if never touched.
-    fn get(&self, name: &str, labels: &[&str]) -> Option<f64> {
-        let key = format!("{name}{{{}}}", labels.join(","));
-        self.values.lock().unwrap().get(&key).copied()
-    }
-}
-
-impl Recorder for TestRecorder {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.cell(key))
-    }
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.cell(key))
-    }
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::from_arc(self.cell(key))
-    }
-}
-
 // -- cadence ----------------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
@@ -371,8 +284,8 @@ async fn run_starts_again_after_a_shutdown() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_sweep_is_counted_and_the_next_one_still_runs() {
-    let recorder = TestRecorder::default();
-    let _guard = ::metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _guard = recorder.set_local();
     let fake = store();
     let w = worker(&fake, five_seconds());
     fake.fail_next(Method::PromoteScheduled, 1);
@@ -389,13 +302,16 @@ async fn a_failed_sweep_is_counted_and_the_next_one_still_runs() {
         call_times(&fake, Method::PruneFinished, start),
         [0, 5].map(secs).to_vec()
     );
-    assert_eq!(recorder.get(m::SWEEPS_TOTAL, &["result=failed"]), Some(1.0));
-    assert_eq!(recorder.get(m::SWEEPS_TOTAL, &["result=ok"]), Some(1.0));
     assert_eq!(
-        recorder.get(m::STEP_FAILURES_TOTAL, &["step=promote_scheduled"]),
-        Some(1.0)
+        recorder.counter(m::SWEEPS_TOTAL, &[(m::RESULT, "failed")]),
+        1
     );
-    assert_eq!(recorder.get(m::SWEEP_DURATION_SECONDS, &[]), Some(2.0));
+    assert_eq!(recorder.counter(m::SWEEPS_TOTAL, &[(m::RESULT, "ok")]), 1);
+    assert_eq!(
+        recorder.counter(m::STEP_FAILURES_TOTAL, &[(m::STEP, "promote_scheduled")]),
+        1
+    );
+    assert_eq!(recorder.histogram(m::SWEEP_DURATION_SECONDS, &[]).len(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -468,8 +384,8 @@ async fn a_failed_depth_sample_waits_for_the_next_interval() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
-    let recorder = TestRecorder::default();
-    let _guard = ::metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _guard = recorder.set_local();
     let fake = store();
     queue(&fake, "q", 1).await;
     queue(&fake, "other", 1).await;
@@ -547,30 +463,25 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
     assert!(fake.work_row(done[1].id).is_some());
 
     assert_eq!(
-        recorder.get(m::PROMOTED_ITEMS_TOTAL, &["queue=q"]),
-        Some(2.0)
+        recorder.counter(m::PROMOTED_ITEMS_TOTAL, &[(m::QUEUE, "q")]),
+        2
     );
     assert_eq!(
-        recorder.get(m::DEAD_LETTERED_ITEMS_TOTAL, &["queue=other"]),
-        Some(1.0)
+        recorder.counter(m::DEAD_LETTERED_ITEMS_TOTAL, &[(m::QUEUE, "other")]),
+        1
     );
     assert_eq!(
-        recorder.get(m::CANCELLED_ITEMS_TOTAL, &["queue=other"]),
-        Some(1.0)
+        recorder.counter(m::CANCELLED_ITEMS_TOTAL, &[(m::QUEUE, "other")]),
+        1
     );
     assert_eq!(
-        recorder.get(m::PRUNED_ITEMS_TOTAL, &["state=completed"]),
-        Some(1.0)
+        recorder.counter(m::PRUNED_ITEMS_TOTAL, &[(m::STATE, "completed")]),
+        1
     );
-    assert_eq!(recorder.get(m::REAPED_INSTANCES_TOTAL, &[]), Some(1.0));
-    assert_eq!(recorder.get(m::SWEEPS_TOTAL, &["result=ok"]), Some(1.0));
+    assert_eq!(recorder.counter(m::REAPED_INSTANCES_TOTAL, &[]), 1);
+    assert_eq!(recorder.counter(m::SWEEPS_TOTAL, &[(m::RESULT, "ok")]), 1);
     // The depth was sampled after the other steps, and published.
-    let gauge = |q: &str, s: &str| {
-        recorder.get(
-            m::QUEUE_DEPTH,
-            &[&format!("queue={q}"), &format!("state={s}")],
-        )
-    };
+    let gauge = |q: &str, s: &str| recorder.gauge(m::QUEUE_DEPTH, &[(m::QUEUE, q), (m::STATE, s)]);
     assert_eq!(gauge("q", "available"), Some(2.0));
     assert_eq!(gauge("q", "scheduled"), Some(0.0));
     assert_eq!(gauge("q", "running"), Some(0.0));
@@ -579,8 +490,8 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
 
 #[tokio::test(start_paused = true)]
 async fn the_depth_gauges_follow_the_store_between_samples() {
-    let recorder = TestRecorder::default();
-    let _guard = ::metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _guard = recorder.set_local();
     let fake = store();
     queue(&fake, "q", 10).await;
     enqueue(
@@ -594,7 +505,7 @@ async fn the_depth_gauges_follow_the_store_between_samples() {
     )
     .await;
     let w = worker(&fake, five_seconds());
-    let gauge = |s: &str| recorder.get(m::QUEUE_DEPTH, &["queue=q", &format!("state={s}")]);
+    let gauge = |s: &str| recorder.gauge(m::QUEUE_DEPTH, &[(m::QUEUE, "q"), (m::STATE, s)]);
     w.run_once().await.expect("sweep");
     assert_eq!(
         (gauge("available"), gauge("scheduled"), gauge("running")),
@@ -987,8 +898,8 @@ async fn a_sweep_never_reaps_the_instance_it_runs_as_and_judges_by_its_watch() {
 
 #[tokio::test(start_paused = true)]
 async fn the_notify_queue_usage_is_sampled_with_the_depth_and_published() {
-    let recorder = TestRecorder::default();
-    let _recorder = ::metrics::set_default_local_recorder(&recorder);
+    let recorder = RecordedMetrics::default();
+    let _recorder = recorder.set_local();
     let fake = store();
     fake.set_notification_queue_usage(0.62);
     let w = worker(&fake, five_seconds());
@@ -1001,7 +912,7 @@ async fn the_notify_queue_usage_is_sampled_with_the_depth_and_published() {
         status.borrow_and_update().notification_queue_usage,
         Some(0.62)
     );
-    assert_eq!(recorder.get(m::NOTIFICATION_QUEUE_USAGE, &[]), Some(0.62));
+    assert_eq!(recorder.gauge(m::NOTIFICATION_QUEUE_USAGE, &[]), Some(0.62));
     // Sampled with the depth: not again within depth_sample_interval_ms.
     let again = w.run_once().await.expect("sweep");
     assert_eq!(again.notification_queue_usage, None);

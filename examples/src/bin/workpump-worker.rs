@@ -2,14 +2,9 @@
 //! say. `cargo xtask demo`, `cargo xtask bench` and `cargo xtask chaos` start several of
 //! these as separate OS processes.
 //!
-//! ```text
-//! workpump-worker [--database-url URL] [--queue NAME]... [--concurrency N] [--lease-ms N]
-//!                 [--config FILE] [--metrics ADDR] [--ledger] [--name NAME]
-//!                 [--exit-on-stdin-close]
-//! ```
-//!
-//! The database URL also comes from `DATABASE_URL`; every host setting also from `WORKPUMP_*`
-//! variables (see `HostConfig`). A multi-host URL
+//! `workpump-worker --help` lists its options. The database URL also comes from
+//! `DATABASE_URL`; every host setting also from `WORKPUMP_*` variables (see `HostConfig`). A
+//! multi-host URL
 //! (`postgres://u@h1:p1,h2:p2/db?target_session_attrs=read-write`) follows a failover to a
 //! promoted standby (docs/store.md, "Database failover"). It prints `READY <instance id>` on
 //! stdout once the host is ready, and `STOPPED` after a drain (SIGTERM or SIGINT). With
@@ -38,6 +33,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use serde::Deserialize;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio::sync::watch;
@@ -60,74 +56,46 @@ struct Payload {
     hold_ms: Option<u64>,
 }
 
+/// A service that embeds the workpump host and runs whatever its payloads say. Every host
+/// setting also comes from `WORKPUMP_*` variables.
+#[derive(Parser)]
+#[command(
+    name = "workpump-worker",
+    after_help = "It prints `READY <instance id>` once the host is ready, and `STOPPED` after a \
+drain (SIGTERM or SIGINT).\n\nPayloads (`kind`, default noop): noop; probe (prints `START <item> \
+<unix µs>`); sleep {ms}; fail {times}; dead; panic {times}; tx {hold_ms, times} (its effect and \
+completion in one fenced transaction); checkpoint {units, unit_ms}; hold {ms} (sits on a pool \
+connection). The module docs of examples/src/bin/workpump-worker.rs say what each does."
+)]
 struct Args {
+    /// The database; a multi-host URL with `target_session_attrs=read-write` follows a
+    /// failover to a promoted standby
+    #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// A queue to serve (repeatable)
+    #[arg(long = "queue", value_name = "NAME", default_value = "demo")]
     queues: Vec<String>,
+    /// Handlers that run at once, per queue (default: the queue's setting)
+    #[arg(long, value_name = "N")]
     concurrency: Option<usize>,
+    /// The lease of each queue's claims, in milliseconds (default: the queue's setting)
+    #[arg(long, value_name = "N")]
     lease_ms: Option<u64>,
+    /// A TOML file of host settings
+    #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
+    /// Serve Prometheus metrics at this address
+    #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Append every execution to `workpump_ledger` first
+    #[arg(long)]
     ledger: bool,
+    /// The host name the instance registers with
+    #[arg(long, value_name = "NAME")]
     name: Option<String>,
+    /// Exit at once, like a crash, when stdin reaches end-of-file (the parent is gone)
+    #[arg(long)]
     exit_on_stdin_close: bool,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        database_url: std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()),
-        queues: Vec::new(),
-        concurrency: None,
-        lease_ms: None,
-        config: None,
-        metrics: None,
-        ledger: false,
-        name: None,
-        exit_on_stdin_close: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
-        match flag.as_str() {
-            "--database-url" => args.database_url = Some(value("--database-url")?),
-            "--queue" => args.queues.push(value("--queue")?),
-            "--concurrency" => {
-                args.concurrency = Some(
-                    value("--concurrency")?
-                        .parse()
-                        .map_err(|e| format!("--concurrency: {e}"))?,
-                )
-            }
-            "--lease-ms" => {
-                args.lease_ms = Some(
-                    value("--lease-ms")?
-                        .parse()
-                        .map_err(|e| format!("--lease-ms: {e}"))?,
-                )
-            }
-            "--config" => args.config = Some(value("--config")?.into()),
-            "--metrics" => {
-                args.metrics = Some(
-                    value("--metrics")?
-                        .parse()
-                        .map_err(|e| format!("--metrics: {e}"))?,
-                )
-            }
-            "--ledger" => args.ledger = true,
-            "--name" => args.name = Some(value("--name")?),
-            "--exit-on-stdin-close" => args.exit_on_stdin_close = true,
-            "-h" | "--help" => {
-                return Err("usage: workpump-worker [--database-url URL] [--queue NAME]... \
-                     [--concurrency N] [--lease-ms N] [--config FILE] [--metrics ADDR] [--ledger] [--name NAME] \
-                     [--exit-on-stdin-close]"
-                    .into())
-            }
-            other => return Err(format!("unknown argument {other:?} (try --help)")),
-        }
-    }
-    if args.queues.is_empty() {
-        args.queues.push("demo".into());
-    }
-    Ok(args)
 }
 
 #[tokio::main]
@@ -149,7 +117,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse_args()?;
+    let args = Args::parse();
     if args.exit_on_stdin_close {
         // A thread, not a task: it must fire even when the runtime is stuck.
         std::thread::spawn(|| {
@@ -164,6 +132,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let url = args
         .database_url
         .clone()
+        .filter(|url| !url.is_empty())
         .or(config.database_url.clone())
         .ok_or("no database: pass --database-url or set DATABASE_URL")?;
     if let Some(addr) = args.metrics {

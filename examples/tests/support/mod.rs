@@ -1,5 +1,6 @@
-//! What the process tests share: a fresh database with the workers' ledger and an audit
-//! trigger, `workpump-worker` processes with their stdout lines, and waiting with a deadline.
+//! What the process tests share: a fresh database with the evidence tables (the workers'
+//! ledger, the audit), `workpump-worker` processes with their stdout lines, and waiting with
+//! a deadline.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -20,45 +21,10 @@ use workpump_testdb::TestDatabase;
 
 pub const QUEUE: &str = "demo";
 
-/// The demo's tables: the ledger the workers append to with `--ledger`, the effects of
-/// transactional items, and the audit.
-pub const SETUP_SQL: &str = r#"
-CREATE TABLE workpump_ledger (
-    item     bigint      NOT NULL,
-    attempt  int         NOT NULL,
-    token    bigint      NOT NULL,
-    instance uuid        NOT NULL,
-    at       timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE TABLE workpump_effects (item bigint PRIMARY KEY);
-CREATE TABLE audit (
-    item          bigint      NOT NULL,
-    from_state    text        NOT NULL,
-    to_state      text        NOT NULL,
-    from_instance uuid,
-    to_instance   uuid,
-    from_token    bigint,
-    to_attempt    int         NOT NULL,
-    failed        boolean     NOT NULL,
-    at            timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE FUNCTION audit() RETURNS trigger
-LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-BEGIN
-    INSERT INTO audit (item, from_state, to_state, from_instance, to_instance, from_token,
-                       to_attempt, failed)
-    VALUES (NEW.id, OLD.state::text, NEW.state::text, OLD.instance_id, NEW.instance_id,
-            OLD.claim_token, NEW.attempt,
-            jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors));
-    RETURN NULL;
-END
-$$;
-CREATE TRIGGER audit AFTER UPDATE ON workpump.work FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state
-          OR OLD.instance_id IS DISTINCT FROM NEW.instance_id
-          OR OLD.claim_token IS DISTINCT FROM NEW.claim_token)
-    EXECUTE FUNCTION audit();
-"#;
+/// The evidence tables (the one copy, shared with `cargo xtask demo` and `chaos`): the
+/// ledger the workers append to with `--ledger`, the effects of transactional items, and the
+/// audit of every change to an item (`workpump_audit`).
+pub const SETUP_SQL: &str = include_str!("../../sql/evidence.sql");
 
 /// Short liveness settings: beats every 250/500 ms, stale after 1.5 s, sweeps every 250 ms.
 pub const FAST_LIVENESS: [(&str, &str); 7] = [

@@ -93,7 +93,7 @@ async fn drain(
     let wal_before = db.wal_bytes().await?;
     let postmaster = ctx.target.postmaster_pid();
     let server_before = postmaster.map(setup::server_cpu_ticks);
-    let workers_before: u64 = workers.iter().filter_map(|w| w.cpu_ticks()).sum();
+    let workers_before: u64 = workers.cpu_ticks();
     let machine_before = setup::machine_busy_ticks();
 
     let t0 = db.set_paused(false).await?;
@@ -104,9 +104,7 @@ async fn drain(
         if db.completed_progress().await? >= items as i64 {
             break;
         }
-        for w in workers.iter_mut() {
-            w.check_alive()?;
-        }
+        workers.check_alive()?;
         if Instant::now() > deadline {
             let done = db.count("state = 'completed'").await?;
             return Err(format!(
@@ -116,7 +114,7 @@ async fn drain(
             .into());
         }
     }
-    let worker_ticks = workers.iter().filter_map(|w| w.cpu_ticks()).sum::<u64>() - workers_before;
+    let worker_ticks = workers.cpu_ticks() - workers_before;
     let server_ticks = postmaster.map(|p| setup::server_cpu_ticks(p) - server_before.unwrap_or(0));
     let machine_ticks = setup::machine_busy_ticks() - machine_before;
     let wal_after = db.wal_bytes().await?;
@@ -124,7 +122,7 @@ async fn drain(
         (Some(after), Some(before)) => after.since(&before),
         _ => Vec::new(),
     };
-    worker::terminate_all(&mut workers, Duration::from_secs(10)).await;
+    workers.terminate(Duration::from_secs(10)).await;
 
     let completed = db.count("state = 'completed'").await?;
     if completed != items as i64 {

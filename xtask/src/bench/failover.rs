@@ -11,20 +11,21 @@ use super::drain::fill;
 use super::setup::{BenchDb, MARK, SCHEMA};
 use super::worker::{self, Spec};
 use super::{BenchResult, Ctx};
+use crate::harness::keys;
 
 /// Items A holds.
 const ITEMS: usize = 1_000;
 
 /// The short liveness settings: heartbeat 0.5 s / 1 s, stale after 2 s, definitively dead
 /// after 5 s, maintenance sweep every 0.5 s, idle polls at most 1 s apart, lease 3 s.
-pub(crate) const SHORT_SETTINGS: &[(&str, &str)] = &[
-    ("WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS", "500"),
-    ("WORKPUMP_HEARTBEAT__SLOW_INTERVAL_MS", "1000"),
-    ("WORKPUMP_LIVENESS__STALE_AFTER_MS", "2000"),
-    ("WORKPUMP_LIVENESS__DEAD_AFTER_MS", "5000"),
-    ("WORKPUMP_MAINTENANCE__INTERVAL_MS", "500"),
-    ("WORKPUMP_CLAIM__NOTIFY_HEALTHY_BASE_MS", "500"),
-    ("WORKPUMP_CLAIM__POLL_MAX_MS", "1000"),
+pub(crate) const SHORT_SETTINGS: &[(&str, u64)] = &[
+    (keys::FAST_INTERVAL_MS, 500),
+    (keys::SLOW_INTERVAL_MS, 1_000),
+    (keys::STALE_AFTER_MS, 2_000),
+    (keys::DEAD_AFTER_MS, 5_000),
+    (keys::SWEEP_INTERVAL_MS, 500),
+    ("claim.notify_healthy_base_ms", 500),
+    ("claim.poll_max_ms", 1_000),
 ];
 
 /// The short settings' lease.
@@ -65,15 +66,15 @@ pub(crate) async fn run(ctx: &Ctx, short: bool, runs: usize) -> BenchResult<Vec<
 async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> {
     let mut spec = Spec::defaults().concurrency(2 * ITEMS);
     if short {
-        spec = spec.env(SHORT_SETTINGS).lease_ms(SHORT_LEASE_MS);
+        spec = spec.settings(SHORT_SETTINGS).lease_ms(SHORT_LEASE_MS);
     }
     db.settle().await?;
     let (mut doomed, _) =
         worker::start_all(&ctx.worker_bin, db.url(), &spec, 1, &ctx.logs, "failover-a").await?;
-    let a = doomed[0]
-        .instance()
+    let a = doomed
+        .instance(0)
         .ok_or("worker A printed no instance id")?
-        .to_owned();
+        .to_string();
     fill(db, ITEMS, json!({ "kind": "sleep", "ms": 600_000 })).await?;
     let held = format!(
         "{MARK} SELECT count(*) FROM {SCHEMA}.work WHERE state = 'running' AND instance_id = $1::uuid"
@@ -87,7 +88,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         if n >= ITEMS as i64 {
             break;
         }
-        doomed[0].check_alive()?;
+        doomed.check_alive()?;
         if Instant::now() > deadline {
             return Err(format!("failover: A holds only {n} of {ITEMS} items after 60 s").into());
         }
@@ -112,7 +113,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         .map_or(0, |d| u64::from(d.subsec_nanos()) ^ d.as_secs())
         % sweep_ms;
     tokio::time::sleep(Duration::from_millis(phase_ms)).await;
-    doomed[0].kill();
+    doomed.kill(0).await?;
     let killed = Instant::now();
     let progress = format!(
         "{MARK} SELECT (SELECT count(*) FROM {SCHEMA}.work
@@ -134,9 +135,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         if moved >= ITEMS as i64 {
             break;
         }
-        for p in peers.iter_mut() {
-            p.check_alive()?;
-        }
+        peers.check_alive()?;
         if Instant::now() > deadline {
             return Err(format!(
                 "failover: only {moved} of {ITEMS} items moved to peers {limit} s after the kill"
@@ -146,9 +145,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let total_s = killed.elapsed().as_secs_f64();
-    for p in peers.iter_mut() {
-        p.kill();
-    }
+    peers.kill_all().await;
     Ok(FailoverRun {
         total_s,
         reaped_s,

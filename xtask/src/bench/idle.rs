@@ -45,7 +45,7 @@ pub(crate) async fn run(ctx: &Ctx, listener: bool) -> BenchResult<Idle> {
     let db = ctx.create_db("idle").await?;
     let mut spec = Spec::defaults();
     if !listener {
-        spec = spec.env(&[("WORKPUMP_CLAIM__LISTEN", "false")]);
+        spec = spec.settings(&[("claim.listen", "false")]);
     }
     let (mut workers, _) =
         worker::start_all(&ctx.worker_bin, db.url(), &spec, WORKERS, &ctx.logs, "idle").await?;
@@ -60,10 +60,8 @@ pub(crate) async fn run(ctx: &Ctx, listener: bool) -> BenchResult<Idle> {
     // pg_stat_database lags (idle backends flush at most every 10 s): read it after a pause.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let xacts_after = db.xact_commit().await?;
-    for w in workers.iter_mut() {
-        w.check_alive()?;
-    }
-    worker::terminate_all(&mut workers, Duration::from_secs(10)).await;
+    workers.check_alive()?;
+    workers.terminate(Duration::from_secs(10)).await;
     db.drop_now().await?;
     let stmts = match (stmts_after, stmts_before) {
         (Some(after), Some(before)) => {

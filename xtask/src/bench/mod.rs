@@ -1,5 +1,4 @@
-//! `cargo xtask bench [--quick] [--json PATH] [--only LIST] [--concurrency N] [--items N]
-//! [--workers LIST] [--worker-bin PATH]`: measures
+//! `cargo xtask bench` (`--help` lists the options): measures
 //! workpump on the durable bench cluster (or `DATABASE_URL`'s server) through the public host
 //! API — the `workpump-worker` binary, built here in release mode — and prints a table of
 //! figures against the project's targets. `docs/performance.md` describes every method.
@@ -23,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::{usage_error, Outcome};
+use crate::Outcome;
 
 /// Errors inside the bench (`Send` so that they cross tasks).
 pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -146,99 +145,77 @@ impl Ctx {
     }
 }
 
-pub(crate) fn run(args: &[String]) -> Outcome {
-    let options = match parse(args) {
-        Ok(options) => options,
-        Err(problem) => return Ok(usage_error(&problem)),
+/// `cargo xtask bench`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Every scenario, reduced (about 2 minutes), for development
+    #[arg(long)]
+    quick: bool,
+    /// Also write the figures as JSON
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Run only these scenarios (comma-separated, e.g. drain,pickup)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = SCENARIOS)]
+    only: Vec<String>,
+    /// Handlers per worker in the drain
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DRAIN_CONCURRENCY,
+          value_parser = positive)]
+    concurrency: usize,
+    /// The drain's item count
+    #[arg(long, value_name = "N", value_parser = positive)]
+    items: Option<usize>,
+    /// The drain's worker counts (comma-separated, 1 to 64 each, e.g. 1,4)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = worker_count)]
+    workers: Vec<usize>,
+    /// A prebuilt workpump-worker to measure instead of building the working tree's, e.g. to
+    /// compare two builds
+    #[arg(long, value_name = "PATH")]
+    worker_bin: Option<PathBuf>,
+}
+
+/// A positive number.
+fn positive(value: &str) -> Result<usize, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("`{value}` is not a positive number"))
+}
+
+/// 1 to 64 workers.
+fn worker_count(value: &str) -> Result<usize, String> {
+    value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| (1..=64).contains(n))
+        .ok_or_else(|| format!("`{value}` is not a number from 1 to 64"))
+}
+
+pub(crate) fn run(args: Args) -> Outcome {
+    let only: Vec<&'static str> = if args.only.is_empty() {
+        SCENARIOS.to_vec()
+    } else {
+        // In the order they run, whatever the order on the command line.
+        SCENARIOS
+            .iter()
+            .copied()
+            .filter(|s| args.only.iter().any(|o| o == s))
+            .collect()
+    };
+    let options = Options {
+        quick: args.quick,
+        json: args.json,
+        only,
+        drain_concurrency: args.concurrency,
+        drain_items: args.items,
+        drain_workers: (!args.workers.is_empty()).then_some(args.workers),
+        worker_bin: args.worker_bin,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime
         .block_on(bench(options))
         .map_err(|e| -> Box<dyn std::error::Error> { e })
-}
-
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut options = Options {
-        quick: false,
-        json: None,
-        only: SCENARIOS.to_vec(),
-        drain_concurrency: DEFAULT_DRAIN_CONCURRENCY,
-        drain_items: None,
-        drain_workers: None,
-        worker_bin: None,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--quick" => options.quick = true,
-            "--json" => {
-                let path = it.next().ok_or("`bench --json` needs a path")?;
-                options.json = Some(PathBuf::from(path));
-            }
-            "--only" => {
-                let list = it
-                    .next()
-                    .ok_or("`bench --only` needs a list, e.g. drain,pickup")?;
-                let mut only = Vec::new();
-                for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                    let known = SCENARIOS.iter().find(|s| **s == name).ok_or_else(|| {
-                        format!(
-                            "unknown scenario `{name}` (scenarios: {})",
-                            SCENARIOS.join(", ")
-                        )
-                    })?;
-                    only.push(*known);
-                }
-                if only.is_empty() {
-                    return Err("`bench --only` needs at least one scenario".into());
-                }
-                options.only = SCENARIOS
-                    .iter()
-                    .copied()
-                    .filter(|s| only.contains(s))
-                    .collect();
-            }
-            "--concurrency" => {
-                let n = it.next().ok_or("`bench --concurrency` needs a number")?;
-                options.drain_concurrency =
-                    n.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        format!("`bench --concurrency {n}`: not a positive number")
-                    })?;
-            }
-            "--worker-bin" => {
-                let path = it.next().ok_or("`bench --worker-bin` needs a path")?;
-                options.worker_bin = Some(PathBuf::from(path));
-            }
-            "--items" => {
-                let n = it.next().ok_or("`bench --items` needs a number")?;
-                options.drain_items = Some(
-                    n.parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| format!("`bench --items {n}`: not a positive number"))?,
-                );
-            }
-            "--workers" => {
-                let list = it
-                    .next()
-                    .ok_or("`bench --workers` needs a list, e.g. 1,4")?;
-                let counts: Result<Vec<usize>, _> =
-                    list.split(',').map(|n| n.trim().parse::<usize>()).collect();
-                match counts {
-                    Ok(c) if !c.is_empty() && c.iter().all(|n| (1..=64).contains(n)) => {
-                        options.drain_workers = Some(c)
-                    }
-                    _ => {
-                        return Err(format!(
-                            "`bench --workers {list}`: give 1 to 64, comma-separated"
-                        ))
-                    }
-                }
-            }
-            other => return Err(format!("unexpected `bench` argument `{other}`")),
-        }
-    }
-    Ok(options)
 }
 
 async fn bench(options: Options) -> BenchResult<ExitCode> {
@@ -257,7 +234,10 @@ async fn bench(options: Options) -> BenchResult<ExitCode> {
     let worker_bin = match &options.worker_bin {
         Some(path) if path.is_file() => path.canonicalize()?,
         Some(path) => return Err(format!("--worker-bin {}: no such file", path.display()).into()),
-        None => tokio::task::spawn_blocking(worker::build).await??,
+        None => {
+            eprintln!("bench: building workpump-worker (release)");
+            crate::harness::build_worker(true).await?.0
+        }
     };
     let target = setup::Target::open().await?;
     eprintln!("bench: server: {}", target.describe());

@@ -82,10 +82,9 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<Pickup> {
     let mut upper = Vec::with_capacity(samples);
     let mut rtt = Vec::with_capacity(samples);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let w = &mut workers[0];
     while lower.len() < samples {
-        let Some(line) = w.next_line(deadline).await else {
-            w.check_alive()?;
+        let Some(line) = workers.next_line(0, deadline.into()).await else {
+            workers.check_alive()?;
             return Err(format!(
                 "pickup: only {} of {samples} probes started within 30 s of the last enqueue",
                 lower.len()
@@ -121,7 +120,7 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<Pickup> {
         (Some(after), Some(before)) => after.since(&before),
         _ => Vec::new(),
     };
-    worker::terminate_all(&mut workers, Duration::from_secs(10)).await;
+    workers.terminate(Duration::from_secs(10)).await;
     db.drop_now().await?;
     Ok(Pickup {
         db_enqueue_to_complete_p50: (db_p50 * 1_000.0).round() / 1_000.0,

@@ -92,8 +92,7 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
     let spec = Spec::defaults().concurrency(items).lease_ms(LEASE_MS);
     let (mut workers, _) =
         worker::start_all(&ctx.worker_bin, db.url(), &spec, 1, &ctx.logs, "renewal").await?;
-    let w = &mut workers[0];
-    let pid = w.pid();
+    let pid = workers.pid(0);
     let rss_idle_kb = setup::status_kb(pid, "VmRSS").unwrap_or(0);
     db.set_paused(false).await?;
 
@@ -103,7 +102,7 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
         if db.count("state = 'running'").await? >= items as i64 {
             break;
         }
-        w.check_alive()?;
+        workers.check_alive()?;
         if Instant::now() > deadline {
             return Err(format!("renewal: {items} items not all running after 60 s").into());
         }
@@ -123,7 +122,7 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
     let stmts_before = db.statements().await?;
     let funcs_before = db.function_calls().await?;
     let renewals_before: i64 = sqlx::query_scalar(&renewals).fetch_one(db.pool()).await?;
-    let cpu_before = w.cpu_ticks().unwrap_or(0);
+    let cpu_before = workers.cpu_ticks();
     let wal_before = db.wal_bytes().await?;
     let started = Instant::now();
     tokio::time::sleep(window).await;
@@ -131,15 +130,15 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
     let renewals_after: i64 = sqlx::query_scalar(&renewals).fetch_one(db.pool()).await?;
     let wal_after = db.wal_bytes().await?;
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu_after = w.cpu_ticks().unwrap_or(0);
-    w.check_alive()?;
+    let cpu_after = workers.cpu_ticks();
+    workers.check_alive()?;
     let rss_peak_kb = setup::status_kb(pid, "VmHWM").unwrap_or(0);
     let rss_kb = setup::status_kb(pid, "VmRSS").unwrap_or(0);
     // Function counters lag by up to a second: read them a little later (the ratio uses the
     // same window length).
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let funcs_after = db.function_calls().await?;
-    w.kill();
+    workers.kill_all().await;
 
     let per_min = |n: f64| n * 60.0 / elapsed;
     let stmts = match (stmts_after, stmts_before) {

@@ -154,7 +154,7 @@ impl Target {
             &format!("{tag}-migrate"),
         )
         .await?;
-        super::worker::terminate_all(&mut workers, Duration::from_secs(10)).await;
+        workers.terminate(Duration::from_secs(10)).await;
         db.setup().await
     }
 }

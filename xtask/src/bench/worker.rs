@@ -1,59 +1,18 @@
-//! The worker processes: building `workpump-worker` in release mode, starting it with a
-//! clean environment, reading its stdout, and stopping it by pid — also when the bench fails
-//! half-way (the guard's `Drop` kills and reaps).
+//! The benchmark's worker processes: the harness's fleet (`crate::harness::fleet`: a clean
+//! environment, stdout read line by line, stopped by PID, killed by its `Drop` also when the
+//! bench fails half-way), started at the product's defaults or with a [`Spec`]'s settings.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use tokio::sync::mpsc;
+use sqlx::types::Uuid;
+use tokio::time::Instant;
 
 use super::setup::{self, QUEUE};
 use super::BenchResult;
-use crate::procs::tail;
-
-/// Builds `workpump-worker` (`cargo build --release -p workpump-examples --bin
-/// workpump-worker`) and returns the executable's path, as cargo reports it.
-pub(crate) fn build() -> BenchResult<PathBuf> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .ok_or("xtask has no parent directory")?;
-    eprintln!("bench: building workpump-worker (release)");
-    let output = Command::new(cargo)
-        .current_dir(root)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "workpump-examples",
-            "--bin",
-            "workpump-worker",
-            "--message-format=json-render-diagnostics",
-        ])
-        .stderr(Stdio::inherit())
-        .output()?;
-    if !output.status.success() {
-        return Err(format!("building workpump-worker failed ({})", output.status).into());
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    for line in stdout.lines() {
-        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if message["reason"] == "compiler-artifact"
-            && message["target"]["name"] == "workpump-worker"
-        {
-            if let Some(exe) = message["executable"].as_str() {
-                return Ok(PathBuf::from(exe));
-            }
-        }
-    }
-    Err("cargo built workpump-worker but reported no executable".into())
-}
+use crate::harness::fleet::{Fleet, Launch};
+use crate::harness::procs::tail;
+use crate::harness::worker_env;
 
 /// How to start one worker.
 #[derive(Clone, Debug)]
@@ -62,7 +21,7 @@ pub(crate) struct Spec {
     pub(crate) concurrency: Option<usize>,
     /// `--lease-ms`; `None` keeps the default (60 s).
     pub(crate) lease_ms: Option<u64>,
-    /// `WORKPUMP_*` settings.
+    /// Settings (`HostConfig` paths and values), passed as `WORKPUMP_*` variables.
     pub(crate) env: Vec<(String, String)>,
 }
 
@@ -86,191 +45,75 @@ impl Spec {
         self
     }
 
-    pub(crate) fn env(mut self, settings: &[(&str, &str)]) -> Spec {
-        self.env.extend(
-            settings
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-        );
+    pub(crate) fn settings<V: ToString>(mut self, settings: &[(&str, V)]) -> Spec {
+        self.env.extend(worker_env(settings));
         self
     }
 }
 
-/// One running `workpump-worker`. Dropping it kills the process (SIGKILL) and reaps it.
-pub(crate) struct Worker {
-    child: Option<Child>,
-    pid: u32,
-    lines: mpsc::UnboundedReceiver<String>,
-    reader: Option<JoinHandle<()>>,
-    log: PathBuf,
-    instance: Option<String>,
+/// The workers of one measurement. Dropping them kills every process (SIGKILL).
+pub(crate) struct Workers {
+    fleet: Fleet,
 }
 
-impl Worker {
-    /// Starts a worker on database `url`; its stderr goes to `log`.
-    pub(crate) fn spawn(bin: &Path, url: &str, spec: &Spec, log: &Path) -> BenchResult<Worker> {
-        let mut command = Command::new(bin);
-        command
-            .args(["--database-url", url, "--queue", QUEUE])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(File::create(log)?);
-        if let Some(n) = spec.concurrency {
-            command.args(["--concurrency", &n.to_string()]);
-        }
-        if let Some(ms) = spec.lease_ms {
-            command.args(["--lease-ms", &ms.to_string()]);
-        }
-        // The bench decides every setting: nothing leaks in from the caller's environment.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("WORKPUMP_") {
-                command.env_remove(&key);
-            }
-        }
-        command
-            .env_remove("DATABASE_URL")
-            .env("RUST_LOG", "warn")
-            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        let mut child = command.spawn()?;
-        let pid = child.id();
-        let stdout = child.stdout.take().ok_or("the worker has no stdout")?;
-        let (tx, lines) = mpsc::unbounded_channel();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Worker {
-            child: Some(child),
-            pid,
-            lines,
-            reader: Some(reader),
-            log: log.to_owned(),
-            instance: None,
-        })
+impl Workers {
+    /// The instance id worker `index` printed with `READY`.
+    pub(crate) fn instance(&self, index: usize) -> Option<Uuid> {
+        self.fleet.procs[index].instance
     }
 
-    /// Waits for `READY <instance>` and returns the instance id.
-    pub(crate) async fn ready(&mut self, within: Duration) -> BenchResult<String> {
-        let deadline = Instant::now() + within;
-        loop {
-            match self.next_line(deadline).await {
-                Some(line) => {
-                    if let Some(id) = line.strip_prefix("READY ") {
-                        let id = id.trim().to_owned();
-                        self.instance = Some(id.clone());
-                        return Ok(id);
-                    }
-                }
-                None => {
-                    let state = if self.has_exited() {
-                        "exited"
-                    } else {
-                        "is not ready"
-                    };
-                    return Err(format!(
-                        "worker {} {state} after {within:?}; its log: {}\n{}",
-                        self.pid,
-                        self.log.display(),
-                        tail(&self.log, 15)
-                    )
-                    .into());
-                }
-            }
-        }
+    pub(crate) fn pid(&self, index: usize) -> u32 {
+        self.fleet.procs[index].pid
     }
 
-    /// The next stdout line, or `None` at the deadline or when stdout closed.
-    pub(crate) async fn next_line(&mut self, deadline: Instant) -> Option<String> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        tokio::time::timeout(left, self.lines.recv())
-            .await
-            .ok()
-            .flatten()
+    /// CPU ticks used so far by every worker.
+    pub(crate) fn cpu_ticks(&self) -> u64 {
+        self.fleet
+            .procs
+            .iter()
+            .filter_map(|p| setup::cpu_ticks(p.pid))
+            .sum()
     }
 
-    /// The instance id it printed with `READY`.
-    pub(crate) fn instance(&self) -> Option<&str> {
-        self.instance.as_deref()
-    }
-
-    pub(crate) fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// Whether the process has ended.
-    pub(crate) fn has_exited(&mut self) -> bool {
-        match &mut self.child {
-            Some(child) => !matches!(child.try_wait(), Ok(None)),
-            None => true,
-        }
-    }
-
-    /// An error naming the worker and its log when it has exited.
+    /// An error naming the first worker that exited (that the bench did not stop) and its
+    /// log.
     pub(crate) fn check_alive(&mut self) -> BenchResult<()> {
-        if self.has_exited() {
+        if let Some(crashed) = self.fleet.crashed().first() {
+            let proc = self
+                .fleet
+                .procs
+                .iter()
+                .find(|p| crashed.starts_with(&p.name));
+            let log = proc.map(|p| p.log.clone()).unwrap_or_default();
             return Err(format!(
-                "worker {} exited unexpectedly; its log: {}\n{}",
-                self.pid,
-                self.log.display(),
-                tail(&self.log, 15)
+                "worker {crashed} exited unexpectedly; its log: {}\n{}",
+                log.display(),
+                tail(&log, 15)
             )
             .into());
         }
         Ok(())
     }
 
-    /// CPU ticks used so far.
-    pub(crate) fn cpu_ticks(&self) -> Option<u64> {
-        setup::cpu_ticks(self.pid)
+    /// The next stdout line of worker `index`, or `None` at the deadline or when its stdout
+    /// closed.
+    pub(crate) async fn next_line(&mut self, index: usize, deadline: Instant) -> Option<String> {
+        self.fleet.procs[index].next_line(deadline).await
     }
 
-    /// SIGKILL, then reap.
-    pub(crate) fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
+    /// SIGKILL to worker `index`, and wait for it to be gone.
+    pub(crate) async fn kill(&mut self, index: usize) -> BenchResult<()> {
+        self.fleet.kill(index).await
     }
-}
 
-impl Worker {
-    /// Sends SIGTERM (by pid, with `kill`) while the process runs.
-    fn signal_term(&mut self) {
-        if self.has_exited() {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+    /// SIGKILL to every worker still running.
+    pub(crate) async fn kill_all(&mut self) {
+        self.fleet.kill_all().await;
     }
-}
 
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Stops every worker with a drain (SIGTERM to all at once), SIGKILL after `grace`.
-pub(crate) async fn terminate_all(workers: &mut [Worker], grace: Duration) {
-    for w in workers.iter_mut() {
-        w.signal_term();
-    }
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline && !workers.iter_mut().all(|w| w.has_exited()) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for w in workers.iter_mut() {
-        w.kill();
+    /// Stops every worker with a drain (SIGTERM to all at once), SIGKILL after `grace`.
+    pub(crate) async fn terminate(&mut self, grace: Duration) {
+        self.fleet.stop_all(Instant::now() + grace).await;
     }
 }
 
@@ -283,19 +126,30 @@ pub(crate) async fn start_all(
     n: usize,
     logs: &Path,
     tag: &str,
-) -> BenchResult<(Vec<Worker>, Duration)> {
+) -> BenchResult<(Workers, Duration)> {
     use std::sync::atomic::{AtomicU32, Ordering};
     /// Numbers the worker logs of one bench run.
     static STARTS: AtomicU32 = AtomicU32::new(0);
     let start = STARTS.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let mut workers = Vec::with_capacity(n);
-    for i in 0..n {
-        let log = logs.join(format!("{start:03}-{tag}-{i}.log"));
-        workers.push(Worker::spawn(bin, url, spec, &log)?);
+    let mut fleet = Fleet::new(bin, logs, &format!("{start:03}-{tag}-"));
+    let deadline = started + Duration::from_secs(60);
+    for _ in 0..n {
+        let launch = Launch {
+            url: url.to_owned(),
+            queue: QUEUE.to_owned(),
+            concurrency: spec.concurrency,
+            lease_ms: spec.lease_ms,
+            env: spec.env.clone(),
+            log_filter: "warn",
+            ledger: false,
+            metrics: false,
+            label: None,
+        };
+        fleet.spawn(launch)?;
     }
-    for w in workers.iter_mut() {
-        w.ready(Duration::from_secs(60)).await?;
+    for proc in &mut fleet.procs {
+        proc.await_ready(deadline).await?;
     }
-    Ok((workers, started.elapsed()))
+    Ok((Workers { fleet }, started.elapsed()))
 }

@@ -1,26 +1,15 @@
-//! The worker processes of one scenario: started with a settings profile, watched (`READY`,
-//! `STOPPED`), signalled by PID, scraped for metrics, and stopped on every path — `Fleet`'s
-//! `Drop` kills whatever still runs, and each worker also exits when its stdin (a pipe from
-//! the suite) closes, so a killed suite leaves nothing behind.
-
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
-
-use sqlx::types::Uuid;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
-use tokio::time::{timeout_at, Instant};
+//! The fault suite's side of the worker fleet (`crate::harness::fleet`): the settings
+//! profiles the workers run with, the figures the scenarios derive from them, and how a
+//! scenario's [`WorkerSpec`] becomes the harness's [`Launch`].
 
 use figment::providers::Serialized;
 use figment::Figment;
 use workpump_host::HostConfig;
 
 use super::Result;
-use crate::procs::{self, free_port, tail, Metrics};
+use crate::harness::fleet::Launch;
+pub(crate) use crate::harness::fleet::{scrape, Fleet, Life};
+use crate::harness::{keys, worker_env};
 
 /// The queue every worker serves.
 pub(crate) const QUEUE: &str = "chaos";
@@ -32,12 +21,12 @@ pub(crate) const QUEUE: &str = "chaos";
 /// from 100 ms, a 5 s drain. The workers get them as `WORKPUMP_*` variables, and the suite's
 /// bounds are derived from the same `HostConfig` (see [`Timing::of`]).
 pub(crate) const SHORT_SETTINGS: [(&str, u64); 9] = [
-    ("heartbeat.fast_interval_ms", 1_000),
-    ("heartbeat.slow_interval_ms", 2_000),
-    ("liveness.stale_after_ms", 3_000),
-    ("liveness.dead_after_ms", 12_000),
-    ("liveness.lock_grace_ms", 3_000),
-    ("maintenance.interval_ms", 1_000),
+    (keys::FAST_INTERVAL_MS, 1_000),
+    (keys::SLOW_INTERVAL_MS, 2_000),
+    (keys::STALE_AFTER_MS, 3_000),
+    (keys::DEAD_AFTER_MS, 12_000),
+    (keys::LOCK_GRACE_MS, 3_000),
+    (keys::SWEEP_INTERVAL_MS, 1_000),
     ("queues.chaos.lease_ms", 3_000),
     ("queues.chaos.backoff_base_ms", 100),
     ("shutdown_timeout_ms", 5_000),
@@ -126,17 +115,6 @@ pub(crate) enum Profile {
     Defaults,
 }
 
-/// What happened to a worker process, and when: what evictions are judged against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Life {
-    /// Gone: killed, drained or crashed.
-    Exited,
-    /// Unable to act or to reach the server: SIGSTOP, or its connections frozen by the proxy.
-    Frozen,
-    /// Running again after a freeze.
-    Thawed,
-}
-
 impl Profile {
     /// Every profile, in the order `--profile all` runs them.
     pub(crate) const ALL: [Profile; 2] = [Profile::Short, Profile::Defaults];
@@ -173,15 +151,7 @@ impl Profile {
 
     /// The same changes as `WORKPUMP_*` variables for the workers.
     pub(crate) fn env(self) -> Vec<(String, String)> {
-        self.settings()
-            .iter()
-            .map(|(key, value)| {
-                (
-                    format!("WORKPUMP_{}", key.to_uppercase().replace('.', "__")),
-                    value.to_string(),
-                )
-            })
-            .collect()
+        worker_env(self.settings())
     }
 
     pub(crate) fn timing(self) -> Result<Timing> {
@@ -205,6 +175,23 @@ pub(crate) struct WorkerSpec {
 }
 
 impl WorkerSpec {
+    /// How the harness starts it, on database `db`.
+    pub(crate) fn launch(self, db: &str) -> Launch {
+        let mut env = self.profile.env();
+        env.extend(self.env);
+        Launch {
+            url: worker_url(self.port, self.standby, db),
+            queue: QUEUE.to_owned(),
+            concurrency: Some(self.concurrency),
+            lease_ms: None,
+            env,
+            log_filter: "info",
+            ledger: true,
+            metrics: true,
+            label: self.label,
+        }
+    }
+
     pub(crate) fn new(profile: Profile, port: u16, concurrency: usize) -> WorkerSpec {
         WorkerSpec {
             profile,
@@ -217,308 +204,17 @@ impl WorkerSpec {
     }
 }
 
-/// One started worker process.
-pub(crate) struct Proc {
-    /// `chaos-wN`: its name, and the `application_name` of every connection it opens.
-    pub(crate) name: String,
-    pub(crate) pid: u32,
-    pub(crate) metrics: SocketAddr,
-    pub(crate) log: PathBuf,
-    /// The instance it printed with `READY`.
-    pub(crate) instance: Option<Uuid>,
-    /// A note for the report (e.g. "clock +1h").
-    pub(crate) label: Option<String>,
-    /// The suite's clock when it was started (seconds since the epoch).
-    pub(crate) spawned_at: f64,
-    /// Set once it exited (killed, drained, crashed).
-    pub(crate) exited: bool,
-    /// SIGSTOPped and not continued yet.
-    pub(crate) stopped: bool,
-    /// Its exits and freezes, as they happened (the suite's monotonic clock).
-    pub(crate) life: Vec<(Instant, Life)>,
-    child: Child,
-    /// Held open: the worker exits when it closes (`--exit-on-stdin-close`).
-    stdin: Option<ChildStdin>,
-    lines: mpsc::UnboundedReceiver<String>,
-    reader: JoinHandle<()>,
-}
-
-/// The processes of one scenario.
-pub(crate) struct Fleet {
-    exe: PathBuf,
-    logs: PathBuf,
-    db: String,
-    pub(crate) procs: Vec<Proc>,
-}
-
-impl Fleet {
-    pub(crate) fn new(exe: &Path, logs: &Path, db: &str) -> Fleet {
-        Fleet {
-            exe: exe.to_owned(),
-            logs: logs.to_owned(),
-            db: db.to_owned(),
-            procs: Vec::new(),
-        }
-    }
-
-    /// Starts a worker and waits (until `deadline`) for its `READY` line; returns its index.
-    pub(crate) async fn start(&mut self, spec: WorkerSpec, deadline: Instant) -> Result<usize> {
-        let index = self.spawn(spec)?;
-        let proc = &mut self.procs[index];
-        let line = proc.wait_for_line("READY", deadline).await?;
-        let instance = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| Uuid::parse_str(s).ok())
-            .ok_or_else(|| format!("{}: unexpected ready line {line:?}", proc.name))?;
-        proc.instance = Some(instance);
-        Ok(index)
-    }
-
-    fn spawn(&mut self, spec: WorkerSpec) -> Result<usize> {
-        let name = format!("chaos-w{}", self.procs.len() + 1);
-        let metrics = free_port()?;
-        let log = self.logs.join(format!("{name}.log"));
-        let stderr = std::fs::File::create(&log)?;
-        let url = worker_url(spec.port, spec.standby, &self.db, &name);
-        let mut command = Command::new(&self.exe);
-        command
-            .args(["--database-url", &url, "--queue", QUEUE, "--ledger"])
-            .args(["--concurrency", &spec.concurrency.to_string()])
-            .args(["--metrics", &metrics.to_string(), "--name", &name])
-            .arg("--exit-on-stdin-close");
-        // Nothing from the suite's own environment leaks into the worker's settings.
-        for (key, _) in std::env::vars_os() {
-            let key = key.to_string_lossy();
-            if key.starts_with("WORKPUMP_") || key == "DATABASE_URL" || key.starts_with("FAKETIME")
-            {
-                command.env_remove(key.as_ref());
-            }
-        }
-        command
-            .envs(spec.profile.env())
-            .env("RUST_LOG", "info")
-            .env("RUST_BACKTRACE", "0")
-            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            // Its own process group: a terminal's Ctrl-C reaches the suite only (which stops
-            // the workers itself), and if the suite dies while this worker is SIGSTOPped, the
-            // orphaned group gets SIGHUP + SIGCONT from the kernel and the worker ends.
-            .process_group(0)
-            .kill_on_drop(true);
-        let spawned_at = super::scenarios::unix_now();
-        let mut child = command
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", self.exe.display()))?;
-        let pid = child.id().ok_or("a started worker has no pid")?;
-        let stdout = child.stdout.take().ok_or("the worker's stdout")?;
-        let stdin = child.stdin.take();
-        let (tx, lines) = mpsc::unbounded_channel();
-        let reader = tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        self.procs.push(Proc {
-            name,
-            pid,
-            metrics,
-            log,
-            instance: None,
-            label: spec.label,
-            spawned_at,
-            exited: false,
-            stopped: false,
-            life: Vec::new(),
-            child,
-            stdin,
-            lines,
-            reader,
-        });
-        Ok(self.procs.len() - 1)
-    }
-
-    /// Indexes of the workers that run (not exited; stopped ones included).
-    pub(crate) fn live(&self) -> Vec<usize> {
-        (0..self.procs.len())
-            .filter(|&i| !self.procs[i].exited)
-            .collect()
-    }
-
-    /// Sends `signal` (`STOP`, `CONT`, `TERM`, `KILL`) to worker `index` by its PID.
-    pub(crate) async fn signal(&mut self, index: usize, signal: &str) -> Result<()> {
-        let proc = &mut self.procs[index];
-        if proc.exited {
-            return Err(format!("{} already exited", proc.name).into());
-        }
-        let status = Command::new("kill")
-            .args([format!("-{signal}"), proc.pid.to_string()])
-            .status()
-            .await?;
-        if !status.success() {
-            return Err(format!("kill -{signal} {} ({}) failed", proc.pid, proc.name).into());
-        }
-        match signal {
-            "STOP" => {
-                proc.stopped = true;
-                proc.life.push((Instant::now(), Life::Frozen));
-            }
-            "CONT" => {
-                proc.stopped = false;
-                proc.life.push((Instant::now(), Life::Thawed));
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// Records that worker `index` was frozen or thawed by other means than a signal (the
-    /// proxy).
-    pub(crate) fn note(&mut self, index: usize, life: Life) {
-        self.procs[index].life.push((Instant::now(), life));
-    }
-
-    /// SIGKILL, and wait for the process to be gone.
-    pub(crate) async fn kill(&mut self, index: usize) -> Result<()> {
-        let proc = &mut self.procs[index];
-        proc.child.start_kill()?;
-        proc.life.push((Instant::now(), Life::Exited));
-        let waited = tokio::time::timeout(Duration::from_secs(10), proc.child.wait()).await;
-        proc.exited = true;
-        proc.stopped = false;
-        match waited {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("waiting for {} after SIGKILL: {e}", proc.name).into()),
-            Err(_) => Err(format!("{} did not die within 10 s of SIGKILL", proc.name).into()),
-        }
-    }
-
-    /// SIGTERM (a drain) and wait until `deadline` for it to exit; SIGKILL after that.
-    /// True when it printed `STOPPED` and exited on its own.
-    pub(crate) async fn terminate(&mut self, index: usize, deadline: Instant) -> Result<bool> {
-        if self.procs[index].exited {
-            return Ok(false);
-        }
-        if self.procs[index].stopped {
-            self.signal(index, "CONT").await?;
-        }
-        self.signal(index, "TERM").await?;
-        Ok(self.procs[index].drained_by(deadline).await)
-    }
-
-    /// Drains every worker still running (SIGCONT first where needed), in parallel, killing
-    /// those that do not stop by `deadline`. Returns the names of those that had to be killed.
-    pub(crate) async fn stop_all(&mut self, deadline: Instant) -> Vec<String> {
-        for i in self.live() {
-            if self.procs[i].stopped {
-                let _ = self.signal(i, "CONT").await;
-            }
-            let _ = self.signal(i, "TERM").await;
-        }
-        let mut killed = Vec::new();
-        for proc in self.procs.iter_mut().filter(|p| !p.exited) {
-            if !proc.drained_by(deadline).await {
-                killed.push(proc.name.clone());
-            }
-        }
-        killed
-    }
-
-    /// Whether a worker exited on its own (a crash): the names of those that did.
-    pub(crate) fn crashed(&mut self) -> Vec<String> {
-        let mut crashed = Vec::new();
-        for proc in self.procs.iter_mut().filter(|p| !p.exited) {
-            if let Ok(Some(status)) = proc.child.try_wait() {
-                proc.exited = true;
-                proc.life.push((Instant::now(), Life::Exited));
-                crashed.push(format!("{} ({status})", proc.name));
-            }
-        }
-        crashed
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for proc in &mut self.procs {
-            proc.stdin.take();
-            if !proc.exited {
-                let _ = proc.child.start_kill();
-            }
-            proc.reader.abort();
-        }
-    }
-}
-
-impl Proc {
-    /// After a SIGTERM: waits until `deadline` for `STOPPED` and a clean exit, SIGKILLs it
-    /// otherwise. True when it drained on its own.
-    async fn drained_by(&mut self, deadline: Instant) -> bool {
-        let clean = self.wait_for_line("STOPPED", deadline).await.is_ok()
-            && timeout_at(deadline, self.child.wait())
-                .await
-                .is_ok_and(|r| r.is_ok_and(|s| s.success()));
-        if !clean {
-            let _ = self.child.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
-        }
-        self.exited = true;
-        self.life.push((Instant::now(), Life::Exited));
-        clean
-    }
-
-    /// Waits for a stdout line starting with `prefix`.
-    pub(crate) async fn wait_for_line(
-        &mut self,
-        prefix: &str,
-        deadline: Instant,
-    ) -> Result<String> {
-        loop {
-            match timeout_at(deadline, self.lines.recv()).await {
-                Ok(Some(line)) if line.starts_with(prefix) => return Ok(line),
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    return Err(format!(
-                        "{} closed its stdout before {prefix:?}; last log lines:\n{}",
-                        self.name,
-                        tail(&self.log, 10)
-                    )
-                    .into())
-                }
-                Err(_) => {
-                    return Err(format!(
-                        "{} printed no {prefix:?} in time; last log lines:\n{}",
-                        self.name,
-                        tail(&self.log, 10)
-                    )
-                    .into())
-                }
-            }
-        }
-    }
-}
-
-/// The database URL of worker `name`: the server (or proxy) at `port`, and after it, when
+/// The database URL of a worker: the server (or proxy) at `port`, and after it, when
 /// given, a standby, with `target_session_attrs=read-write` (a multi-host URL: the worker
-/// follows a failover). `application_name` names the process in every session it opens.
-fn worker_url(port: u16, standby: Option<u16>, db: &str, name: &str) -> String {
+/// follows a failover). The fleet adds the worker's `application_name`.
+fn worker_url(port: u16, standby: Option<u16>, db: &str) -> String {
     match standby {
-        None => format!("postgres://postgres@127.0.0.1:{port}/{db}?application_name={name}"),
+        None => format!("postgres://postgres@127.0.0.1:{port}/{db}"),
         Some(standby) => format!(
             "postgres://postgres@127.0.0.1:{port},127.0.0.1:{standby}/{db}\
-             ?target_session_attrs=read-write&application_name={name}"
+             ?target_session_attrs=read-write"
         ),
     }
-}
-
-/// Reads a worker's `/metrics` within 3 s.
-pub(crate) async fn scrape(addr: SocketAddr) -> Result<Metrics> {
-    Ok(procs::scrape(addr, Duration::from_secs(3)).await?)
 }
 
 #[cfg(test)]
@@ -577,11 +273,12 @@ mod tests {
 
     #[test]
     fn a_worker_with_a_standby_gets_a_multi_host_url_that_follows_a_failover() {
+        let named = |url: &str, name: &str| crate::harness::fleet::with_application_name(url, name);
         assert_eq!(
-            worker_url(5432, None, "chaos_x", "chaos-w1"),
+            named(&worker_url(5432, None, "chaos_x"), "chaos-w1"),
             "postgres://postgres@127.0.0.1:5432/chaos_x?application_name=chaos-w1"
         );
-        let url = worker_url(5432, Some(5433), "chaos_x", "chaos-w2");
+        let url = named(&worker_url(5432, Some(5433), "chaos_x"), "chaos-w2");
         assert_eq!(
             url,
             "postgres://postgres@127.0.0.1:5432,127.0.0.1:5433/chaos_x\
@@ -597,8 +294,8 @@ mod tests {
     fn the_short_settings_reach_the_workers_as_workpump_variables() {
         let env = Profile::Short.env();
         assert!(env.contains(&(
-            "WORKPUMP_LIVENESS__STALE_AFTER_MS".to_owned(),
-            "3000".to_owned()
+            "WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS".to_owned(),
+            "1000".to_owned()
         )));
         assert!(env.contains(&(
             "WORKPUMP_QUEUES__CHAOS__LEASE_MS".to_owned(),

@@ -8,12 +8,12 @@ use sqlx::types::Uuid;
 use tokio::time::Instant;
 use workpump_testdb::{Cluster, Standby};
 
-use super::check::{self, Evidence, Lifeline};
 use super::fleet::{self, Fleet, Life, Profile, WorkerSpec};
 use super::proxy::Proxy;
 use super::report::{Recovery, Report};
 use super::store::{self, Db, Mix};
 use super::{scenarios, Options, Result, Rng};
+use crate::harness::check::{self, Evidence, Lifeline};
 
 /// The longest any scenario may take, start to finish (a backstop: each has its own).
 const SCENARIO_CAP: Duration = Duration::from_secs(15 * 60);
@@ -127,7 +127,7 @@ pub(crate) async fn run_scenario(
             return report;
         }
     };
-    let fleet = Fleet::new(exe, &logs, &db_name);
+    let fleet = Fleet::new(exe, &logs, "chaos-w");
     let mut h = Harness {
         cluster,
         db,
@@ -383,7 +383,9 @@ impl Harness<'_> {
     pub(crate) async fn start_workers(&mut self, specs: Vec<WorkerSpec>) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         for spec in specs {
-            self.fleet.start(spec, deadline).await?;
+            self.fleet
+                .start(spec.launch(&self.db.name), deadline)
+                .await?;
         }
         Ok(())
     }
@@ -391,7 +393,7 @@ impl Harness<'_> {
     /// Starts one worker (a replacement) and waits for its `READY`; its index.
     pub(crate) async fn start_worker(&mut self, spec: WorkerSpec) -> Result<usize> {
         let deadline = Instant::now() + Duration::from_secs(60);
-        self.fleet.start(spec, deadline).await
+        self.fleet.start(spec.launch(&self.db.name), deadline).await
     }
 
     /// A worker like the others, straight to the server.
@@ -601,15 +603,7 @@ impl Harness<'_> {
         report.lapsed = verdict.lapsed;
         report.reclaims = verdict.reclaims;
         report.evictions = ev.evicted.len();
-        for list in [
-            &verdict.lost,
-            &verdict.double,
-            &verdict.effects,
-            &verdict.history,
-            &verdict.fence,
-        ] {
-            report.details.extend(list.iter().cloned());
-        }
+        report.details.extend(verdict.violations().cloned());
     }
 }
 

@@ -15,16 +15,12 @@
 //! 4. bounded recovery — the time from each fault until the affected work runs again,
 //!    measured and held against a bound derived from the settings.
 //!
-//! ```text
-//! cargo xtask chaos [--quick] [--scenario NAME]... [--exclude NAME]...
-//!                   [--profile short|defaults|all]... [--seed N] [--json PATH] [--release] [--keep]
-//! ```
+//! `cargo xtask chaos --help` lists the options.
 //!
 //! Every wait has a deadline; every process the suite starts is stopped by its PID on every
 //! path (a guard with `Drop`, and `--exit-on-stdin-close`, so even a killed suite leaves no
 //! worker behind); the TCP proxy lives inside the suite's runtime.
 
-mod check;
 mod fleet;
 mod harness;
 mod liveness;
@@ -42,16 +38,10 @@ use workpump_testdb::Cluster;
 use self::fleet::Profile;
 use crate::{usage_error, Outcome};
 
-/// Errors inside the suite (`Send`, so that they cross tasks).
-pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
-/// The suite's `Result`.
-pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) use crate::harness::{Error, Result};
 
 /// The cluster the suite owns; restarted on purpose, so never the shared `test` cluster.
 const CLUSTER: &str = "chaos";
-
-/// The longest a build of the worker may take (a first build on a small machine).
-const BUILD_DEADLINE: Duration = Duration::from_secs(20 * 60);
 
 /// One scenario the suite can run.
 pub(crate) struct Spec {
@@ -164,33 +154,59 @@ pub(crate) struct Options {
     pub(crate) keep: bool,
 }
 
-const USAGE: &str = "\
-usage: cargo xtask chaos [--quick] [--scenario NAME]... [--exclude NAME]...
-                         [--profile short|defaults|all]... [--seed N] [--json PATH] [--release] [--keep]
+/// `cargo xtask chaos`.
+#[derive(clap::Args)]
+#[command(
+    after_help = "A scenario that runs but is skipped (e.g. clock-skew without libfaketime) \
+counts as not passed; one excluded with --exclude does not run at all. Every timeline and \
+bound is derived from the profile in use."
+)]
+pub(crate) struct Args {
+    /// The short set for CI: sigkill, sigstop, sigstop-alone, listener-kill, pg-restart,
+    /// failover (~1 500-2 000 items each, about 3 minutes); with --scenario, the quick variant
+    /// of each named scenario
+    #[arg(long)]
+    quick: bool,
+    /// Run only NAME (repeatable); `--scenario list` lists them
+    #[arg(long = "scenario", value_name = "NAME", value_parser = scenario_names(true))]
+    scenarios: Vec<String>,
+    /// Leave NAME out (repeatable)
+    #[arg(long = "exclude", value_name = "NAME", value_parser = scenario_names(false))]
+    excluded: Vec<String>,
+    /// The settings the workers run with (repeatable): `short` (the default: lease 3 s,
+    /// heartbeat 1 s / 2 s, stale after 3 s, dead after 12 s, lock grace 3 s, sweep 1 s),
+    /// `defaults` (the shipped defaults: lease 60 s, heartbeat 10 s / 60 s, stale after 30 s,
+    /// dead after 5 min, lock grace 3 s, sweep 2 s), or `all` (each scenario under both, short
+    /// first)
+    #[arg(long = "profile", value_name = "PROFILE", value_parser = ["short", "defaults", "all"])]
+    profiles: Vec<String>,
+    /// Make the random choices reproducible (the seed is printed either way)
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Also write the results as JSON
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Run a release build of workpump-worker (default: a debug build)
+    #[arg(long)]
+    release: bool,
+    /// Keep each scenario's database and leave the chaos cluster running
+    #[arg(long)]
+    keep: bool,
+}
 
-  --quick            the short set for CI: sigkill, sigstop, sigstop-alone, listener-kill,
-                     pg-restart, failover (~1 500-2 000 items each, about 3 minutes); with
-                     --scenario, the quick variant of each named scenario
-  --scenario NAME    run only NAME (repeatable); `--scenario list` lists them
-  --exclude NAME     leave NAME out (repeatable). A scenario that runs but is skipped (e.g.
-                     clock-skew without libfaketime) counts as not passed; one excluded here
-                     does not run at all
-  --profile P        the settings the workers run with (repeatable): `short` (the default:
-                     lease 3 s, heartbeat 1 s / 2 s, stale after 3 s, dead after 12 s, lock
-                     grace 3 s, sweep 1 s), `defaults` (the shipped defaults: lease 60 s,
-                     heartbeat 10 s / 60 s, stale after 30 s, dead after 5 min, lock grace
-                     3 s, sweep 2 s), or `all` (each scenario under both, short first). Every
-                     timeline and bound is derived from the profile in use
-  --seed N           make the random choices reproducible (the seed is printed either way)
-  --json PATH        also write the results as JSON
-  --release          run a release build of workpump-worker (default: a debug build)
-  --keep             keep each scenario's database and leave the chaos cluster running";
+/// The names `--scenario` (with `list`) and `--exclude` accept.
+fn scenario_names(with_list: bool) -> clap::builder::PossibleValuesParser {
+    let names = SCENARIOS.iter().map(|s| s.name);
+    if with_list {
+        names.chain(["list"]).collect::<Vec<_>>().into()
+    } else {
+        names.collect::<Vec<_>>().into()
+    }
+}
 
-pub(crate) fn run(args: &[String]) -> Outcome {
-    let options = match parse(args) {
-        Ok(Some(options)) => options,
-        Ok(None) => return Ok(ExitCode::SUCCESS),
-        Err(problem) => return Ok(usage_error(&format!("{problem}\n\n{USAGE}"))),
+pub(crate) fn run(args: Args) -> Outcome {
+    let Some(options) = options(args) else {
+        return Ok(ExitCode::SUCCESS);
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let cluster = Cluster::new(CLUSTER, false)?;
@@ -213,82 +229,51 @@ pub(crate) fn run(args: &[String]) -> Outcome {
     outcome.map_err(|e| e as Box<dyn std::error::Error>)
 }
 
-fn parse(args: &[String]) -> Result<Option<Options>, String> {
+/// The options of a run; `None` when there is nothing to run (`--scenario list` printed the
+/// scenarios).
+fn options(args: Args) -> Option<Options> {
+    if args.scenarios.iter().any(|s| s == "list") {
+        for spec in &SCENARIOS {
+            let set = if spec.quick { "quick, full" } else { "full" };
+            let profiles: Vec<&str> = spec.profiles.iter().map(|p| p.label()).collect();
+            println!(
+                "{:<16} ({set}; {}) {}",
+                spec.name,
+                profiles.join(", "),
+                spec.about
+            );
+        }
+        return None;
+    }
     let mut options = Options {
-        quick: false,
+        quick: args.quick,
         scenarios: Vec::new(),
         profiles: Vec::new(),
         excluded: Vec::new(),
-        seed: default_seed(),
-        json: None,
-        release: false,
-        keep: false,
+        seed: args.seed.unwrap_or_else(default_seed),
+        json: args.json,
+        release: args.release,
+        keep: args.keep,
     };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--quick" => options.quick = true,
-            "--release" => options.release = true,
-            "--keep" => options.keep = true,
-            "--seed" => {
-                let value = it.next().ok_or("`--seed` needs a number")?;
-                options.seed = value
-                    .parse()
-                    .map_err(|_| format!("`--seed {value}`: not a non-negative integer"))?;
+    for name in args.scenarios.iter().filter_map(|n| scenario_named(n)) {
+        if !options.scenarios.contains(&name) {
+            options.scenarios.push(name);
+        }
+    }
+    for name in args.excluded.iter().filter_map(|n| scenario_named(n)) {
+        if !options.excluded.contains(&name) {
+            options.excluded.push(name);
+        }
+    }
+    for value in &args.profiles {
+        let chosen = match Profile::parse(value) {
+            Some(p) => vec![p],
+            None => Profile::ALL.to_vec(),
+        };
+        for p in chosen {
+            if !options.profiles.contains(&p) {
+                options.profiles.push(p);
             }
-            "--json" => {
-                let value = it.next().ok_or("`--json` needs a path")?;
-                options.json = Some(PathBuf::from(value));
-            }
-            "--scenario" => {
-                let value = it.next().ok_or("`--scenario` needs a name")?;
-                if value == "list" {
-                    for spec in &SCENARIOS {
-                        let set = if spec.quick { "quick, full" } else { "full" };
-                        let profiles: Vec<&str> = spec.profiles.iter().map(|p| p.label()).collect();
-                        println!(
-                            "{:<16} ({set}; {}) {}",
-                            spec.name,
-                            profiles.join(", "),
-                            spec.about
-                        );
-                    }
-                    return Ok(None);
-                }
-                let name = scenario_named(value)?;
-                if !options.scenarios.contains(&name) {
-                    options.scenarios.push(name);
-                }
-            }
-            "--exclude" => {
-                let value = it.next().ok_or("`--exclude` needs a name")?;
-                let name = scenario_named(value)?;
-                if !options.excluded.contains(&name) {
-                    options.excluded.push(name);
-                }
-            }
-            "--profile" => {
-                let value = it
-                    .next()
-                    .ok_or("`--profile` needs short, defaults or all")?;
-                let chosen: Vec<Profile> = if value == "all" {
-                    Profile::ALL.to_vec()
-                } else {
-                    vec![Profile::parse(value).ok_or_else(|| {
-                        format!("unknown profile `{value}` (known: short, defaults, all)")
-                    })?]
-                };
-                for p in chosen {
-                    if !options.profiles.contains(&p) {
-                        options.profiles.push(p);
-                    }
-                }
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(None);
-            }
-            other => return Err(format!("unexpected `chaos` argument `{other}`")),
         }
     }
     if options.scenarios.is_empty() {
@@ -307,23 +292,17 @@ fn parse(args: &[String]) -> Result<Option<Options>, String> {
         .profiles
         .sort_by_key(|p| Profile::ALL.iter().position(|q| q == p));
     if cases(&options).is_empty() {
-        return Err("nothing to run: every scenario asked for is excluded".to_owned());
+        usage_error(
+            "chaos",
+            "nothing to run: every scenario asked for is excluded",
+        );
     }
-    Ok(Some(options))
+    Some(options)
 }
 
-/// The known scenario of that name.
-fn scenario_named(value: &str) -> Result<&'static str, String> {
-    SCENARIOS
-        .iter()
-        .find(|s| s.name == value)
-        .map(|s| s.name)
-        .ok_or_else(|| {
-            format!(
-                "unknown scenario `{value}` (known: {})",
-                SCENARIOS.map(|s| s.name).join(", ")
-            )
-        })
+/// The known scenario of that name (clap has checked it).
+fn scenario_named(value: &str) -> Option<&'static str> {
+    SCENARIOS.iter().find(|s| s.name == value).map(|s| s.name)
 }
 
 /// What a run runs, in order: each profile asked for, and under it each scenario that has
@@ -381,7 +360,7 @@ async fn suite(options: &Options, cluster: &Cluster) -> Result<ExitCode> {
         println!("excluded   {}", options.excluded.join(", "));
     }
 
-    let (built, up) = tokio::join!(build_worker(options.release), async {
+    let (built, up) = tokio::join!(crate::harness::build_worker(options.release), async {
         tokio::task::spawn_blocking({
             let cluster = Cluster::new(CLUSTER, false)?;
             move || cluster.start().map(|()| cluster)
@@ -455,44 +434,6 @@ fn scenario_seed(seed: u64, name: &str, profile: Profile) -> u64 {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
     }
     Rng::new(seed ^ h).next_u64()
-}
-
-/// Builds `workpump-worker` and returns its path and the build time.
-async fn build_worker(release: bool) -> Result<(PathBuf, Duration)> {
-    let started = Instant::now();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = tokio::process::Command::new(cargo);
-    command.args([
-        "build",
-        "--quiet",
-        "-p",
-        "workpump-examples",
-        "--bin",
-        "workpump-worker",
-    ]);
-    if release {
-        command.arg("--release");
-    }
-    let status = tokio::time::timeout(BUILD_DEADLINE, command.kill_on_drop(true).status())
-        .await
-        .map_err(|_| "building workpump-worker took longer than 20 minutes")??;
-    if !status.success() {
-        return Err(format!("building workpump-worker failed ({status})").into());
-    }
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join("target"),
-    };
-    let exe = target
-        .join(if release { "release" } else { "debug" })
-        .join("workpump-worker");
-    if !exe.is_file() {
-        return Err(format!("the build left no {}", exe.display()).into());
-    }
-    Ok((exe, started.elapsed()))
 }
 
 /// A small seeded generator (splitmix64): the suite's random choices, reproducible by seed.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::check::Verdict;
 use super::Options;
+use crate::harness::check::Verdict;
 
 /// Violation details printed per scenario (the JSON keeps up to [`JSON_DETAILS`]).
 const PRINTED_DETAILS: usize = 8;

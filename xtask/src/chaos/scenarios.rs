@@ -14,7 +14,7 @@ use super::proxy::Proxy;
 use super::report::Recovery;
 use super::store::{HoldBurst, Mix};
 use super::Result;
-use crate::procs::Metrics;
+use crate::harness::procs::Metrics;
 
 /// Handlers per worker.
 pub(crate) const CONCURRENCY: usize = 16;
@@ -542,7 +542,7 @@ async fn pool_exhaustion(h: &mut Harness<'_>) -> Result<()> {
         .map(|_| {
             let mut spec = h.direct(CONCURRENCY);
             spec.env
-                .push(("WORKPUMP_MAX_CONNECTIONS".into(), "4".into()));
+                .extend(crate::harness::worker_env(&[("max_connections", 4)]));
             spec.label = Some("pool of 4 connections, 16 handlers".into());
             spec
         })
@@ -772,12 +772,7 @@ async fn skew_of_date(lib: &str) -> Result<f64> {
     Ok(faked - unix_now())
 }
 
-pub(crate) fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+pub(crate) use crate::harness::unix_now;
 
 /// The first timestamp in a worker's log (tracing writes RFC 3339 UTC) minus the suite's
 /// clock when it started that worker: the worker logs within a second of its start, so this

@@ -1,24 +1,7 @@
 //! One scenario's database: created fresh on the chaos cluster, migrated, given the suite's
 //! evidence tables, filled with the workload, watched while it runs, dropped at the end.
 //!
-//! The evidence tables (in `public`, where the workers' unqualified inserts land):
-//!
-//! - `workpump_ledger` — one row per handler execution, written by the worker before its
-//!   handler runs (`--ledger`): item, attempt, claim token, instance, and (by default) the
-//!   writing process's `application_name` and the database time.
-//! - `workpump_effects` — the `tx` items' business write. Deliberately without a primary key,
-//!   so that a second write would show as a second row instead of a failed insert; a trigger
-//!   stamps each row with the claim token the item holds inside the writing transaction.
-//! - `chaos_audit` — triggers on `workpump.work` record every insert and delete of an item
-//!   and every change of its state, owner, claim token, attempt, lease expiry, renewal count,
-//!   checkpoint or cancel request: before and after, the error entry it appended, which
-//!   process wrote it (`application_name`) and when (database clock, and the writing
-//!   transaction's `now()`).
-//! - `chaos_enqueued` — the ids the suite enqueued.
-//! - `chaos_instance_audit` — triggers on `workpump.instances` and
-//!   `workpump.evicted_instances` record every registration, deletion and eviction
-//!   tombstone, with the writing process and the row's heartbeat and lock state.
-//! - `chaos_cancels` — the items the suite asked to cancel, and what `cancel_work` answered.
+//! The evidence tables are the harness's ([`crate::harness::EVIDENCE_SQL`]).
 
 use std::time::Duration;
 
@@ -26,167 +9,12 @@ use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
-use workpump_coordinator::{
-    migrate, EnqueueWorkParams, NewWork, PgCoordinator, WorkCoordinator, DEFAULT_SCHEMA,
-};
+use workpump_coordinator::{migrate, DEFAULT_SCHEMA};
 use workpump_testdb::Cluster;
 
 use super::fleet::QUEUE;
 use super::{Result, Rng};
-
-/// The `application_name` of the suite's own connections.
-pub(crate) const SUITE_APP: &str = "chaos-suite";
-
-const SETUP_SQL: &str = r#"
-CREATE TABLE workpump_ledger (
-    item     bigint      NOT NULL,
-    attempt  int         NOT NULL,
-    token    bigint      NOT NULL,
-    instance uuid        NOT NULL,
-    proc     text        NOT NULL DEFAULT current_setting('application_name'),
-    at       timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE INDEX workpump_ledger_item ON workpump_ledger (item);
-
-CREATE TABLE workpump_effects (
-    item  bigint      NOT NULL,
-    token bigint,
-    proc  text        NOT NULL DEFAULT current_setting('application_name'),
-    at    timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE FUNCTION chaos_effect_token() RETURNS trigger
-LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-BEGIN
-    NEW.token := (SELECT w.claim_token FROM workpump.work w WHERE w.id = NEW.item);
-    RETURN NEW;
-END
-$$;
-CREATE TRIGGER chaos_effect_token BEFORE INSERT ON workpump_effects
-    FOR EACH ROW EXECUTE FUNCTION chaos_effect_token();
-
-CREATE TABLE chaos_audit (
-    seq           bigserial   PRIMARY KEY,
-    -- insert | update | delete
-    op            text        NOT NULL,
-    item          bigint      NOT NULL,
-    from_state    text,
-    to_state      text,
-    from_instance uuid,
-    to_instance   uuid,
-    from_token    bigint,
-    to_token      bigint,
-    from_attempt  int,
-    to_attempt    int,
-    from_expiry   timestamptz,
-    to_expiry     timestamptz,
-    from_renewals int,
-    to_renewals   int,
-    checkpointed  boolean     NOT NULL DEFAULT false,
-    from_cancel   boolean,
-    to_cancel     boolean,
-    error         jsonb,
-    proc          text        NOT NULL DEFAULT current_setting('application_name'),
-    at            timestamptz NOT NULL DEFAULT clock_timestamp(),
-    -- The writing transaction's now(): the clock the store's functions compare leases with.
-    txn_at        timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX chaos_audit_item ON chaos_audit (item);
-CREATE FUNCTION chaos_audit() RETURNS trigger
-LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO chaos_audit (op, item, to_state, to_instance, to_token, to_attempt,
-                                 to_expiry, to_renewals, to_cancel)
-        VALUES ('insert', NEW.id, NEW.state::text, NEW.instance_id, NEW.claim_token, NEW.attempt,
-                NEW.lease_expiry, NEW.renewals, NEW.cancel_requested);
-    ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO chaos_audit (op, item, from_state, from_instance, from_token, from_attempt,
-                                 from_expiry, from_renewals, from_cancel)
-        VALUES ('delete', OLD.id, OLD.state::text, OLD.instance_id, OLD.claim_token, OLD.attempt,
-                OLD.lease_expiry, OLD.renewals, OLD.cancel_requested);
-    ELSE
-        INSERT INTO chaos_audit (op, item, from_state, to_state, from_instance, to_instance,
-                                 from_token, to_token, from_attempt, to_attempt,
-                                 from_expiry, to_expiry, from_renewals, to_renewals,
-                                 checkpointed, from_cancel, to_cancel, error)
-        VALUES ('update', NEW.id, OLD.state::text, NEW.state::text, OLD.instance_id,
-                NEW.instance_id, OLD.claim_token, NEW.claim_token, OLD.attempt, NEW.attempt,
-                OLD.lease_expiry, NEW.lease_expiry, OLD.renewals, NEW.renewals,
-                OLD.checkpoint IS DISTINCT FROM NEW.checkpoint,
-                OLD.cancel_requested, NEW.cancel_requested,
-                CASE WHEN jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors)
-                     THEN NEW.errors -> -1 END);
-    END IF;
-    RETURN NULL;
-END
-$$;
-CREATE TRIGGER chaos_audit AFTER UPDATE ON workpump.work FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state
-          OR OLD.instance_id IS DISTINCT FROM NEW.instance_id
-          OR OLD.claim_token IS DISTINCT FROM NEW.claim_token
-          OR OLD.attempt IS DISTINCT FROM NEW.attempt
-          OR OLD.lease_expiry IS DISTINCT FROM NEW.lease_expiry
-          OR OLD.renewals IS DISTINCT FROM NEW.renewals
-          OR OLD.checkpoint IS DISTINCT FROM NEW.checkpoint
-          OR OLD.cancel_requested IS DISTINCT FROM NEW.cancel_requested)
-    EXECUTE FUNCTION chaos_audit();
-CREATE TRIGGER chaos_audit_rows AFTER INSERT OR DELETE ON workpump.work FOR EACH ROW
-    EXECUTE FUNCTION chaos_audit();
-
--- The ids the suite enqueued: every one must be there at the end.
-CREATE TABLE chaos_enqueued (item bigint PRIMARY KEY);
-
--- Every registration and deletion of an instance row, and every eviction tombstone, with
--- the writing process and what the row said (heartbeat, lock) at that moment.
-CREATE TABLE chaos_instance_audit (
-    seq               bigserial   PRIMARY KEY,
-    -- register | delete | tombstone
-    op                text        NOT NULL,
-    instance          uuid        NOT NULL,
-    -- The instance's own process (`host`, which is the worker's name).
-    host              text,
-    started_at        timestamptz,
-    last_heartbeat_at timestamptz,
-    alive_lock        boolean,
-    lock_lost_at      timestamptz,
-    -- Whether some session held its alive-lock when the row was deleted.
-    lock_held         boolean,
-    postmaster_start  timestamptz NOT NULL DEFAULT pg_postmaster_start_time(),
-    proc              text        NOT NULL DEFAULT current_setting('application_name'),
-    at                timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE FUNCTION chaos_instance_audit() RETURNS trigger
-LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-BEGIN
-    IF TG_TABLE_NAME = 'evicted_instances' THEN
-        INSERT INTO chaos_instance_audit (op, instance) VALUES ('tombstone', NEW.instance_id);
-    ELSIF TG_OP = 'INSERT' THEN
-        INSERT INTO chaos_instance_audit (op, instance, host, started_at, last_heartbeat_at,
-                                          alive_lock, lock_lost_at)
-        VALUES ('register', NEW.instance_id, NEW.host, NEW.started_at, NEW.last_heartbeat_at,
-                NEW.alive_lock, NEW.lock_lost_at);
-    ELSE
-        INSERT INTO chaos_instance_audit (op, instance, host, started_at, last_heartbeat_at,
-                                          alive_lock, lock_lost_at, lock_held)
-        VALUES ('delete', OLD.instance_id, OLD.host, OLD.started_at, OLD.last_heartbeat_at,
-                OLD.alive_lock, OLD.lock_lost_at,
-                EXISTS (SELECT 1 FROM workpump.alive_lock_held_keys() h
-                        WHERE h.key = OLD.alive_lock_key));
-    END IF;
-    RETURN NULL;
-END
-$$;
-CREATE TRIGGER chaos_instance_audit AFTER INSERT OR DELETE ON workpump.instances
-    FOR EACH ROW EXECUTE FUNCTION chaos_instance_audit();
-CREATE TRIGGER chaos_instance_audit AFTER INSERT ON workpump.evicted_instances
-    FOR EACH ROW EXECUTE FUNCTION chaos_instance_audit();
-
-CREATE TABLE chaos_cancels (
-    item   bigint      NOT NULL,
-    result text        NOT NULL,
-    at     timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-"#;
+use crate::harness::{EVIDENCE_SQL, SUITE_APP};
 
 /// A scenario's database.
 pub(crate) struct Db {
@@ -239,7 +67,7 @@ impl Db {
             ))
             .await?;
         migrate(&pool, DEFAULT_SCHEMA).await?;
-        sqlx::raw_sql(SETUP_SQL).execute(&pool).await?;
+        sqlx::raw_sql(EVIDENCE_SQL).execute(&pool).await?;
         sqlx::query("SELECT workpump.register_queue($1, 10)")
             .bind(QUEUE)
             .execute(&pool)
@@ -300,9 +128,9 @@ impl Db {
     /// that holds fewer than were seen on another lacks commits that were acknowledged.
     pub(crate) async fn evidence_rows(&self) -> Result<[i64; 5]> {
         let (a, l, e, q, i): (i64, i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM chaos_audit), (SELECT count(*) FROM workpump_ledger),
-                    (SELECT count(*) FROM workpump_effects), (SELECT count(*) FROM chaos_enqueued),
-                    (SELECT count(*) FROM chaos_instance_audit)",
+            "SELECT (SELECT count(*) FROM workpump_audit), (SELECT count(*) FROM workpump_ledger),
+                    (SELECT count(*) FROM workpump_effects), (SELECT count(*) FROM workpump_enqueued),
+                    (SELECT count(*) FROM workpump_instance_audit)",
         )
         .fetch_one(&self.pool)
         .await?;
@@ -343,7 +171,7 @@ impl Db {
         printed: Option<Uuid>,
     ) -> Result<Vec<Uuid>> {
         let mut ids: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT DISTINCT to_instance FROM chaos_audit
+            "SELECT DISTINCT to_instance FROM workpump_audit
              WHERE proc = $1 AND to_token IS DISTINCT FROM from_token AND to_instance IS NOT NULL
              UNION
              SELECT i.instance_id FROM workpump.instances i
@@ -559,11 +387,11 @@ impl Db {
     ) -> Result<Vec<(Uuid, String, String, f64)>> {
         Ok(sqlx::query_as(
             "SELECT t.instance,
-                    coalesce((SELECT d.host FROM chaos_instance_audit d
+                    coalesce((SELECT d.host FROM workpump_instance_audit d
                               WHERE d.instance = t.instance AND d.host IS NOT NULL
                               ORDER BY d.seq DESC LIMIT 1), '?'),
                     t.proc, extract(epoch FROM t.at)::float8
-             FROM chaos_instance_audit t
+             FROM workpump_instance_audit t
              WHERE t.op = 'tombstone' AND t.at > to_timestamp($1)
              ORDER BY t.seq",
         )
@@ -575,7 +403,7 @@ impl Db {
     /// Items completed since `since` (database seconds).
     pub(crate) async fn completed_since(&self, since: f64) -> Result<i64> {
         Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM chaos_audit
+            "SELECT count(*) FROM workpump_audit
              WHERE to_state = 'completed' AND at > to_timestamp($1)",
         )
         .bind(since)
@@ -667,48 +495,9 @@ pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
     planned
 }
 
-/// Enqueues the planned items in one call per 10 000; returns their ids.
+/// Enqueues the planned items into the suite's queue (see [`crate::harness::enqueue`]).
 pub(crate) async fn enqueue(pool: &PgPool, planned: Vec<(Value, u64)>) -> Result<Vec<i64>> {
-    let coordinator = PgCoordinator::new(pool.clone());
-    let mut ids = Vec::with_capacity(planned.len());
-    let mut planned = planned.into_iter().peekable();
-    while planned.peek().is_some() {
-        let items: Vec<NewWork> = planned
-            .by_ref()
-            .take(10_000)
-            .map(|(payload, after)| {
-                let item = NewWork::new(QUEUE, payload);
-                if after == 0 {
-                    item
-                } else {
-                    item.run_after(Duration::from_millis(after))
-                }
-            })
-            .collect();
-        let out = coordinator
-            .enqueue_work(EnqueueWorkParams { items })
-            .await?;
-        let batch: Vec<i64> = out.items.iter().map(|e| e.id).collect();
-        // The items are in; their record must follow even if the server blips now (the
-        // suite restarts it), or the checks would call them foreign.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            let recorded =
-                sqlx::query("INSERT INTO chaos_enqueued (item) SELECT unnest($1::bigint[])")
-                    .bind(&batch)
-                    .execute(pool)
-                    .await;
-            match recorded {
-                Ok(_) => break,
-                Err(e) if tokio::time::Instant::now() >= deadline => {
-                    return Err(format!("recording {} enqueued ids: {e}", batch.len()).into())
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-            }
-        }
-        ids.extend(batch);
-    }
-    Ok(ids)
+    crate::harness::enqueue(pool, QUEUE, planned).await
 }
 
 /// Enqueues one item, due now; its id.
@@ -719,7 +508,7 @@ pub(crate) async fn enqueue_one(db: &Db, payload: Value) -> Result<i64> {
 
 /// Cancels `n` items through `workpump.cancel_work`: half of them sleepers (likely running,
 /// so the request travels in a renewal reply), the rest at random (likely waiting or done).
-/// Records each answer in `chaos_cancels`; a finished item's refusal is recorded as such.
+/// Records each answer in `workpump_cancels`; a finished item's refusal is recorded as such.
 pub(crate) async fn cancel_some(db: &Db, rng: &mut Rng, n: usize) -> Result<Vec<(i64, String)>> {
     let sleepers: Vec<i64> = sqlx::query_scalar(
         "SELECT id FROM workpump.work
@@ -761,7 +550,7 @@ pub(crate) async fn cancel_some(db: &Db, rng: &mut Rng, n: usize) -> Result<Vec<
             }
             Err(e) => return Err(e.into()),
         };
-        sqlx::query("INSERT INTO chaos_cancels (item, result) VALUES ($1, $2)")
+        sqlx::query("INSERT INTO workpump_cancels (item, result) VALUES ($1, $2)")
             .bind(id)
             .bind(&answer)
             .execute(&db.pool)

@@ -14,42 +14,20 @@ use workpump_coordinator::testing::{fresh_store, FreshStore};
 use workpump_host::HostConfig;
 use workpump_testdb::TestDatabase;
 
-/// A trigger on `workpump.work` writes a row for every change of an item's state, owner or
-/// claim token, so a test can tell who recorded each outcome, and how often.
-const AUDIT_SQL: &str = r#"
-CREATE TABLE audit (
-    item          bigint      NOT NULL,
-    from_state    text        NOT NULL,
-    to_state      text        NOT NULL,
-    from_instance uuid,
-    to_instance   uuid,
-    failed        boolean     NOT NULL,
-    at            timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE FUNCTION audit() RETURNS trigger
-LANGUAGE plpgsql SET search_path = public, pg_catalog AS $$
-BEGIN
-    INSERT INTO audit (item, from_state, to_state, from_instance, to_instance, failed)
-    VALUES (NEW.id, OLD.state::text, NEW.state::text, OLD.instance_id, NEW.instance_id,
-            jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors));
-    RETURN NULL;
-END
-$$;
-CREATE TRIGGER audit AFTER UPDATE ON workpump.work FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state
-          OR OLD.instance_id IS DISTINCT FROM NEW.instance_id
-          OR OLD.claim_token IS DISTINCT FROM NEW.claim_token)
-    EXECUTE FUNCTION audit();
-"#;
+/// The evidence tables the fault suite and the demo use too (the one copy): among them
+/// `workpump_audit`, which triggers on `workpump.work` fill with a row for every change of an
+/// item (state, owner, claim token, attempt, lease, ...), so a test can tell who recorded each
+/// outcome, and how often.
+const EVIDENCE_SQL: &str = include_str!("../../../../examples/sql/evidence.sql");
 
 /// A fresh database, migrated, with the audit trigger, and a small pool on it for the test's
 /// own queries.
 pub async fn database() -> (TestDatabase, PgPool) {
     let FreshStore { pool, db, .. } = fresh_store().await;
-    sqlx::raw_sql(AUDIT_SQL)
+    sqlx::raw_sql(EVIDENCE_SQL)
         .execute(&pool)
         .await
-        .expect("the audit trigger");
+        .expect("the evidence tables");
     (db, pool)
 }
 
@@ -161,7 +139,7 @@ pub async fn count_state(pool: &PgPool, state: &str) -> i64 {
 pub async fn recorded_twice(pool: &PgPool) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM (
-             SELECT item FROM audit WHERE to_state IN ('completed', 'dead', 'cancelled')
+             SELECT item FROM workpump_audit WHERE to_state IN ('completed', 'dead', 'cancelled')
              GROUP BY item HAVING count(*) > 1) d",
     )
     .fetch_one(pool)
@@ -172,7 +150,7 @@ pub async fn recorded_twice(pool: &PgPool) -> i64 {
 /// The instance that recorded each item's final outcome.
 pub async fn outcome_writers(pool: &PgPool) -> Vec<(i64, Option<Uuid>)> {
     sqlx::query_as(
-        "SELECT item, from_instance FROM audit
+        "SELECT item, from_instance FROM workpump_audit
          WHERE to_state IN ('completed', 'dead', 'cancelled') ORDER BY item",
     )
     .fetch_all(pool)

@@ -1,7 +1,7 @@
 //! The end-of-scenario checks, read from the database after every worker stopped.
 //!
 //! Sources: the items (`workpump.work`), the audit of every change the store made to them
-//! (`chaos_audit`, written by a trigger, so no code path can skip it), the workers' ledger of
+//! (`workpump_audit`, written by a trigger, so no code path can skip it), the workers' ledger of
 //! executions, the transactional effects, the suite's cancel requests. Each audit row is one
 //! change, classified as:
 //!
@@ -30,8 +30,7 @@ use serde_json::Value;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
 
-use super::store::SUITE_APP;
-use super::Result;
+use super::{Result, SUITE_APP};
 
 /// One work item at the end.
 pub(crate) struct Item {
@@ -162,7 +161,7 @@ pub(crate) struct Exec {
     pub(crate) proc: String,
 }
 
-/// A registration, deletion or eviction tombstone of an instance (`chaos_instance_audit`).
+/// A registration, deletion or eviction tombstone of an instance (`workpump_instance_audit`).
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub(crate) struct InstanceEvent {
     /// `register`, `delete` or `tombstone`.
@@ -237,7 +236,7 @@ impl Evidence {
                     coalesce(to_cancel, false) AS to_cancel, error, proc,
                     extract(epoch FROM at)::float8 AS at,
                     extract(epoch FROM txn_at)::float8 AS txn_at
-             FROM chaos_audit ORDER BY seq",
+             FROM workpump_audit ORDER BY seq",
         )
         .fetch_all(pool)
         .await?;
@@ -264,11 +263,12 @@ impl Evidence {
         {
             effects.entry(item).or_default().push((token, proc));
         }
-        let cancels = sqlx::query_as::<_, (i64, String)>("SELECT item, result FROM chaos_cancels")
-            .fetch_all(pool)
-            .await?
-            .into_iter()
-            .collect();
+        let cancels =
+            sqlx::query_as::<_, (i64, String)>("SELECT item, result FROM workpump_cancels")
+                .fetch_all(pool)
+                .await?
+                .into_iter()
+                .collect();
         let evicted = sqlx::query_as::<_, (Uuid, f64)>(
             "SELECT instance_id, extract(epoch FROM evicted_at)::float8 FROM workpump.evicted_instances",
         )
@@ -276,7 +276,7 @@ impl Evidence {
         .await?
         .into_iter()
         .collect();
-        let enqueued = sqlx::query_scalar("SELECT item FROM chaos_enqueued ORDER BY item")
+        let enqueued = sqlx::query_scalar("SELECT item FROM workpump_enqueued ORDER BY item")
             .fetch_all(pool)
             .await?;
         let instance_events = sqlx::query_as::<_, InstanceEvent>(
@@ -286,7 +286,7 @@ impl Evidence {
                     extract(epoch FROM at - lock_lost_at)::float8 AS lock_lost_for,
                     lock_held,
                     extract(epoch FROM at - postmaster_start)::float8 AS since_server_start
-             FROM chaos_instance_audit ORDER BY seq",
+             FROM workpump_instance_audit ORDER BY seq",
         )
         .fetch_all(pool)
         .await?;
@@ -342,6 +342,18 @@ pub(crate) struct Verdict {
     pub(crate) lapsed: usize,
 }
 
+impl Verdict {
+    /// Every violation found, of every kind (an empty run is one: see [`check`]).
+    pub(crate) fn violations(&self) -> impl Iterator<Item = &String> {
+        self.lost
+            .iter()
+            .chain(&self.double)
+            .chain(&self.effects)
+            .chain(&self.history)
+            .chain(&self.fence)
+    }
+}
+
 /// Runs every check. `t0` (database seconds) is the origin of the times quoted in evidence.
 pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
     let mut v = Verdict::default();
@@ -360,7 +372,7 @@ pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
     // Every item the suite enqueued is still there, and nothing else is.
     if ev.enqueued.is_empty() {
         v.lost.push(
-            "the suite enqueued nothing (chaos_enqueued is empty): every check below would \
+            "the suite enqueued nothing (workpump_enqueued is empty): every check below would \
              pass vacuously"
                 .to_owned(),
         );

@@ -1,6 +1,6 @@
-//! What the demo, the benchmark and the fault suite share about the `workpump-worker`
-//! processes they run: a free port for a worker's metrics, the tail of its log, and a scrape
-//! of its Prometheus endpoint.
+//! Small helpers for the `workpump-worker` processes the demo, the benchmark and the fault
+//! suite run: a free port for a worker's metrics, the tail of its log, and a scrape of its
+//! Prometheus endpoint.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
