@@ -52,6 +52,7 @@ mod worker;
 pub mod conformance;
 #[cfg(feature = "testing")]
 mod fake;
+#[cfg(feature = "testing")]
 mod recorded_metrics;
 #[cfg(feature = "testing")]
 pub mod testing;
