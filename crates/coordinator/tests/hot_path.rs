@@ -10,22 +10,13 @@ use serde_json::json;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Connection;
 use tokio::time::Instant;
-use workpump_coordinator::testing::{fresh_store, FreshStore};
+use workpump_coordinator::testing::{
+    fresh_database as fresh, fresh_store, seasoned_judge, FreshStore,
+};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
 const LEASE: Duration = Duration::from_secs(60);
-
-/// An empty database, not migrated (unlike `fresh_store`): for the tests that migrate it
-/// themselves, or migrate an older store first.
-async fn fresh() -> (TestDatabase, PgPool) {
-    let server = workpump_testdb::server()
-        .await
-        .expect("a PostgreSQL server");
-    let db = server.create_database().await.expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    (db, pool)
-}
 
 async fn migrated() -> (TestDatabase, PgPool, PgCoordinator) {
     let FreshStore {
@@ -56,20 +47,7 @@ fn heartbeat(me: InstanceId) -> RecordHeartbeatParams {
 /// holding its alive-lock, and watching the store for an hour.
 async fn judge(c: &PgCoordinator, pool: &PgPool) -> (InstanceId, TakeAliveLockOutcome) {
     let me = registered(c).await;
-    let lock = c
-        .take_alive_lock(TakeAliveLockParams { instance: me })
-        .await
-        .expect("the judge's lock");
-    assert!(lock.held);
-    sqlx::query(
-        "UPDATE workpump.instances SET lock_since = lock_since - interval '1 hour'
-         WHERE instance_id = $1",
-    )
-    .bind(me.0)
-    .execute(pool)
-    .await
-    .expect("age the judge's watch");
-    (me, lock)
+    (me, seasoned_judge(c, pool, me).await)
 }
 
 async fn registered(c: &PgCoordinator) -> InstanceId {

@@ -7,20 +7,9 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Connection;
-use workpump_coordinator::testing::{fresh_store, FreshStore};
+use workpump_coordinator::testing::{fresh_database as fresh, fresh_store, FreshStore};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
-
-/// An empty database, not migrated (unlike `fresh_store`): for the tests that migrate it
-/// themselves, or migrate an older store first.
-async fn fresh() -> (TestDatabase, PgPool) {
-    let server = workpump_testdb::server()
-        .await
-        .expect("a PostgreSQL server");
-    let db = server.create_database().await.expect("a fresh database");
-    let pool = db.pool().await.expect("connect");
-    (db, pool)
-}
 
 async fn migrated() -> (TestDatabase, PgPool, PgCoordinator) {
     let FreshStore {

@@ -7,11 +7,11 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::postgres::PgPool;
 use tokio_util::sync::CancellationToken;
-use workpump_coordinator::testing::{fresh_store, FreshStore};
+use workpump_coordinator::testing::{fresh_store, seasoned_judge, FreshStore};
 use workpump_coordinator::{
     AliveLockReport, ClaimWorkParams, EnqueueWorkParams, Identity, InstanceId, Liveness, NewWork,
     PgCoordinator, RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockOutcome,
-    TakeAliveLockParams, WorkCoordinator, Worker,
+    WorkCoordinator, Worker,
 };
 use workpump_maintenance::{MaintenanceConfig, MaintenanceWorker, SweepReport};
 use workpump_testdb::TestDatabase;
@@ -80,21 +80,7 @@ impl Store {
     /// hour: its sweeps may judge by every rule (`cleanup_stale_instances`).
     async fn judge(&self) -> (InstanceId, TakeAliveLockOutcome) {
         let me = self.instance().await;
-        let lock = self
-            .coordinator
-            .take_alive_lock(TakeAliveLockParams { instance: me })
-            .await
-            .expect("take the alive-lock");
-        assert!(lock.held);
-        sqlx::query(
-            "UPDATE workpump.instances SET lock_since = lock_since - interval '1 hour'
-             WHERE instance_id = $1",
-        )
-        .bind(me.0)
-        .execute(&self.pool)
-        .await
-        .expect("age the watch");
-        (me, lock)
+        (me, seasoned_judge(&self.coordinator, &self.pool, me).await)
     }
 
     async fn claim_all(&self, q: &str) -> Vec<i64> {
