@@ -46,6 +46,7 @@
 mod config;
 mod handler;
 pub mod metrics;
+mod outcome;
 mod recorder;
 mod wait;
 mod worker;

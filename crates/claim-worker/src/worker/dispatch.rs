@@ -1,0 +1,193 @@
+//! Dispatch: one item on its own task under its lease — the handler's run, what to record
+//! for it ([`decide`]), and the write, with the lease kept renewed until it is written.
+
+use super::*;
+
+/// Runs one claimed item: lease, handler, outcome.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_item(
+    run: Arc<Run>,
+    q: Arc<QueueRuntime>,
+    item: ClaimedWork,
+    instance: InstanceId,
+    sent_at: Instant,
+    permit: OwnedSemaphorePermit,
+    slot_freed: Arc<Notify>,
+    recorder: Recorder,
+) {
+    let shared = &run.shared;
+    let fence = item.fence;
+    let lease = shared
+        .leases
+        .track(instance, fence, sent_at, q.settings.lease, &run.root);
+    if let Ok(mut m) = run.in_flight.lock() {
+        m.insert(fence, lease.clone());
+    }
+    ::metrics::gauge!(metrics::IN_FLIGHT, "queue" => q.name.clone()).increment(1.0);
+    // An eviction or a drain that began while this item was being claimed applies to it too.
+    if instance != shared.identity.current() {
+        lease.cancel(CancelReason::Evicted);
+    }
+
+    let outcome = if lease.is_expired() {
+        // The claim took so long that its lease can no longer be trusted: never start.
+        count(&q.name, "rejected_expired");
+        Some(Outcome::Release {
+            consume_attempt: false,
+        })
+    } else if lease.token().is_cancelled() {
+        None
+    } else {
+        execute(&run, &q, item, instance, &lease).await
+    };
+
+    if let Some(outcome) = outcome {
+        // Keep the lease renewed until the outcome is written.
+        let guard = lease.guard();
+        tokio::pin!(guard);
+        let write = recorder.record(instance, fence, outcome.clone());
+        tokio::pin!(write);
+        let mut guard_done = lease.token().is_cancelled();
+        let recorded = loop {
+            tokio::select! {
+                r = &mut write => break r,
+                _ = &mut guard, if !guard_done => guard_done = true,
+            }
+        };
+        count(&q.name, outcome_label(&outcome, &recorded));
+    }
+
+    lease.dispose();
+    if let Ok(mut m) = run.in_flight.lock() {
+        m.remove(&fence);
+    }
+    ::metrics::gauge!(metrics::IN_FLIGHT, "queue" => q.name.clone()).decrement(1.0);
+    drop(permit);
+    slot_freed.notify_one();
+}
+
+/// The handler's run, and what to record for it (`None`: nothing, the lease is gone).
+async fn execute(
+    run: &Run,
+    q: &QueueRuntime,
+    item: ClaimedWork,
+    instance: InstanceId,
+    lease: &Arc<dyn TrackedLease>,
+) -> Option<Outcome> {
+    let shared = &run.shared;
+    let attempt = item.attempt;
+    let ctx = Arc::new(JobContext {
+        fence: item.fence,
+        instance,
+        queue: q.name.clone(),
+        attempt,
+        max_attempts: item.max_attempts,
+        created_at: item.created_at,
+        checkpoint: item.checkpoint,
+        lease: lease.clone(),
+        coordinator: shared.coordinator.clone(),
+        pg: shared.pg.clone(),
+        completed_in_transaction: Default::default(),
+    });
+    let started = Instant::now();
+    let handler = AssertUnwindSafe(q.handler.call(item.payload, ctx.clone())).catch_unwind();
+    tokio::pin!(handler);
+    let guard = lease.guard();
+    tokio::pin!(guard);
+    let mut guard_done = false;
+    let mut wind_down: Option<Instant> = None;
+    let finished = loop {
+        tokio::select! {
+            r = &mut handler => break Some(r),
+            _ = &mut guard, if !guard_done => {
+                guard_done = true;
+                let reason = lease.cancel_reason();
+                if let Some(r) = reason {
+                    ::metrics::counter!(metrics::HANDLER_CANCELLED, "queue" => q.name.clone(), "reason" => r.label())
+                        .increment(1);
+                }
+                wind_down = match reason {
+                    // Draining: the handler may use the whole drain timeout.
+                    Some(CancelReason::Shutdown) => None,
+                    // Someone else may be running it already: stop now.
+                    Some(CancelReason::LeaseLost | CancelReason::Evicted) => Some(Instant::now()),
+                    // The lease still has its grace: half of it to wind down.
+                    _ => Some(Instant::now() + q.settings.lease.grace / 2),
+                };
+            }
+            _ = sleep_until_opt(wind_down) => break None,
+            _ = run.drain_deadline.cancelled() => break None,
+        }
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    let ended = match finished {
+        None => {
+            // Abandoned: the future is dropped here, at its current await point.
+            count(&q.name, "abandoned");
+            Ended::Abandoned
+        }
+        Some(Err(panic)) => {
+            let message = panic_message(&panic);
+            tracing::warn!(
+                "handler of {:?} panicked on item {}: {message}",
+                q.name,
+                ctx.fence.id
+            );
+            Ended::Panicked(message)
+        }
+        Some(Ok(Err(decode))) => Ended::Undecodable(decode),
+        Some(Ok(Ok(Ok(())))) => {
+            let in_transaction = ctx.completed_in_transaction.load(Ordering::Acquire);
+            if in_transaction {
+                count(&q.name, "completed");
+            }
+            Ended::Succeeded { in_transaction }
+        }
+        Some(Ok(Ok(Err(e)))) => Ended::Failed(e),
+    };
+    ::metrics::histogram!(metrics::HANDLER_DURATION, "queue" => q.name.clone(), "result" => ended.label())
+        .record(elapsed);
+    decide(
+        ended,
+        lease.cancel_reason(),
+        q.settings.backoff.delay(attempt),
+    )
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}
+
+fn outcome_label(outcome: &Outcome, recorded: &crate::recorder::Recorded) -> &'static str {
+    use workpump_coordinator::WorkState::*;
+    match recorded {
+        Err(_) => "unrecorded",
+        Ok(None) => "fenced_out",
+        Ok(Some(state)) => match (outcome, state) {
+            (Outcome::Release { .. }, Available) => "released",
+            (_, Completed) => "completed",
+            (_, Available | Scheduled) => "retried",
+            (_, Dead) => "dead",
+            (_, Cancelled) => "cancelled",
+            (_, Running) => "released",
+        },
+    }
+}
+
+fn count(queue: &str, outcome: &'static str) {
+    ::metrics::counter!(metrics::ITEMS, "queue" => queue.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
