@@ -47,6 +47,21 @@ pub async fn fresh_store() -> FreshStore {
     }
 }
 
+/// [`fresh_store`] with `queue` registered (default settings), as most store tests start:
+/// the database, its pool and the coordinator.
+pub async fn fresh_store_with_queue(queue: &str) -> (TestDatabase, PgPool, PgCoordinator) {
+    let FreshStore {
+        coordinator,
+        pool,
+        db,
+    } = fresh_store().await;
+    coordinator
+        .register_queue(crate::types::RegisterQueueParams::new(queue))
+        .await
+        .expect("register the queue");
+    (db, pool, coordinator)
+}
+
 /// Makes the registered `instance` a judge that may apply every liveness rule at once (see
 /// the SQL function `cleanup_stale_instances`): takes its alive-lock through `coordinator`
 /// (keep the returned session: dropping it ends the lock) and moves the start of its watch an

@@ -11,7 +11,7 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Connection;
 use tokio::time::Instant;
 use workpump_coordinator::testing::{
-    fresh_database as fresh, fresh_store, seasoned_judge, FreshStore,
+    fresh_database as fresh, fresh_store_with_queue, seasoned_judge,
 };
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
@@ -19,15 +19,7 @@ use workpump_testdb::TestDatabase;
 const LEASE: Duration = Duration::from_secs(60);
 
 async fn migrated() -> (TestDatabase, PgPool, PgCoordinator) {
-    let FreshStore {
-        coordinator: c,
-        pool,
-        db,
-    } = fresh_store().await;
-    c.register_queue(RegisterQueueParams::new("q"))
-        .await
-        .expect("queue");
-    (db, pool, c)
+    fresh_store_with_queue("q").await
 }
 
 fn heartbeat(me: InstanceId) -> RecordHeartbeatParams {

@@ -7,20 +7,12 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Connection;
-use workpump_coordinator::testing::{fresh_database as fresh, fresh_store, FreshStore};
+use workpump_coordinator::testing::{fresh_database as fresh, fresh_store_with_queue};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
 async fn migrated() -> (TestDatabase, PgPool, PgCoordinator) {
-    let FreshStore {
-        coordinator: c,
-        pool,
-        db,
-    } = fresh_store().await;
-    c.register_queue(RegisterQueueParams::new("q"))
-        .await
-        .expect("queue");
-    (db, pool, c)
+    fresh_store_with_queue("q").await
 }
 
 async fn registered(c: &PgCoordinator) -> InstanceId {
