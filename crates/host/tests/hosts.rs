@@ -319,6 +319,98 @@ async fn a_host_that_does_not_claim_is_ready_once_its_store_is_migrated_and_reac
     db.drop_database().await.expect("drop");
 }
 
+/// With its heartbeat switched off an instance never registers, so it is never ready and
+/// claims nothing (the heartbeat killswitch's documented meaning): host A runs without a
+/// heartbeat beside host B, both handling one queue; every item is run by B, although A's
+/// claim loop polled all along (A is started first and the work lasts many of its polls).
+#[tokio::test]
+async fn a_host_with_its_heartbeat_switched_off_is_never_ready_and_claims_nothing() {
+    let (db, pool) = database().await;
+    let runs: Runs = Arc::default();
+    let mut silent = fast_config();
+    silent.heartbeat.enabled = false;
+    let a = Host::builder()
+        .config(silent)
+        .database_url(db.url())
+        .handler("alpha", recording(&runs))
+        .start()
+        .await
+        .expect("host A starts");
+    wait_until(
+        Duration::from_secs(15),
+        "host A's schema is ready",
+        || async { a.health().schema_ready },
+    )
+    .await;
+
+    let mut one_at_a_time = fast_config();
+    one_at_a_time.queues.insert(
+        "alpha".to_owned(),
+        QueueConfig {
+            concurrency: Some(1),
+            ..QueueConfig::default()
+        },
+    );
+    let slow_runs = runs.clone();
+    let b = Host::builder()
+        .config(one_at_a_time)
+        .database_url(db.url())
+        .handler(
+            "alpha",
+            handler_fn(move |job: Job<serde_json::Value>| {
+                let runs = slow_runs.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    runs.lock().expect("runs").push((
+                        job.queue().to_owned(),
+                        job.id(),
+                        job.instance().0,
+                    ));
+                    Ok(())
+                }
+            }),
+        )
+        .start()
+        .await
+        .expect("host B starts");
+    wait_ready(&b).await;
+    let items = 60;
+    b.enqueue(
+        (0..items)
+            .map(|i| NewWork::new("alpha", json!({ "i": i })))
+            .collect(),
+    )
+    .await
+    .expect("enqueue");
+    wait_until(Duration::from_secs(30), "every item completed", || async {
+        count_state(&pool, "completed").await == items
+    })
+    .await;
+
+    let runs = runs.lock().expect("runs").clone();
+    assert_eq!(runs.len(), items as usize, "{runs:?}");
+    let b_instance = b.health().instance.0;
+    assert!(
+        runs.iter().all(|(_, _, instance)| *instance == b_instance),
+        "only B runs items: {runs:?}"
+    );
+    let health = a.health();
+    assert!(health.schema_ready && !health.ready, "{health:?}");
+    let registered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM workpump.instances WHERE instance_id = $1")
+            .bind(health.instance.0)
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+    assert_eq!(registered, 0, "A never registered");
+    for host in [&a, &b] {
+        host.shutdown();
+        host.stopped().await.expect("a clean stop");
+    }
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
 /// A maintenance worker that panics on its first `panics` runs, then runs until shutdown.
 struct PanicsFirst {
     runs: AtomicU32,
