@@ -71,8 +71,9 @@ pub use liveness::{
 };
 pub use operations::Operations;
 pub use pg::{
-    migrate, migrate_with, DatabaseUrl, FencedTransaction, MigrateOptions, PgCoordinator,
-    TargetSessionAttrs, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIGRATE_LOCK_TIMEOUT, DEFAULT_SCHEMA,
+    grants_sql, migrate, migrate_with, migration_status, DatabaseUrl, FencedTransaction,
+    MigrateOptions, MigrationState, MigrationStatus, PgCoordinator, TargetSessionAttrs,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIGRATE_LOCK_TIMEOUT, DEFAULT_SCHEMA,
 };
 #[cfg(feature = "testing")]
 pub use recorded_metrics::RecordedMetrics;

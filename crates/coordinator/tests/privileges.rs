@@ -21,18 +21,13 @@ const QUEUE: &str = "emails";
 const LEASE: Duration = Duration::from_secs(60);
 const STALE: Duration = Duration::from_secs(30);
 
-/// The grant template, as shipped.
-const GRANTS: &str = include_str!("../../../sql/grants.sql");
-
 fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// `sql/grants.sql` with its psql variables filled in, as `psql -v` would.
+/// `sql/grants.sql` with its psql variables filled in, as `workpump grants` prints it.
 fn grants(schema: &str, runtime: &str) -> String {
-    GRANTS
-        .replace(":\"schema\"", &ident(schema))
-        .replace(":\"runtime\"", &ident(runtime))
+    workpump_coordinator::grants_sql(schema, runtime).expect("valid names")
 }
 
 struct Roles {

@@ -2,6 +2,7 @@
 //! `sql/migrations` with the statements in `sql/queries`; with a multi-host URL
 //! ([`DatabaseUrl`]), on the host that satisfies its `target_session_attrs`.
 
+mod admin;
 mod alive_lock;
 mod failover;
 mod listener;
@@ -25,6 +26,7 @@ use crate::types::*;
 use crate::validate::{self, micros, sanitize_text};
 use failover::Failover;
 
+pub use admin::{grants_sql, migration_status, MigrationState, MigrationStatus};
 pub use url::{DatabaseUrl, TargetSessionAttrs, DEFAULT_CONNECT_TIMEOUT};
 
 /// The schema that holds workpump's objects unless told otherwise.
