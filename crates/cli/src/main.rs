@@ -1,16 +1,18 @@
 //! `workpump`: the operator's command line. It migrates a schema and prints the runtime
-//! role's grants; every command talks to the store through `workpump-coordinator`, the same
+//! role's grants, lists and steers the work, and serves the dashboard; every command talks to the store through `workpump-coordinator`, the same
 //! calls a service makes, so what it shows and changes obeys the store's rules.
 //!
 //! Exit codes (also in `workpump --help`): see [`failure::ExitCode`].
 
 mod failure;
 mod migrate;
+mod ops;
 mod output;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use sqlx::{Connection, PgConnection};
-use workpump_coordinator::{Error, PgCoordinator, DEFAULT_SCHEMA};
+use workpump_coordinator::{BulkAction, Error, PgCoordinator, DEFAULT_SCHEMA};
 
 use failure::Failure;
 
@@ -51,6 +53,26 @@ enum Command {
     /// Print the grants a runtime role needs on the schema, or apply them (as the migrator,
     /// after every migrate).
     Grants(migrate::GrantsArgs),
+    /// Every queue: counts by state, pickup lag, rates over the last hour, paused.
+    Queues,
+    /// List items, or show one.
+    #[command(subcommand)]
+    Items(ops::ItemsCommand),
+    /// Retry dead letters (by id, or every one a filter matches): available again, attempts
+    /// reset.
+    Retry(ops::BulkArgs),
+    /// Cancel items: waiting ones at once, running ones at their next renewal.
+    Cancel(ops::BulkArgs),
+    /// Delete finished items (completed, dead or cancelled).
+    Discard(ops::BulkArgs),
+    /// Pause a queue: claims stop within one poll; running items finish.
+    Pause(ops::QueueArg),
+    /// Resume a paused queue.
+    Resume(ops::QueueArg),
+    /// The instances: host, pid, version, heartbeat age, alive-lock, leases, in flight.
+    Instances,
+    /// Serve the web dashboard.
+    Serve(serve::ServeArgs),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -71,7 +93,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             "no database given: pass --database-url or set DATABASE_URL",
         ));
     };
-    let store = PgCoordinator::connect_lazy(url, &cli.schema, 2).map_err(Failure::from_store)?;
+    let store = PgCoordinator::connect_lazy(url, &cli.schema, 4).map_err(Failure::from_store)?;
     // One session first, so an unreachable server or a refused login reads as the server's
     // own answer at once instead of the pool's "timed out" after its acquire timeout.
     let options = store.pool().connect_options();
@@ -83,5 +105,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Migrate(args) => migrate::migrate(&store, &out, args).await,
         Command::Grants(args) => migrate::grants(&store, &out, args).await,
+        Command::Queues => ops::queues(&store, &out).await,
+        Command::Items(command) => ops::items(&store, &out, command).await,
+        Command::Retry(args) => ops::bulk(&store, &out, BulkAction::Retry, args).await,
+        Command::Cancel(args) => ops::bulk(&store, &out, BulkAction::Cancel, args).await,
+        Command::Discard(args) => ops::bulk(&store, &out, BulkAction::Discard, args).await,
+        Command::Pause(arg) => ops::pause(&store, &out, arg, true).await,
+        Command::Resume(arg) => ops::pause(&store, &out, arg, false).await,
+        Command::Instances => ops::instances(&store, &out).await,
+        Command::Serve(args) => serve::serve(store, args).await,
     }
 }
