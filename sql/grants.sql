@@ -28,6 +28,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".instances TO :"runtime";
 --                      FOR UPDATE SKIP LOCKED: UPDATE).
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".evicted_instances TO :"runtime";
 
+--   queue_failures: fail_work adds to the current minute's bucket (INSERT ... ON CONFLICT
+--                   DO UPDATE) and forgets old ones (DELETE); queue_overview reads it.
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".queue_failures TO :"runtime";
+
 --   liveness_floor: read by every liveness call (the floor of the cutoffs); only the owner
 --                   may change it.
 GRANT SELECT ON TABLE :"schema".liveness_floor TO :"runtime";

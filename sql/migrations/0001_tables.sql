@@ -33,6 +33,18 @@ CREATE TABLE queues (
     CONSTRAINT queues_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000)
 );
 
+-- Failed attempts per queue and minute, for the operator's failure rate (queue_overview):
+-- fail_work adds the attempts it records as failed or rejected (not cancelled) to the bucket
+-- of the current minute, and deletes the queue's buckets older than two hours in the same
+-- statement, so each queue keeps at most about 120 rows. Nothing on the completion or claim
+-- path writes here. Lease expiries (claim_work, dead_letter_expired) are not counted.
+CREATE TABLE queue_failures (
+    queue  text        NOT NULL,
+    minute timestamptz NOT NULL,
+    failed bigint      NOT NULL CHECK (failed >= 0),
+    PRIMARY KEY (queue, minute)
+);
+
 -- Instances: one row per running host process, kept fresh by record_heartbeat.
 CREATE TABLE instances (
     instance_id       uuid        PRIMARY KEY,

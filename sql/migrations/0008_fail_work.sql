@@ -16,6 +16,9 @@
 -- When a cancel request overrides what the handler asked for, the entry's kind is
 -- 'cancelled' and its text says so, then gives the attempt's error.
 -- The retry delay (backoff with jitter) is the caller's policy; this function only applies it.
+-- Every attempt recorded failed or rejected adds to its queue's bucket of the current minute
+-- in queue_failures (the operator's failure rate, queue_overview), and the queue's buckets
+-- older than two hours go: one row upserted per queue of the batch, on the failure path only.
 --
 -- Items retried at once wake their queues' claimers (pg_notify('<schema>.wake', queue)).
 -- Result: one row per distinct requested pair, in the order of its first occurrence: the
@@ -111,7 +114,18 @@ BEGIN
                               END, 8192)))
         FROM decided d
         WHERE w.id = d.id
-        RETURNING w.id, w.claim_token, w.state
+        RETURNING w.id, w.claim_token, w.state, w.queue
+    ), counted AS (
+        -- The failure rate's bucket (queue_overview): attempts that failed or were rejected.
+        INSERT INTO queue_failures AS qf (queue, minute, failed)
+        SELECT f.queue, date_trunc('minute', now()), count(*)
+        FROM failed f WHERE f.state <> 'cancelled'
+        GROUP BY f.queue
+        ON CONFLICT (queue, minute) DO UPDATE SET failed = qf.failed + EXCLUDED.failed
+    ), forgotten AS (
+        DELETE FROM queue_failures qf
+        WHERE qf.queue IN (SELECT f.queue FROM failed f WHERE f.state <> 'cancelled')
+          AND qf.minute < now() - interval '2 hours'
     )
     SELECT req.id, req.token, f.state
     FROM req LEFT JOIN failed f ON f.id = req.id AND f.claim_token = req.token

@@ -21,6 +21,7 @@ use crate::conformance::{ErrorEntry, WorkRow};
 use crate::coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 use crate::error::{Error, Result};
 use crate::operations::Operations;
+use crate::ops_types::*;
 use crate::types::*;
 use crate::validate::{self, sanitize_text};
 
@@ -52,6 +53,14 @@ pub enum Method {
     CancelWork,
     RetryDeadWork,
     DiscardWork,
+    ListWork,
+    GetWork,
+    QueueOverview,
+    ListInstances,
+    PauseQueue,
+    ResumeQueue,
+    BulkWork,
+    BulkWorkMatching,
 }
 
 /// One call the fake received.
@@ -112,6 +121,9 @@ struct State {
     floor: Floor,
     /// What `server_status` reports.
     notification_queue_usage: f64,
+    /// Attempts recorded failed or rejected by `fail_work`: queue and minute (as
+    /// `queue_failures`, one entry per attempt), for `queue_overview`.
+    failures: Vec<(String, DateTime<Utc>)>,
 }
 
 /// The floor of every liveness cutoff, as in `liveness_floor`.
@@ -143,6 +155,9 @@ struct QueueRow {
 }
 
 struct InstanceRow {
+    host: String,
+    metadata: Value,
+    started_at: DateTime<Utc>,
     last_heartbeat_at: DateTime<Utc>,
     /// It relies on its lock (its last report came from a session holding it): judged dead
     /// soon after the lock goes.
@@ -183,6 +198,28 @@ struct Row {
 }
 
 impl Row {
+    fn summary(&self) -> WorkSummary {
+        WorkSummary {
+            id: self.id,
+            queue: self.queue.clone(),
+            state: self.state,
+            priority: self.priority,
+            attempt: self.attempt,
+            max_attempts: self.max_attempts,
+            run_at: self.run_at,
+            created_at: self.created_at,
+            finished_at: self.finished_at,
+            instance: self.instance,
+            lease_expiry: self.lease_expiry,
+            cancel_requested: self.cancel_requested,
+            last_error: self
+                .errors
+                .last()
+                .and_then(|e| e["error"].as_str())
+                .map(str::to_owned),
+        }
+    }
+
     fn is_orphan(&self, now: DateTime<Utc>) -> bool {
         self.state == WorkState::Running
             && match self.lease_expiry {
@@ -899,6 +936,12 @@ mod refusal {
         "only a finished item can be discarded (cancel it first)";
 }
 
+/// The start of `t`'s minute, as `date_trunc('minute', t)`.
+fn minute_of(t: DateTime<Utc>) -> DateTime<Utc> {
+    use chrono::{DurationRound, TimeDelta};
+    t.duration_trunc(TimeDelta::minutes(1)).unwrap_or(t)
+}
+
 fn refused(id: WorkId, state: WorkState, reason: &str) -> Error {
     Error::InvalidState {
         id,
@@ -1079,6 +1122,7 @@ impl WorkCoordinator for FakeCoordinator {
         validate::validate_fail(&params)?;
         let now = self.now();
         let mut st = self.state();
+        let mut failed_queues = Vec::new();
         let items = distinct(params.items.iter(), |f| f.fence)
             .map(|f| {
                 let state = match st.work.get_mut(&f.fence.id) {
@@ -1120,6 +1164,9 @@ impl WorkCoordinator for FakeCoordinator {
                             }
                         }
                         r.finish(next, now);
+                        if next != WorkState::Cancelled {
+                            failed_queues.push(r.queue.clone());
+                        }
                         Some(next)
                     }
                     _ => None,
@@ -1130,6 +1177,13 @@ impl WorkCoordinator for FakeCoordinator {
                 }
             })
             .collect();
+        if !failed_queues.is_empty() {
+            let minute = minute_of(now);
+            let horizon = now - chrono::Duration::hours(2);
+            st.failures.retain(|(_, at)| *at >= horizon);
+            st.failures
+                .extend(failed_queues.into_iter().map(|q| (q, minute)));
+        }
         Ok(OutcomeBatch { items })
     }
 
@@ -1221,6 +1275,9 @@ impl WorkCoordinator for FakeCoordinator {
             _ => false,
         };
         let row = st.instances.entry(me).or_insert(InstanceRow {
+            host: String::new(),
+            metadata: Value::Null,
+            started_at: now,
             last_heartbeat_at: now,
             alive_lock: false,
             lock_lost_at: None,
@@ -1232,6 +1289,8 @@ impl WorkCoordinator for FakeCoordinator {
             lock_grace: params.lock_grace,
         });
         row.last_heartbeat_at = now;
+        row.host = sanitize_text(&params.host);
+        row.metadata = params.metadata.clone();
         row.stale_after = params.stale_after;
         row.dead_after = params.dead_after;
         row.lock_grace = params.lock_grace;
@@ -1668,6 +1727,414 @@ impl Operations for FakeCoordinator {
         Ok(IsInstanceAliveOutcome {
             alive: self.state().alive_locks.contains_key(&params.instance),
         })
+    }
+
+    async fn list_work(&self, params: ListWorkParams) -> Result<ListWorkOutcome> {
+        self.enter(Method::ListWork, 1).await?;
+        let size = params.validate()? as usize;
+        let below = match &params.cursor {
+            Some(c) => decode_cursor("list_work", c)?,
+            None => i64::MAX,
+        };
+        let st = self.state();
+        let mut outcome = ListWorkOutcome::default();
+        let mut examined = 0;
+        let mut edge = None;
+        for r in st.work.range(..below).rev().map(|(_, r)| r) {
+            examined += 1;
+            if params.filter.matches(
+                &r.queue,
+                r.state,
+                r.instance,
+                r.created_at,
+                r.finished_at,
+                &r.errors,
+            ) {
+                outcome.items.push(r.summary());
+                if outcome.items.len() == size {
+                    edge = Some(r.id);
+                    break;
+                }
+            }
+            if examined == LIST_SCAN_BUDGET {
+                edge = Some(r.id);
+                outcome.scan_exhausted = true;
+                break;
+            }
+        }
+        match edge {
+            Some(edge) if st.work.range(..edge).next().is_some() => {
+                outcome.next_cursor = Some(encode_cursor(edge));
+            }
+            _ => outcome.scan_exhausted = false,
+        }
+        Ok(outcome)
+    }
+
+    async fn get_work(&self, params: GetWorkParams) -> Result<GetWorkOutcome> {
+        self.enter(Method::GetWork, 1).await?;
+        let now = self.now();
+        let st = self.state();
+        let r = st
+            .work
+            .get(&params.id)
+            .ok_or(Error::NotFound { id: params.id })?;
+        Ok(GetWorkOutcome {
+            item: WorkDetail {
+                id: r.id,
+                queue: r.queue.clone(),
+                state: r.state,
+                priority: r.priority,
+                attempt: r.attempt,
+                max_attempts: r.max_attempts,
+                run_at: r.run_at,
+                created_at: r.created_at,
+                finished_at: r.finished_at,
+                instance: r.instance,
+                lease_expiry: r.lease_expiry,
+                claim_token: r.claim_token,
+                renewals: r.renewals,
+                cancel_requested: r.cancel_requested,
+                payload: r.payload.clone(),
+                checkpoint: r.checkpoint.clone(),
+                history: r.errors.iter().map(HistoryEntry::from_json).collect(),
+                unique_key: r.unique_key.clone(),
+            },
+            now,
+        })
+    }
+
+    async fn queue_overview(&self, _params: QueueOverviewParams) -> Result<QueueOverviewOutcome> {
+        self.enter(Method::QueueOverview, 1).await?;
+        let now = self.now();
+        let hour_ago = now - chrono::Duration::hours(1);
+        let st = self.state();
+        let mut names: Vec<String> = st.queues.keys().cloned().collect();
+        names.extend(st.work.values().map(|r| r.queue.clone()));
+        names.sort();
+        names.dedup();
+        // The newest OVERVIEW_SAMPLE items of each finished state, as the store reads them.
+        let sample = |state: WorkState| {
+            let mut rows: Vec<(&str, DateTime<Utc>)> = st
+                .work
+                .values()
+                .filter(|r| r.state == state)
+                .filter_map(|r| r.finished_at.map(|f| (r.queue.as_str(), f)))
+                .collect();
+            rows.sort_by(|a, b| b.1.cmp(&a.1));
+            rows.truncate(OVERVIEW_SAMPLE as usize);
+            rows
+        };
+        let finished = [
+            sample(WorkState::Completed),
+            sample(WorkState::Dead),
+            sample(WorkState::Cancelled),
+        ];
+        let count_and_rate = |rows: &Vec<(&str, DateTime<Utc>)>, queue: &str| {
+            let whole = (rows.len() as u64) < OVERVIEW_SAMPLE;
+            let oldest = rows.last().map(|r| r.1);
+            let covers_hour = whole || oldest.is_some_and(|o| o <= hour_ago);
+            let n = rows.iter().filter(|r| r.0 == queue).count() as u64;
+            let last_hour = rows
+                .iter()
+                .filter(|r| r.0 == queue && r.1 > hour_ago)
+                .count() as f64;
+            let per_minute = if covers_hour {
+                last_hour / 60.0
+            } else {
+                let minutes = oldest
+                    .map(|o| (now - o).num_microseconds().unwrap_or(0) as f64 / 60e6)
+                    .unwrap_or(0.0)
+                    .max(1.0 / 60.0);
+                n as f64 / minutes
+            };
+            (
+                Count {
+                    items: n,
+                    exact: whole,
+                },
+                Rate {
+                    per_minute,
+                    exact: covers_hour,
+                },
+            )
+        };
+        let failures_since = now - chrono::Duration::minutes(61);
+        let queues = names
+            .into_iter()
+            .map(|name| {
+                let settings = st.queues.get(&name);
+                let of = |state: WorkState| {
+                    st.work
+                        .values()
+                        .filter(|r| r.queue == name && r.state == state)
+                        .count() as u64
+                };
+                let oldest = st
+                    .work
+                    .values()
+                    .filter(|r| r.queue == name && r.state == WorkState::Available)
+                    .map(|r| r.run_at)
+                    .min();
+                let (completed, completed_per_minute) = count_and_rate(&finished[0], &name);
+                let (dead, dead_per_minute) = count_and_rate(&finished[1], &name);
+                let (cancelled, _) = count_and_rate(&finished[2], &name);
+                let failed = st
+                    .failures
+                    .iter()
+                    .filter(|(q, minute)| *q == name && *minute > failures_since)
+                    .count() as f64;
+                QueueOverview {
+                    registered: settings.is_some(),
+                    paused: settings.is_some_and(|q| q.paused),
+                    max_attempts: settings.map(|q| q.max_attempts),
+                    available: of(WorkState::Available),
+                    scheduled: of(WorkState::Scheduled),
+                    running: of(WorkState::Running),
+                    completed,
+                    dead,
+                    cancelled,
+                    pickup_lag: oldest.map(|o| (now - o).to_std().unwrap_or_default()),
+                    completed_per_minute,
+                    failed_per_minute: failed / 60.0,
+                    dead_per_minute,
+                    queue: name,
+                }
+            })
+            .collect();
+        Ok(QueueOverviewOutcome {
+            queues,
+            now: Some(now),
+        })
+    }
+
+    async fn list_instances(&self, _params: ListInstancesParams) -> Result<ListInstancesOutcome> {
+        self.enter(Method::ListInstances, 1).await?;
+        let now = self.now();
+        let st = self.state();
+        let mut instances: Vec<InstanceSummary> = st
+            .instances
+            .iter()
+            .map(|(id, row)| {
+                let mut in_flight: BTreeMap<String, u64> = BTreeMap::new();
+                let mut expired = 0;
+                for r in st.work.values() {
+                    if r.state == WorkState::Running && r.instance == Some(*id) {
+                        *in_flight.entry(r.queue.clone()).or_default() += 1;
+                        if r.lease_expiry.is_some_and(|e| e < now) {
+                            expired += 1;
+                        }
+                    }
+                }
+                InstanceSummary {
+                    instance: *id,
+                    host: row.host.clone(),
+                    pid: row.metadata["pid"].as_i64(),
+                    version: row.metadata["version"].as_str().map(str::to_owned),
+                    metadata: row.metadata.clone(),
+                    started_at: row.started_at,
+                    last_heartbeat_at: row.last_heartbeat_at,
+                    heartbeat_age: (now - row.last_heartbeat_at).to_std().unwrap_or_default(),
+                    alive_lock_held: st.alive_locks.contains_key(id),
+                    leases: in_flight.values().sum(),
+                    expired_leases: expired,
+                    in_flight: in_flight
+                        .into_iter()
+                        .map(|(queue, items)| QueueCount { queue, items })
+                        .collect(),
+                }
+            })
+            .collect();
+        instances.sort_by(|a, b| {
+            (a.started_at, a.instance.0).cmp(&(b.started_at, b.instance.0))
+        });
+        Ok(ListInstancesOutcome { instances })
+    }
+
+    async fn pause_queue(&self, params: PauseQueueParams) -> Result<PauseQueueOutcome> {
+        self.enter(Method::PauseQueue, 1).await?;
+        let changed = self.set_paused(&params.queue, true)?;
+        Ok(PauseQueueOutcome { changed })
+    }
+
+    async fn resume_queue(&self, params: ResumeQueueParams) -> Result<ResumeQueueOutcome> {
+        self.enter(Method::ResumeQueue, 1).await?;
+        let changed = self.set_paused(&params.queue, false)?;
+        if changed {
+            let _ = self.inner.wake.send(params.queue.clone());
+        }
+        Ok(ResumeQueueOutcome { changed })
+    }
+
+    async fn bulk_work(&self, params: BulkWorkParams) -> Result<BulkWorkOutcome> {
+        self.enter(Method::BulkWork, params.ids.len()).await?;
+        params.validate()?;
+        let items = self.bulk(params.action, &params.ids);
+        Ok(BulkWorkOutcome { items })
+    }
+
+    async fn bulk_work_matching(
+        &self,
+        params: BulkWorkMatchingParams,
+    ) -> Result<BulkWorkMatchingOutcome> {
+        self.enter(Method::BulkWorkMatching, params.limit as usize)
+            .await?;
+        params.validate()?;
+        let ids: Vec<WorkId> = {
+            let st = self.state();
+            let key_taken = |r: &Row| {
+                r.unique_key.as_ref().is_some_and(|key| {
+                    st.work.values().any(|o| {
+                        o.queue == r.queue
+                            && o.unique_key.as_ref() == Some(key)
+                            && !o.state.is_finished()
+                    })
+                })
+            };
+            st.work
+                .values()
+                .filter(|r| match params.action {
+                    BulkAction::Retry => r.state == WorkState::Dead && !key_taken(r),
+                    BulkAction::Cancel => {
+                        matches!(r.state, WorkState::Available | WorkState::Scheduled)
+                            || (r.state == WorkState::Running && !r.cancel_requested)
+                    }
+                    BulkAction::Discard => r.state.is_finished(),
+                })
+                .filter(|r| {
+                    params.filter.matches(
+                        &r.queue,
+                        r.state,
+                        r.instance,
+                        r.created_at,
+                        r.finished_at,
+                        &r.errors,
+                    )
+                })
+                .map(|r| r.id)
+                .take(params.limit as usize + 1)
+                .collect()
+        };
+        let has_more = ids.len() > params.limit as usize;
+        let batch = &ids[..ids.len().min(params.limit as usize)];
+        let items = self.bulk(params.action, batch);
+        Ok(BulkWorkMatchingOutcome { items, has_more })
+    }
+}
+
+impl FakeCoordinator {
+    /// Sets a queue's paused flag; whether it changed. An unknown queue is refused.
+    fn set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
+        let mut st = self.state();
+        let row = st
+            .queues
+            .get_mut(queue)
+            .ok_or_else(|| Error::UnknownQueue(queue.to_owned()))?;
+        let changed = row.paused != paused;
+        row.paused = paused;
+        Ok(changed)
+    }
+
+    /// `bulk_work`: one answer per distinct id, in the order of its first mention.
+    fn bulk(&self, action: BulkAction, ids: &[WorkId]) -> Vec<BulkItem> {
+        let now = self.now();
+        let mut st = self.state();
+        let mut seen = HashSet::new();
+        // Among the dead letters of the call sharing a unique key, the lowest id is retried
+        // (as the store decides, in id order).
+        let mut first_of_key: HashMap<(String, String), WorkId> = HashMap::new();
+        for &id in ids {
+            if let Some(r) = st.work.get(&id).filter(|r| r.state == WorkState::Dead) {
+                if let Some(k) = &r.unique_key {
+                    let first = first_of_key.entry((r.queue.clone(), k.clone())).or_insert(id);
+                    *first = (*first).min(id);
+                }
+            }
+        }
+        let mut woken = Vec::new();
+        let mut items = Vec::new();
+        for &id in ids {
+            if !seen.insert(id) {
+                continue;
+            }
+            let Some(r) = st.work.get(&id) else {
+                items.push(BulkItem {
+                    id,
+                    state_before: None,
+                    result: BulkResult::NotFound,
+                });
+                continue;
+            };
+            let before = r.state;
+            let refuse = |reason: &str| BulkResult::Refused {
+                state: before,
+                reason: reason.to_owned(),
+            };
+            let result = match action {
+                BulkAction::Retry if before != WorkState::Dead => refuse(refusal::RETRY_NOT_DEAD),
+                BulkAction::Retry => {
+                    let key = r.unique_key.clone().map(|k| (r.queue.clone(), k));
+                    let taken = key.as_ref().is_some_and(|(q, k)| {
+                        first_of_key.get(&(q.clone(), k.clone())) != Some(&id)
+                            || st.work.values().any(|o| {
+                                &o.queue == q
+                                    && o.unique_key.as_ref() == Some(k)
+                                    && !o.state.is_finished()
+                            })
+                    });
+                    if taken {
+                        refuse(refusal::RETRY_UNIQUE_KEY_TAKEN)
+                    } else {
+                        let r = st.work.get_mut(&id).expect("the row exists");
+                        let note = format!(
+                            "retried by an operator after {} of {} attempts",
+                            r.attempt, r.max_attempts
+                        );
+                        r.push_error(now, None, "retried", &note);
+                        r.state = WorkState::Available;
+                        r.attempt = 0;
+                        r.run_at = now;
+                        r.finished_at = None;
+                        r.cancel_requested = false;
+                        r.renewals = 0;
+                        woken.push(r.queue.clone());
+                        BulkResult::Retried
+                    }
+                }
+                BulkAction::Cancel => match before {
+                    WorkState::Available | WorkState::Scheduled => {
+                        let r = st.work.get_mut(&id).expect("the row exists");
+                        let error = format!("cancelled by an operator while {before}");
+                        r.push_error(now, None, "cancelled", &error);
+                        r.finish(WorkState::Cancelled, now);
+                        BulkResult::Cancelled
+                    }
+                    WorkState::Running => {
+                        st.work.get_mut(&id).expect("the row exists").cancel_requested = true;
+                        BulkResult::Requested
+                    }
+                    _ => refuse(refusal::CANCEL_FINISHED),
+                },
+                BulkAction::Discard if before.is_finished() => {
+                    st.work.remove(&id);
+                    BulkResult::Discarded
+                }
+                BulkAction::Discard => refuse(refusal::DISCARD_UNFINISHED),
+            };
+            items.push(BulkItem {
+                id,
+                state_before: Some(before),
+                result,
+            });
+        }
+        woken.sort();
+        woken.dedup();
+        woken.retain(|q| !st.queues.get(q).is_some_and(|row| row.paused));
+        drop(st);
+        for q in woken {
+            let _ = self.inner.wake.send(q);
+        }
+        items
     }
 }
 

@@ -43,6 +43,7 @@ mod identity;
 mod lease;
 mod liveness;
 mod operations;
+mod ops_types;
 mod pg;
 mod types;
 mod validate;
@@ -70,6 +71,7 @@ pub use liveness::{
     STORE_FLOOR,
 };
 pub use operations::Operations;
+pub use ops_types::*;
 pub use pg::{
     grants_sql, migrate, migrate_with, migration_status, DatabaseUrl, FencedTransaction,
     MigrateOptions, MigrationState, MigrationStatus, PgCoordinator, TargetSessionAttrs,

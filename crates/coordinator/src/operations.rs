@@ -4,10 +4,11 @@
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::ops_types::*;
 use crate::types::*;
 
-/// What an operator asks of the store: cancel, retry or discard an item, see whether an
-/// instance is alive. Nothing here is called by a worker; the workers' seam is
+/// What an operator asks of the store: list and read items, the queues' overview and the
+/// instances; cancel, retry or discard items, one or many at a time; pause and resume queues. Nothing here is called by a worker; the workers' seam is
 /// [`crate::WorkCoordinator`]. Method names are the SQL function names; each takes one params
 /// struct and returns one outcome struct. Object-safe: hold an `Arc<dyn Operations>`.
 ///
@@ -40,6 +41,78 @@ pub trait Operations: sealed::Sealed + Send + Sync + 'static {
         &self,
         params: IsInstanceAliveParams,
     ) -> Result<IsInstanceAliveOutcome>;
+
+    /// One page of work items matching a filter, newest first, with the cursor of the next
+    /// page. A page examines at most [`LIST_SCAN_BUDGET`] rows: a selective filter may come
+    /// back short with [`ListWorkOutcome::scan_exhausted`] and a cursor to go on with. A
+    /// malformed cursor, a page size outside 1..=[`MAX_PAGE_SIZE`] or a bad filter is
+    /// [`crate::Error::InvalidArgument`].
+    async fn list_work(&self, params: ListWorkParams) -> Result<ListWorkOutcome>;
+
+    /// One whole item: payload, checkpoint, history, lease. An unknown id is
+    /// [`crate::Error::NotFound`].
+    async fn get_work(&self, params: GetWorkParams) -> Result<GetWorkOutcome>;
+
+    /// Every queue: counts by state, pickup lag, rates over the last hour, settings. Finished
+    /// counts and rates above [`OVERVIEW_SAMPLE`] items are bounds and estimates, and say so.
+    async fn queue_overview(&self, params: QueueOverviewParams) -> Result<QueueOverviewOutcome>;
+
+    /// Every registered instance: host, metadata, heartbeat age, alive-lock, leases.
+    async fn list_instances(&self, params: ListInstancesParams) -> Result<ListInstancesOutcome>;
+
+    /// Pauses a queue: claims hand out none of its items (running ones finish). An unknown
+    /// queue is [`crate::Error::UnknownQueue`].
+    async fn pause_queue(&self, params: PauseQueueParams) -> Result<PauseQueueOutcome>;
+
+    /// Resumes a paused queue and wakes its claimers. An unknown queue is
+    /// [`crate::Error::UnknownQueue`].
+    async fn resume_queue(&self, params: ResumeQueueParams) -> Result<ResumeQueueOutcome>;
+
+    /// An action on up to [`MAX_BULK_BATCH`] items named by id, in one short transaction; per
+    /// id, what happened or why it was refused. Each item is changed whole or not at all.
+    async fn bulk_work(&self, params: BulkWorkParams) -> Result<BulkWorkOutcome>;
+
+    /// An action on at most `limit` items the filter matches, in one short transaction, and
+    /// whether more were left. An empty filter without `all` is
+    /// [`crate::Error::InvalidArgument`], and nothing changes.
+    async fn bulk_work_matching(
+        &self,
+        params: BulkWorkMatchingParams,
+    ) -> Result<BulkWorkMatchingOutcome>;
+
+    /// [`bulk_work_matching`](Self::bulk_work_matching) in batches until no matching item is
+    /// left (each batch its own transaction: a failure midway leaves the batches before it
+    /// applied, and says how far it got in its error's context).
+    async fn bulk_work_matching_all(&self, params: BulkWorkMatchingParams) -> Result<BulkTotals> {
+        params.validate()?;
+        let mut totals = BulkTotals::default();
+        loop {
+            let batch = match self.bulk_work_matching(params.clone()).await {
+                Ok(batch) => batch,
+                Err(crate::Error::Database { context, source }) => {
+                    return Err(crate::Error::Database {
+                        context: format!(
+                            "{context} (after {} batches: {} applied, {} refused)",
+                            totals.batches, totals.applied, totals.refused
+                        ),
+                        source,
+                    })
+                }
+                Err(e) => return Err(e),
+            };
+            totals.batches += 1;
+            for item in &batch.items {
+                if item.result.applied() {
+                    totals.applied += 1;
+                } else {
+                    totals.refused += 1;
+                }
+            }
+            if !batch.has_more || batch.items.is_empty() {
+                return Ok(totals);
+            }
+        }
+    }
 }
 
 /// The private supertrait that seals [`Operations`]: only this crate can name it.

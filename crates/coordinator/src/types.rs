@@ -578,7 +578,7 @@ pub const MAX_SWEEP_BATCH: u32 = 10_000;
 pub const MAX_RETENTION: Duration = crate::MAX_SCHEDULE_AHEAD;
 
 /// A number of items in one queue.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct QueueCount {
     /// The queue.
     pub queue: String,

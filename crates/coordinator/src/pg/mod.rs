@@ -22,6 +22,7 @@ use sqlx::{Connection, Postgres, Transaction};
 use crate::coordinator::{WakeListener, WorkCoordinator};
 use crate::error::{Error, Result};
 use crate::operations::Operations;
+use crate::ops_types::*;
 use crate::types::*;
 use crate::validate::{self, micros, sanitize_text};
 use failover::Failover;
@@ -196,6 +197,14 @@ struct Statements {
     cancel_work: String,
     retry_dead_work: String,
     discard_work: String,
+    list_work: String,
+    get_work: String,
+    queue_overview: String,
+    list_instances: String,
+    pause_queue: String,
+    resume_queue: String,
+    bulk_work: String,
+    bulk_work_matching: String,
     migrate_lock: String,
     migrate_lock_timeout: String,
     migrate_lock_timeout_reset: String,
@@ -242,6 +251,14 @@ impl Statements {
             cancel_work: s(query_file!("cancel_work")),
             retry_dead_work: s(query_file!("retry_dead_work")),
             discard_work: s(query_file!("discard_work")),
+            list_work: s(query_file!("list_work")),
+            get_work: s(query_file!("get_work")),
+            queue_overview: s(query_file!("queue_overview")),
+            list_instances: s(query_file!("list_instances")),
+            pause_queue: s(query_file!("pause_queue")),
+            resume_queue: s(query_file!("resume_queue")),
+            bulk_work: s(query_file!("bulk_work")),
+            bulk_work_matching: s(query_file!("bulk_work_matching")),
             migrate_lock: s(query_file!("migrate_lock")),
             migrate_lock_timeout: s(query_file!("migrate_lock_timeout")),
             migrate_lock_timeout_reset: s(query_file!("migrate_lock_timeout_reset")),
@@ -1125,6 +1142,351 @@ impl Operations for PgCoordinator {
             })?;
         Ok(IsInstanceAliveOutcome { alive })
     }
+
+    async fn list_work(&self, params: ListWorkParams) -> Result<ListWorkOutcome> {
+        let size = params.validate()?;
+        let ctx = "listing work items";
+        let filter = serde_json::to_value(&params.filter)
+            .map_err(|e| Error::InvalidArgument(format!("list_work: the filter: {e}")))?;
+        let rows: Vec<ListRow> = sqlx::query_as(&self.stmts.list_work)
+            .bind(sqlx::types::Json(filter))
+            .bind(params.cursor.as_deref())
+            .bind(size as i32)
+            .fetch_all(self.control().await?)
+            .await
+            .map_err(|e| self.db_error(ctx, e))?;
+        let mut outcome = ListWorkOutcome::default();
+        for r in rows {
+            let Some(id) = r.id else {
+                outcome.next_cursor = r.next_cursor;
+                outcome.scan_exhausted = r.scan_exhausted.unwrap_or(false);
+                continue;
+            };
+            let missing = || Error::database(ctx, format!("list_work row {id} lacks a column"));
+            outcome.items.push(WorkSummary {
+                id,
+                queue: r.queue.ok_or_else(missing)?,
+                state: parse_state(r.state.as_deref().unwrap_or(""), ctx)?,
+                priority: r.priority.ok_or_else(missing)?,
+                attempt: r.attempt.ok_or_else(missing)?,
+                max_attempts: r.max_attempts.ok_or_else(missing)?,
+                run_at: r.run_at.ok_or_else(missing)?,
+                created_at: r.created_at.ok_or_else(missing)?,
+                finished_at: r.finished_at,
+                instance: r.instance_id.map(InstanceId),
+                lease_expiry: r.lease_expiry,
+                cancel_requested: r.cancel_requested.unwrap_or(false),
+                last_error: r.last_error,
+            });
+        }
+        Ok(outcome)
+    }
+
+    async fn get_work(&self, params: GetWorkParams) -> Result<GetWorkOutcome> {
+        let ctx = format!("reading work item {}", params.id);
+        let r: DetailRow = sqlx::query_as(&self.stmts.get_work)
+            .bind(params.id)
+            .fetch_one(self.control().await?)
+            .await
+            .map_err(|e| self.db_error(ctx.clone(), e))?;
+        Ok(GetWorkOutcome {
+            item: WorkDetail {
+                id: r.id,
+                queue: r.queue,
+                state: parse_state(&r.state, &ctx)?,
+                priority: r.priority,
+                attempt: r.attempt,
+                max_attempts: r.max_attempts,
+                run_at: r.run_at,
+                created_at: r.created_at,
+                finished_at: r.finished_at,
+                instance: r.instance_id.map(InstanceId),
+                lease_expiry: r.lease_expiry,
+                claim_token: r.claim_token,
+                renewals: r.renewals,
+                cancel_requested: r.cancel_requested,
+                payload: r.payload,
+                checkpoint: r.checkpoint,
+                history: r
+                    .errors
+                    .as_array()
+                    .map(|a| a.iter().map(HistoryEntry::from_json).collect())
+                    .unwrap_or_default(),
+                unique_key: r.unique_key,
+            },
+            now: r.db_now,
+        })
+    }
+
+    async fn queue_overview(&self, _params: QueueOverviewParams) -> Result<QueueOverviewOutcome> {
+        let rows: Vec<OverviewRow> = sqlx::query_as(&self.stmts.queue_overview)
+            .fetch_all(self.control().await?)
+            .await
+            .map_err(|e| self.db_error("reading the queues' overview", e))?;
+        let mut outcome = QueueOverviewOutcome::default();
+        for r in rows {
+            outcome.now = Some(r.db_now);
+            outcome.queues.push(QueueOverview {
+                queue: r.queue,
+                registered: r.registered,
+                paused: r.paused,
+                max_attempts: r.max_attempts,
+                available: r.available.max(0) as u64,
+                scheduled: r.scheduled.max(0) as u64,
+                running: r.running.max(0) as u64,
+                completed: Count {
+                    items: r.completed.max(0) as u64,
+                    exact: r.completed_exact,
+                },
+                dead: Count {
+                    items: r.dead.max(0) as u64,
+                    exact: r.dead_exact,
+                },
+                cancelled: Count {
+                    items: r.cancelled.max(0) as u64,
+                    exact: r.cancelled_exact,
+                },
+                pickup_lag: r.pickup_lag.map(interval_to_duration),
+                completed_per_minute: Rate {
+                    per_minute: r.completed_per_minute,
+                    exact: r.completed_rate_exact,
+                },
+                failed_per_minute: r.failed_per_minute,
+                dead_per_minute: Rate {
+                    per_minute: r.dead_per_minute,
+                    exact: r.dead_rate_exact,
+                },
+            });
+        }
+        Ok(outcome)
+    }
+
+    async fn list_instances(&self, _params: ListInstancesParams) -> Result<ListInstancesOutcome> {
+        let rows: Vec<InstanceListRow> = sqlx::query_as(&self.stmts.list_instances)
+            .fetch_all(self.control().await?)
+            .await
+            .map_err(|e| self.db_error("listing instances", e))?;
+        let instances = rows
+            .into_iter()
+            .map(|r| {
+                let mut in_flight: Vec<QueueCount> = r
+                    .in_flight
+                    .as_object()
+                    .map(|o| {
+                        o.iter()
+                            .map(|(q, n)| QueueCount {
+                                queue: q.clone(),
+                                items: n.as_u64().unwrap_or(0),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                in_flight.sort_by(|a, b| a.queue.cmp(&b.queue));
+                InstanceSummary {
+                    instance: InstanceId(r.instance_id),
+                    host: r.host,
+                    pid: r.metadata["pid"].as_i64(),
+                    version: r.metadata["version"].as_str().map(str::to_owned),
+                    metadata: r.metadata,
+                    started_at: r.started_at,
+                    last_heartbeat_at: r.last_heartbeat_at,
+                    heartbeat_age: interval_to_duration(r.heartbeat_age),
+                    alive_lock_held: r.alive_lock_held,
+                    leases: r.leases.max(0) as u64,
+                    expired_leases: r.expired_leases.max(0) as u64,
+                    in_flight,
+                }
+            })
+            .collect();
+        Ok(ListInstancesOutcome { instances })
+    }
+
+    async fn pause_queue(&self, params: PauseQueueParams) -> Result<PauseQueueOutcome> {
+        let changed: bool = sqlx::query_scalar(&self.stmts.pause_queue)
+            .bind(&params.queue)
+            .fetch_one(self.control().await?)
+            .await
+            .map_err(|e| self.db_error(format!("pausing queue {:?}", params.queue), e))?;
+        Ok(PauseQueueOutcome { changed })
+    }
+
+    async fn resume_queue(&self, params: ResumeQueueParams) -> Result<ResumeQueueOutcome> {
+        let changed: bool = sqlx::query_scalar(&self.stmts.resume_queue)
+            .bind(&params.queue)
+            .fetch_one(self.control().await?)
+            .await
+            .map_err(|e| self.db_error(format!("resuming queue {:?}", params.queue), e))?;
+        Ok(ResumeQueueOutcome { changed })
+    }
+
+    async fn bulk_work(&self, params: BulkWorkParams) -> Result<BulkWorkOutcome> {
+        params.validate()?;
+        let ctx = format!("{} of {} items", params.action.as_str(), params.ids.len());
+        let rows: Vec<(i64, String, Option<String>, Option<String>)> =
+            sqlx::query_as(&self.stmts.bulk_work)
+                .bind(params.action.as_str())
+                .bind(&params.ids)
+                .fetch_all(self.control().await?)
+                .await
+                .map_err(|e| self.db_error(ctx.clone(), e))?;
+        let items = rows
+            .into_iter()
+            .map(|(id, result, state, reason)| bulk_item(id, &result, state, reason, &ctx))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BulkWorkOutcome { items })
+    }
+
+    async fn bulk_work_matching(
+        &self,
+        params: BulkWorkMatchingParams,
+    ) -> Result<BulkWorkMatchingOutcome> {
+        params.validate()?;
+        let ctx = format!(
+            "{} of up to {} matching items",
+            params.action.as_str(),
+            params.limit
+        );
+        let filter = serde_json::to_value(&params.filter).map_err(|e| {
+            Error::InvalidArgument(format!("bulk_work_matching: the filter: {e}"))
+        })?;
+        let rows: Vec<(i64, String, Option<String>, Option<String>, bool)> =
+            sqlx::query_as(&self.stmts.bulk_work_matching)
+                .bind(params.action.as_str())
+                .bind(sqlx::types::Json(filter))
+                .bind(params.all)
+                .bind(params.limit as i32)
+                .fetch_all(self.control().await?)
+                .await
+                .map_err(|e| self.db_error(ctx.clone(), e))?;
+        let has_more = rows.iter().any(|r| r.4);
+        let items = rows
+            .into_iter()
+            .map(|(id, result, state, reason, _)| bulk_item(id, &result, state, reason, &ctx))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BulkWorkMatchingOutcome { items, has_more })
+    }
+}
+
+fn bulk_item(
+    id: WorkId,
+    result: &str,
+    state: Option<String>,
+    reason: Option<String>,
+    ctx: &str,
+) -> Result<BulkItem> {
+    let state_before = match state {
+        Some(s) => Some(parse_state(&s, ctx)?),
+        None => None,
+    };
+    let result = match (result, state_before) {
+        ("retried", _) => BulkResult::Retried,
+        ("cancelled", _) => BulkResult::Cancelled,
+        ("requested", _) => BulkResult::Requested,
+        ("discarded", _) => BulkResult::Discarded,
+        ("not_found", _) => BulkResult::NotFound,
+        ("refused", Some(state)) => BulkResult::Refused {
+            state,
+            reason: reason.unwrap_or_default(),
+        },
+        (other, _) => {
+            return Err(Error::database(
+                ctx.to_owned(),
+                format!("bulk_work answered {other:?} for item {id}"),
+            ))
+        }
+    };
+    Ok(BulkItem {
+        id,
+        state_before,
+        result,
+    })
+}
+
+#[derive(sqlx::FromRow)]
+struct ListRow {
+    id: Option<i64>,
+    queue: Option<String>,
+    state: Option<String>,
+    priority: Option<i16>,
+    attempt: Option<i32>,
+    max_attempts: Option<i32>,
+    run_at: Option<DateTime<Utc>>,
+    created_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    instance_id: Option<uuid::Uuid>,
+    lease_expiry: Option<DateTime<Utc>>,
+    cancel_requested: Option<bool>,
+    last_error: Option<String>,
+    next_cursor: Option<String>,
+    scan_exhausted: Option<bool>,
+}
+
+#[derive(sqlx::FromRow)]
+struct DetailRow {
+    id: i64,
+    queue: String,
+    state: String,
+    priority: i16,
+    attempt: i32,
+    max_attempts: i32,
+    run_at: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    instance_id: Option<uuid::Uuid>,
+    lease_expiry: Option<DateTime<Utc>>,
+    claim_token: Option<i64>,
+    renewals: i32,
+    cancel_requested: bool,
+    payload: Value,
+    checkpoint: Option<Value>,
+    errors: Value,
+    unique_key: Option<String>,
+    db_now: DateTime<Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct OverviewRow {
+    queue: String,
+    registered: bool,
+    paused: bool,
+    max_attempts: Option<i32>,
+    available: i64,
+    scheduled: i64,
+    running: i64,
+    completed: i64,
+    completed_exact: bool,
+    dead: i64,
+    dead_exact: bool,
+    cancelled: i64,
+    cancelled_exact: bool,
+    pickup_lag: Option<PgInterval>,
+    completed_per_minute: f64,
+    completed_rate_exact: bool,
+    dead_per_minute: f64,
+    dead_rate_exact: bool,
+    failed_per_minute: f64,
+    db_now: DateTime<Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct InstanceListRow {
+    instance_id: uuid::Uuid,
+    host: String,
+    metadata: Value,
+    started_at: DateTime<Utc>,
+    last_heartbeat_at: DateTime<Utc>,
+    heartbeat_age: PgInterval,
+    alive_lock_held: bool,
+    leases: i64,
+    expired_leases: i64,
+    in_flight: Value,
+}
+
+/// A PostgreSQL interval of days and microseconds (what `now() - timestamptz` gives) as a
+/// duration; negative parts count as zero.
+fn interval_to_duration(i: PgInterval) -> Duration {
+    let micros = i64::from(i.days) * 86_400_000_000 + i.microseconds;
+    Duration::from_micros(micros.max(0) as u64)
 }
 
 /// Where the dedicated sessions (the alive-lock, LISTEN) connect: a pool of one connection

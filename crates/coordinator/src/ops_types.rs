@@ -1,0 +1,685 @@
+//! The values of the operator's calls ([`crate::Operations`]): listing and reading items,
+//! the queue overview, the instances, pausing queues and bulk actions. One params struct in
+//! and one outcome struct out per method, as on the workers' seam. The outcomes serialize to
+//! JSON (durations as seconds), for a command line's `--json` and a dashboard.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::types::{InstanceId, QueueCount, WorkId, WorkState};
+
+/// Items on a page of [`list_work`](crate::Operations::list_work) unless the caller says.
+pub const DEFAULT_PAGE_SIZE: u32 = 50;
+/// The largest page of [`list_work`](crate::Operations::list_work).
+pub const MAX_PAGE_SIZE: u32 = 500;
+/// The most rows one `list_work` call examines (reads by primary key and filters); a
+/// selective filter may return a short page with a cursor when it runs out.
+pub const LIST_SCAN_BUDGET: u32 = 10_000;
+/// The most items one bulk call acts on (`bulk_work`'s ids, `bulk_work_matching`'s limit).
+pub const MAX_BULK_BATCH: u32 = 1_000;
+/// How many of the newest items of each finished state `queue_overview` reads: below it the
+/// finished counts and rates are exact, above it they are bounds and estimates.
+pub const OVERVIEW_SAMPLE: u64 = 10_000;
+/// The longest `error_contains` filter accepted, in bytes.
+pub const MAX_FILTER_TEXT_BYTES: usize = 1024;
+
+fn secs<S: Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the filter
+
+/// Which work items an operator means: every criterion set must hold (an empty list or `None`
+/// does not filter). Build it with the methods:
+///
+/// ```
+/// use workpump_coordinator::{WorkFilter, WorkState};
+/// let dead_in_q = WorkFilter::new().queue("q").state(WorkState::Dead);
+/// assert!(!dead_in_q.is_empty());
+/// assert!(WorkFilter::new().is_empty());
+/// ```
+///
+/// It is `#[non_exhaustive]` so that criteria can be added (an item's kind, its ordering key)
+/// without breaking callers. The store receives it as a JSON object (its serde form), so a
+/// new criterion is a new key there too.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct WorkFilter {
+    /// The item's queue is one of these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<String>,
+    /// Its state is one of these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<WorkState>,
+    /// Its current owner (so only running items match).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceId>,
+    /// Created at or after this time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_since: Option<DateTime<Utc>>,
+    /// Created before this time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_before: Option<DateTime<Utc>>,
+    /// Finished at or after this time (so only finished items match).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_since: Option<DateTime<Utc>>,
+    /// Finished before this time (so only finished items match).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_before: Option<DateTime<Utc>>,
+    /// Some entry of its error history contains this text, case-insensitively. Not empty, at
+    /// most [`MAX_FILTER_TEXT_BYTES`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_contains: Option<String>,
+}
+
+impl WorkFilter {
+    /// A filter that matches every item.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a queue.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queues.push(queue.into());
+        self
+    }
+
+    /// Adds a state.
+    pub fn state(mut self, state: WorkState) -> Self {
+        self.states.push(state);
+        self
+    }
+
+    /// Only items this instance owns now.
+    pub fn instance(mut self, instance: InstanceId) -> Self {
+        self.instance = Some(instance);
+        self
+    }
+
+    /// Created in `[since, before)`; either end may be open (`None`).
+    pub fn created(mut self, since: Option<DateTime<Utc>>, before: Option<DateTime<Utc>>) -> Self {
+        self.created_since = since;
+        self.created_before = before;
+        self
+    }
+
+    /// Finished in `[since, before)`; either end may be open (`None`).
+    pub fn finished(
+        mut self,
+        since: Option<DateTime<Utc>>,
+        before: Option<DateTime<Utc>>,
+    ) -> Self {
+        self.finished_since = since;
+        self.finished_before = before;
+        self
+    }
+
+    /// Some entry of the error history contains `text` (case-insensitive).
+    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
+        self
+    }
+
+    /// Whether it matches every item (a bulk action then needs `all`).
+    pub fn is_empty(&self) -> bool {
+        self == &WorkFilter::default()
+    }
+
+    /// Checks what the store would refuse: an empty or oversized `error_contains`, or one with
+    /// a NUL character.
+    pub fn validate(&self, what: &str) -> Result<()> {
+        if let Some(text) = &self.error_contains {
+            if text.is_empty() || text.len() > MAX_FILTER_TEXT_BYTES || text.contains('\0') {
+                return Err(Error::InvalidArgument(format!(
+                    "{what}: filter key 'error_contains' must be 1 to {MAX_FILTER_TEXT_BYTES} bytes without NUL, got {} bytes",
+                    text.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an item with these fields matches (the fake's copy of the store's
+    /// `work_matches`).
+    #[cfg(feature = "testing")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matches(
+        &self,
+        queue: &str,
+        state: WorkState,
+        owner: Option<InstanceId>,
+        created_at: DateTime<Utc>,
+        finished_at: Option<DateTime<Utc>>,
+        errors: &[Value],
+    ) -> bool {
+        let finished_in = |bound: Option<DateTime<Utc>>, after: bool| match bound {
+            None => true,
+            Some(b) => finished_at.is_some_and(|f| if after { f >= b } else { f < b }),
+        };
+        (self.queues.is_empty() || self.queues.iter().any(|q| q == queue))
+            && (self.states.is_empty() || self.states.contains(&state))
+            && self.instance.is_none_or(|i| owner == Some(i))
+            && self.created_since.is_none_or(|b| created_at >= b)
+            && self.created_before.is_none_or(|b| created_at < b)
+            && finished_in(self.finished_since, true)
+            && finished_in(self.finished_before, false)
+            && self.error_contains.as_ref().is_none_or(|needle| {
+                let needle = needle.to_lowercase();
+                errors.iter().any(|e| {
+                    e["error"]
+                        .as_str()
+                        .is_some_and(|t| t.to_lowercase().contains(&needle))
+                })
+            })
+    }
+}
+
+/// The opaque page cursor: `v1.<id>` (the scan goes on below that id).
+pub(crate) fn encode_cursor(id: WorkId) -> String {
+    format!("v1.{id}")
+}
+
+/// Reads a cursor made by [`encode_cursor`]; anything else is refused as the store refuses it.
+pub(crate) fn decode_cursor(what: &str, cursor: &str) -> Result<WorkId> {
+    let digits = cursor.strip_prefix("v1.").unwrap_or("");
+    let ok = !digits.is_empty()
+        && digits.len() <= 19
+        && !digits.starts_with('0')
+        && digits.bytes().all(|b| b.is_ascii_digit());
+    match digits.parse::<i64>() {
+        Ok(id) if ok => Ok(id),
+        _ => Err(Error::InvalidArgument(format!(
+            "{what}: malformed cursor {:?} (pass the next_cursor of the previous page, or none for the first page)",
+            cursor.chars().take(100).collect::<String>()
+        ))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// list_work
+
+/// One page of work items, newest first.
+#[derive(Clone, Debug, Default)]
+pub struct ListWorkParams {
+    /// Which items. **Default: all.**
+    pub filter: WorkFilter,
+    /// `None` for the first page, then the previous page's
+    /// [`next_cursor`](ListWorkOutcome::next_cursor). A malformed cursor is an
+    /// [`Error::InvalidArgument`].
+    pub cursor: Option<String>,
+    /// 1 to [`MAX_PAGE_SIZE`]. **Default: [`DEFAULT_PAGE_SIZE`] (50).**
+    pub page_size: Option<u32>,
+}
+
+impl ListWorkParams {
+    pub(crate) fn validate(&self) -> Result<u32> {
+        self.filter.validate("list_work")?;
+        let size = self.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+        if size == 0 || size > MAX_PAGE_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "list_work: page_size must be between 1 and {MAX_PAGE_SIZE}, got {size}"
+            )));
+        }
+        Ok(size)
+    }
+}
+
+/// A work item in a list: what a table row shows (no payload).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkSummary {
+    /// The id.
+    pub id: WorkId,
+    /// Its queue.
+    pub queue: String,
+    /// Its state.
+    pub state: WorkState,
+    /// Its priority (lower runs first).
+    pub priority: i16,
+    /// Attempts started.
+    pub attempt: i32,
+    /// Attempts it may have.
+    pub max_attempts: i32,
+    /// When it became (or becomes) due.
+    pub run_at: DateTime<Utc>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When it finished (completed, dead, cancelled).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The instance holding its lease (running items).
+    pub instance: Option<InstanceId>,
+    /// When that lease runs out.
+    pub lease_expiry: Option<DateTime<Utc>>,
+    /// An operator asked to cancel it.
+    pub cancel_requested: bool,
+    /// The text of the newest entry of its error history.
+    pub last_error: Option<String>,
+}
+
+/// The result of `list_work`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ListWorkOutcome {
+    /// The matching items of the page, newest first.
+    pub items: Vec<WorkSummary>,
+    /// Where the next page starts; `None` when the scan reached the oldest item. It means
+    /// more rows remain to examine, not that more match.
+    pub next_cursor: Option<String>,
+    /// The page is short because the call examined [`LIST_SCAN_BUDGET`] rows, not because the
+    /// matches ran out: ask again with `next_cursor`.
+    pub scan_exhausted: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// get_work
+
+/// Reads one whole work item.
+#[derive(Clone, Copy, Debug)]
+pub struct GetWorkParams {
+    /// The item.
+    pub id: WorkId,
+}
+
+/// One entry of an item's history: a failed attempt, a lease that expired, a cancel, an
+/// operator's retry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HistoryEntry {
+    /// The attempt it concerns.
+    pub attempt: i64,
+    /// When (the store's clock).
+    pub at: Option<DateTime<Utc>>,
+    /// The instance that held the attempt, when one did.
+    pub instance: Option<String>,
+    /// `failed`, `rejected`, `cancelled`, `lease_expired`, `released` or `retried`.
+    pub kind: String,
+    /// The error, or what happened.
+    pub error: String,
+}
+
+impl HistoryEntry {
+    pub(crate) fn from_json(v: &Value) -> Self {
+        HistoryEntry {
+            attempt: v["attempt"].as_i64().unwrap_or(-1),
+            at: v["at"]
+                .as_str()
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.with_timezone(&Utc)),
+            instance: v["instance"].as_str().map(str::to_owned),
+            kind: v["kind"].as_str().unwrap_or_default().to_owned(),
+            error: v["error"].as_str().unwrap_or_default().to_owned(),
+        }
+    }
+}
+
+/// A whole work item.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkDetail {
+    /// The id.
+    pub id: WorkId,
+    /// Its queue.
+    pub queue: String,
+    /// Its state.
+    pub state: WorkState,
+    /// Its priority.
+    pub priority: i16,
+    /// Attempts started.
+    pub attempt: i32,
+    /// Attempts it may have.
+    pub max_attempts: i32,
+    /// When it became (or becomes) due.
+    pub run_at: DateTime<Utc>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The lease's owner.
+    pub instance: Option<InstanceId>,
+    /// The lease's expiry.
+    pub lease_expiry: Option<DateTime<Utc>>,
+    /// The token of the latest claim.
+    pub claim_token: Option<i64>,
+    /// Renewals of the current claim.
+    pub renewals: i32,
+    /// An operator asked to cancel it.
+    pub cancel_requested: bool,
+    /// Its payload.
+    pub payload: Value,
+    /// The checkpoint an attempt saved.
+    pub checkpoint: Option<Value>,
+    /// Every entry of its history, oldest first.
+    pub history: Vec<HistoryEntry>,
+    /// Its unique key.
+    pub unique_key: Option<String>,
+}
+
+/// The result of `get_work`. An unknown id is [`Error::NotFound`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GetWorkOutcome {
+    /// The item.
+    pub item: WorkDetail,
+    /// The store's clock as it read the item (compute ages against this, not the caller's).
+    pub now: DateTime<Utc>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// queue_overview
+
+/// Asks for the overview of every queue.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueueOverviewParams {}
+
+/// A count that may be a lower bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Count {
+    /// How many.
+    pub items: u64,
+    /// False: at least `items` (only the newest [`OVERVIEW_SAMPLE`] were counted).
+    pub exact: bool,
+}
+
+/// A rate per minute over the last hour that may be an estimate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Rate {
+    /// Per minute.
+    pub per_minute: f64,
+    /// False: estimated from the newest [`OVERVIEW_SAMPLE`] items, which span less than the
+    /// hour.
+    pub exact: bool,
+}
+
+/// One queue in the overview.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QueueOverview {
+    /// The queue.
+    pub queue: String,
+    /// It was registered (an unregistered one only holds old items).
+    pub registered: bool,
+    /// Claims skip it.
+    pub paused: bool,
+    /// Its default attempt limit (`None` when unregistered).
+    pub max_attempts: Option<i32>,
+    /// Due and waiting (exact).
+    pub available: u64,
+    /// Waiting for their time (exact).
+    pub scheduled: u64,
+    /// Leased or orphaned (exact).
+    pub running: u64,
+    /// Completed and not yet pruned.
+    pub completed: Count,
+    /// Dead letters.
+    pub dead: Count,
+    /// Cancelled.
+    pub cancelled: Count,
+    /// Since when its oldest available item has been due (`None`: nothing available).
+    #[serde(serialize_with = "opt_secs")]
+    pub pickup_lag: Option<Duration>,
+    /// Completions per minute over the last hour.
+    pub completed_per_minute: Rate,
+    /// Attempts that failed (retried or dead-lettered by `fail_work`) per minute over the last
+    /// hour; exact (lease expiries are not counted).
+    pub failed_per_minute: f64,
+    /// Dead letters made per minute over the last hour.
+    pub dead_per_minute: Rate,
+}
+
+/// The result of `queue_overview`: every registered queue and every other queue holding
+/// items, by name.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct QueueOverviewOutcome {
+    /// By name.
+    pub queues: Vec<QueueOverview>,
+    /// The store's clock as it counted.
+    pub now: Option<DateTime<Utc>>,
+}
+
+impl QueueOverviewOutcome {
+    /// One queue's overview.
+    pub fn get(&self, queue: &str) -> Option<&QueueOverview> {
+        self.queues.iter().find(|q| q.queue == queue)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// list_instances
+
+/// Asks for every registered instance.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ListInstancesParams {}
+
+/// One registered instance.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InstanceSummary {
+    /// Its id.
+    pub instance: InstanceId,
+    /// The host name it reported.
+    pub host: String,
+    /// The metadata it reported.
+    pub metadata: Value,
+    /// Its process id, from the metadata (`pid`), when reported.
+    pub pid: Option<i64>,
+    /// Its workpump version, from the metadata (`version`), when reported.
+    pub version: Option<String>,
+    /// When it registered.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub last_heartbeat_at: DateTime<Utc>,
+    /// How long ago that was, on the store's clock.
+    #[serde(serialize_with = "secs")]
+    pub heartbeat_age: Duration,
+    /// Some session of this database holds its alive-lock now.
+    pub alive_lock_held: bool,
+    /// Running items it owns.
+    pub leases: u64,
+    /// Those among them whose lease has run out (waiting to be reclaimed).
+    pub expired_leases: u64,
+    /// Its running items per queue, by queue name.
+    pub in_flight: Vec<QueueCount>,
+}
+
+/// The result of `list_instances`, oldest registration first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ListInstancesOutcome {
+    /// Oldest registration first.
+    pub instances: Vec<InstanceSummary>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// pause_queue / resume_queue
+
+/// Pauses a queue: claims hand out none of its items until it is resumed.
+#[derive(Clone, Debug)]
+pub struct PauseQueueParams {
+    /// A registered queue.
+    pub queue: String,
+}
+
+/// The result of `pause_queue`; an unknown queue is [`Error::UnknownQueue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PauseQueueOutcome {
+    /// False when it already was paused.
+    pub changed: bool,
+}
+
+/// Resumes a paused queue and wakes its claimers.
+#[derive(Clone, Debug)]
+pub struct ResumeQueueParams {
+    /// A registered queue.
+    pub queue: String,
+}
+
+/// The result of `resume_queue`; an unknown queue is [`Error::UnknownQueue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ResumeQueueOutcome {
+    /// False when it was not paused.
+    pub changed: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// bulk_work / bulk_work_matching
+
+/// What a bulk call does to each item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BulkAction {
+    /// Retry dead letters (as `retry_dead_work`).
+    Retry,
+    /// Cancel waiting items, request the cancel of running ones (as `cancel_work`).
+    Cancel,
+    /// Delete finished items (as `discard_work`).
+    Discard,
+}
+
+impl BulkAction {
+    /// Its name in the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BulkAction::Retry => "retry",
+            BulkAction::Cancel => "cancel",
+            BulkAction::Discard => "discard",
+        }
+    }
+}
+
+/// What a bulk call did to one item.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum BulkResult {
+    /// A dead letter is available again.
+    Retried,
+    /// A waiting item is cancelled.
+    Cancelled,
+    /// A running item's cancel is requested.
+    Requested,
+    /// A finished item is deleted.
+    Discarded,
+    /// Its state refuses the action (or, for a retry, its unique key is taken); unchanged.
+    Refused {
+        /// The state it is in.
+        state: WorkState,
+        /// Why (the single call's words).
+        reason: String,
+    },
+    /// No such item.
+    NotFound,
+}
+
+impl BulkResult {
+    /// Whether the action was applied.
+    pub fn applied(&self) -> bool {
+        !matches!(self, BulkResult::Refused { .. } | BulkResult::NotFound)
+    }
+}
+
+/// One item's answer in a bulk call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BulkItem {
+    /// The item.
+    pub id: WorkId,
+    /// The state it had before (`None` when not found).
+    pub state_before: Option<WorkState>,
+    /// What happened.
+    #[serde(flatten)]
+    pub result: BulkResult,
+}
+
+/// An action on items named by id.
+#[derive(Clone, Debug)]
+pub struct BulkWorkParams {
+    /// What to do.
+    pub action: BulkAction,
+    /// At most [`MAX_BULK_BATCH`] ids; a repeated id is answered once.
+    pub ids: Vec<WorkId>,
+}
+
+impl BulkWorkParams {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.ids.len() > MAX_BULK_BATCH as usize {
+            return Err(Error::InvalidArgument(format!(
+                "bulk_work: at most {MAX_BULK_BATCH} ids per call, got {} (split them into batches)",
+                self.ids.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The result of `bulk_work`: one entry per distinct id, in the order of its first mention.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BulkWorkOutcome {
+    /// Per distinct id.
+    pub items: Vec<BulkItem>,
+}
+
+/// An action on the items a filter matches, one bounded batch.
+#[derive(Clone, Debug)]
+pub struct BulkWorkMatchingParams {
+    /// What to do.
+    pub action: BulkAction,
+    /// Which items; an empty filter is refused unless `all`.
+    pub filter: WorkFilter,
+    /// Allows an empty filter (every item the action applies to).
+    pub all: bool,
+    /// Items acted on at most, 1 to [`MAX_BULK_BATCH`].
+    pub limit: u32,
+}
+
+impl BulkWorkMatchingParams {
+    /// `action` on what `filter` matches, in batches of [`MAX_BULK_BATCH`].
+    pub fn new(action: BulkAction, filter: WorkFilter) -> Self {
+        BulkWorkMatchingParams {
+            action,
+            filter,
+            all: false,
+            limit: MAX_BULK_BATCH,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        self.filter.validate("bulk_work_matching")?;
+        if self.limit == 0 || self.limit > MAX_BULK_BATCH {
+            return Err(Error::InvalidArgument(format!(
+                "bulk_work_matching: limit must be between 1 and {MAX_BULK_BATCH}, got {}",
+                self.limit
+            )));
+        }
+        if self.filter.is_empty() && !self.all {
+            return Err(Error::InvalidArgument(format!(
+                "bulk_work_matching: an empty filter matches every item; refusing to {} them all unless all is true",
+                self.action.as_str()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The result of one `bulk_work_matching` batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BulkWorkMatchingOutcome {
+    /// The items acted on, by id.
+    pub items: Vec<BulkItem>,
+    /// More matching items were left: call again.
+    pub has_more: bool,
+}
+
+/// What [`Operations::bulk_work_matching_all`](crate::Operations::bulk_work_matching_all)
+/// did in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BulkTotals {
+    /// Items the action was applied to.
+    pub applied: u64,
+    /// Items refused (a retry whose unique key was taken).
+    pub refused: u64,
+    /// Calls made.
+    pub batches: u64,
+}

@@ -1,0 +1,269 @@
+-- list_work(filter, cursor, page_size) -> setof (summary columns..., next_cursor, scan_exhausted)
+--
+-- The operator's list of work items, newest first (by id, descending), one bounded page at a
+-- time. Also defines what the operator's filter is (the type work_filter, parse_work_filter,
+-- work_matches, parse_work_cursor), shared with bulk_work_matching.
+--
+-- The filter is a JSON object, so that a criterion added later (an item's kind, its ordering
+-- key) is a new key, not a new signature. Keys, all optional; an absent or null key does not
+-- filter, an empty list neither:
+--   queues          ["q1", "q2"]                 the item's queue is one of them
+--   states          ["dead", "cancelled"]        its state is one of them
+--   instance        "<uuid>"                     its current owner (running items only)
+--   created_since   "<timestamptz>"              created_at >= it
+--   created_before  "<timestamptz>"              created_at <  it
+--   finished_since  "<timestamptz>"              finished_at >= it (so only finished items)
+--   finished_before "<timestamptz>"              finished_at <  it (so only finished items)
+--   error_contains  "text"                       some entry of its error history contains it,
+--                                                case-insensitively (lower() on both sides)
+-- An unknown key, a value of the wrong type, an unknown state, a malformed uuid or timestamp:
+-- WP002, naming the key.
+--
+-- The cursor is opaque to callers: NULL for the first page, then the next_cursor of the page
+-- before. It reads 'v1.<id>' (the scan goes on below that id); anything else is WP002
+-- ("malformed cursor"). A cursor names a position, not a snapshot: items enqueued after the
+-- first page (higher ids) are not shown by later pages, items deleted meanwhile are skipped.
+--
+-- Cost, and the examined-rows budget: the page is read through the primary key, newest id
+-- first, with the filter applied to each row, and the scan stops at page_size matches or after
+-- examining 10 000 rows, whichever comes first (plan: Limit -> Subquery Scan (Filter:
+-- work_matches) -> Limit 10 000 -> Index Scan Backward using work_pkey). So a call costs at
+-- most 10 000 rows read by primary key (a few milliseconds), whatever the table's size and
+-- the filter. A filter that matches densely (a queue, a waiting state on a busy store) fills
+-- its page after a few hundred rows; a very selective one (an error text, old dead letters
+-- below a million completed items) may examine the whole budget and return a short page,
+-- even an empty one, with a next_cursor: scan_exhausted is then true and the caller asks
+-- again with that cursor to scan further (the command line does this until the page is full
+-- or the cursor is NULL).
+--
+-- Result: the matching items of the page, newest first, with next_cursor and scan_exhausted
+-- NULL, then always exactly one end row whose id is NULL: its next_cursor is the cursor of the
+-- next page (NULL when the scan reached the oldest item), its scan_exhausted is true when the
+-- page is short because the budget ran out. A next_cursor means more rows remain to examine,
+-- not that more match. last_error is the text of the newest entry of the error history
+-- (NULL when it is empty).
+--
+-- Arguments: filter NULL or an object; page_size 1..500 (WP002). The Rust API defaults it to 50.
+-- Fencing: none; it only reads. Clock rule: none (the time ranges are the caller's business
+-- times, compared with the store's timestamps; no lease arithmetic uses them).
+
+CREATE TYPE work_filter AS (
+    queues          text[],
+    states          work_state[],
+    instance        uuid,
+    created_since   timestamptz,
+    created_before  timestamptz,
+    finished_since  timestamptz,
+    finished_before timestamptz,
+    error_contains  text
+);
+
+-- parse_work_filter(filter, caller) -> work_filter: reads and checks the filter object
+-- (WP002 naming the key and the caller).
+CREATE FUNCTION parse_work_filter(p_filter jsonb, p_caller text)
+RETURNS work_filter
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    f   work_filter;
+    k   text;
+    v   jsonb;
+BEGIN
+    IF p_filter IS NULL OR p_filter = 'null'::jsonb THEN
+        RETURN f;
+    END IF;
+    IF jsonb_typeof(p_filter) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('%s: the filter must be a JSON object, got %s', p_caller, jsonb_typeof(p_filter));
+    END IF;
+    FOR k, v IN SELECT e.key, e.value FROM jsonb_each(p_filter) e LOOP
+        CONTINUE WHEN v = 'null'::jsonb;
+        BEGIN
+            CASE k
+            WHEN 'queues' THEN
+                IF jsonb_typeof(v) <> 'array' OR EXISTS (
+                    SELECT 1 FROM jsonb_array_elements(v) x WHERE jsonb_typeof(x) <> 'string') THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023';
+                END IF;
+                f.queues := ARRAY(SELECT jsonb_array_elements_text(v));
+            WHEN 'states' THEN
+                IF jsonb_typeof(v) <> 'array' OR EXISTS (
+                    SELECT 1 FROM jsonb_array_elements(v) x WHERE jsonb_typeof(x) <> 'string') THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023';
+                END IF;
+                f.states := ARRAY(SELECT jsonb_array_elements_text(v))::work_state[];
+            WHEN 'instance' THEN
+                f.instance := (v #>> '{}')::uuid;
+            WHEN 'created_since' THEN
+                f.created_since := (v #>> '{}')::timestamptz;
+            WHEN 'created_before' THEN
+                f.created_before := (v #>> '{}')::timestamptz;
+            WHEN 'finished_since' THEN
+                f.finished_since := (v #>> '{}')::timestamptz;
+            WHEN 'finished_before' THEN
+                f.finished_before := (v #>> '{}')::timestamptz;
+            WHEN 'error_contains' THEN
+                IF jsonb_typeof(v) <> 'string' OR v #>> '{}' = '' THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023';
+                END IF;
+                f.error_contains := v #>> '{}';
+            ELSE
+                RAISE EXCEPTION USING ERRCODE = 'WP002',
+                    MESSAGE = format('%s: unknown filter key %L (known: queues, states, instance, created_since, '
+                                     'created_before, finished_since, finished_before, error_contains)', p_caller, k);
+            END CASE;
+            IF jsonb_typeof(v) NOT IN ('string', 'array') THEN
+                RAISE EXCEPTION USING ERRCODE = '22023';
+            END IF;
+        EXCEPTION
+            WHEN data_exception OR invalid_text_representation OR invalid_parameter_value THEN
+                RAISE EXCEPTION USING ERRCODE = 'WP002',
+                    MESSAGE = format('%s: filter key %L has an invalid value %s', p_caller, k, v::text);
+        END;
+    END LOOP;
+    IF cardinality(f.queues) = 0 THEN f.queues := NULL; END IF;
+    IF cardinality(f.states) = 0 THEN f.states := NULL; END IF;
+    RETURN f;
+END;
+$$;
+
+-- work_filter_is_empty(filter) -> boolean: the filter matches every item.
+CREATE FUNCTION work_filter_is_empty(f work_filter)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT f.queues IS NULL AND f.states IS NULL AND f.instance IS NULL
+       AND f.created_since IS NULL AND f.created_before IS NULL
+       AND f.finished_since IS NULL AND f.finished_before IS NULL
+       AND f.error_contains IS NULL
+$$;
+
+-- work_matches(queue, state, instance, created_at, finished_at, errors, filter) -> boolean
+CREATE FUNCTION work_matches(
+    p_queue text, p_state work_state, p_instance uuid, p_created_at timestamptz,
+    p_finished_at timestamptz, p_errors jsonb, f work_filter)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT (f.queues IS NULL OR p_queue = ANY (f.queues))
+       AND (f.states IS NULL OR p_state = ANY (f.states))
+       AND (f.instance IS NULL OR p_instance = f.instance)
+       AND (f.created_since IS NULL OR p_created_at >= f.created_since)
+       AND (f.created_before IS NULL OR p_created_at < f.created_before)
+       AND (f.finished_since IS NULL OR p_finished_at >= f.finished_since)
+       AND (f.finished_before IS NULL OR p_finished_at < f.finished_before)
+       AND (f.error_contains IS NULL OR EXISTS (
+               SELECT 1 FROM jsonb_array_elements(p_errors) e
+               WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))
+$$;
+
+-- parse_work_cursor(cursor, caller) -> bigint: the id below which the scan goes on (NULL:
+-- from the newest). WP002 for a malformed cursor.
+CREATE FUNCTION parse_work_cursor(p_cursor text, p_caller text)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_cursor IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF p_cursor ~ '^v1\.[1-9][0-9]{0,18}$' THEN
+        BEGIN
+            RETURN substr(p_cursor, 4)::bigint;
+        EXCEPTION WHEN numeric_value_out_of_range THEN
+            NULL;
+        END;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'WP002',
+        MESSAGE = format('%s: malformed cursor %L (pass the next_cursor of the previous page, '
+                         'or none for the first page)', p_caller, left(p_cursor, 100));
+END;
+$$;
+
+CREATE FUNCTION list_work(p_filter jsonb, p_cursor text, p_page_size integer)
+RETURNS TABLE (
+    id               bigint,
+    queue            text,
+    state            work_state,
+    priority         smallint,
+    attempt          integer,
+    max_attempts     integer,
+    run_at           timestamptz,
+    created_at       timestamptz,
+    finished_at      timestamptz,
+    instance_id      uuid,
+    lease_expiry     timestamptz,
+    cancel_requested boolean,
+    last_error       text,
+    next_cursor      text,
+    scan_exhausted   boolean
+)
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_budget constant integer := 10000;
+    f        work_filter := parse_work_filter(p_filter, 'list_work');
+    v_below  bigint := coalesce(parse_work_cursor(p_cursor, 'list_work'), 9223372036854775807);
+    v_found  integer := 0;
+    v_last   bigint;
+    v_edge   bigint;
+    r        record;
+BEGIN
+    IF p_page_size IS NULL OR p_page_size < 1 OR p_page_size > 500 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('list_work: page_size must be between 1 and 500, got %s', p_page_size);
+    END IF;
+
+    FOR r IN
+        SELECT s.* FROM (
+            SELECT w.id, w.queue, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
+                   w.created_at, w.finished_at, w.instance_id, w.lease_expiry,
+                   w.cancel_requested, w.errors
+            FROM work w
+            WHERE w.id < v_below
+            ORDER BY w.id DESC
+            LIMIT c_budget
+        ) s
+        WHERE work_matches(s.queue, s.state, s.instance_id, s.created_at, s.finished_at, s.errors, f)
+        ORDER BY s.id DESC
+        LIMIT p_page_size
+    LOOP
+        id := r.id; queue := r.queue; state := r.state; priority := r.priority;
+        attempt := r.attempt; max_attempts := r.max_attempts; run_at := r.run_at;
+        created_at := r.created_at; finished_at := r.finished_at; instance_id := r.instance_id;
+        lease_expiry := r.lease_expiry; cancel_requested := r.cancel_requested;
+        last_error := r.errors -> -1 ->> 'error';
+        next_cursor := NULL; scan_exhausted := NULL;
+        RETURN NEXT;
+        v_found := v_found + 1;
+        v_last := r.id;
+    END LOOP;
+
+    id := NULL; queue := NULL; state := NULL; priority := NULL; attempt := NULL;
+    max_attempts := NULL; run_at := NULL; created_at := NULL; finished_at := NULL;
+    instance_id := NULL; lease_expiry := NULL; cancel_requested := NULL; last_error := NULL;
+    scan_exhausted := false;
+    IF v_found = p_page_size THEN
+        -- A full page: go on below its last item.
+        v_edge := v_last;
+    ELSE
+        -- A short page: the scan reached the oldest item, or examined its whole budget.
+        SELECT w.id INTO v_edge FROM work w WHERE w.id < v_below ORDER BY w.id DESC
+        OFFSET c_budget - 1 LIMIT 1;
+        scan_exhausted := v_edge IS NOT NULL;
+    END IF;
+    IF v_edge IS NOT NULL AND EXISTS (SELECT 1 FROM work w WHERE w.id < v_edge) THEN
+        next_cursor := 'v1.' || v_edge;
+    ELSE
+        next_cursor := NULL;
+        scan_exhausted := false;
+    END IF;
+    RETURN NEXT;
+END;
+$$;

@@ -1,0 +1,218 @@
+-- bulk_work(action, ids) -> setof (id, result, state, reason)
+-- bulk_work_matching(action, filter, all, limit) -> setof (id, result, state, reason, has_more)
+--
+-- An operator's action on many items at once, bounded so that no call holds many row locks
+-- for long: bulk_work takes at most 1 000 ids, bulk_work_matching acts on at most `limit`
+-- (1..1 000) items; each call is one short transaction. The actions are those of the single
+-- calls, with the same rules and the same history entries:
+--   'retry'   a dead letter -> available, due now, attempts reset (retry_dead_work);
+--             its queue's claimers are woken unless the queue is paused;
+--   'cancel'  available or scheduled -> cancelled at once; running -> cancel requested
+--             (cancel_work);
+--   'discard' a finished item (completed, dead, cancelled) -> deleted (discard_work).
+--
+-- bulk_work answers one row per distinct id, in the order of its first occurrence:
+--   result 'retried' | 'cancelled' | 'requested' | 'discarded'  applied;
+--   result 'refused'    its state does not allow the action (or, for a retry, another
+--                       unfinished item of its queue holds its unique key, or an earlier id
+--                       of the same call with the same key is retried): nothing changed;
+--   result 'not_found'  no such item.
+-- state is the state the item had (NULL when not found), reason says why it was refused
+-- (the single call's words). Each row is applied whole or not at all, and a refusal never
+-- stops the others.
+--
+-- bulk_work_matching picks the items the filter (see list_work) matches and the action can
+-- apply to — dead letters whose unique key is free for 'retry'; waiting items and running ones
+-- without a cancel request yet for 'cancel'; finished items for 'discard' — the lowest ids
+-- first, `FOR UPDATE SKIP LOCKED` (a row another transaction holds is left for a later call),
+-- acts on at most `limit` of them as bulk_work does, and answers their rows; has_more (the
+-- same on every row) says that more such items were left: call again until it is false or no
+-- row comes back. An empty filter matches every item and is refused (WP002) unless `all` is
+-- true.
+--
+-- Cost: bulk_work, one primary-key probe per id; bulk_work_matching, the partial index of the
+-- action's states (work_finished, work_claim, work_scheduled, work_running_lease) or the
+-- primary key, as the planner finds cheaper, with the filter applied, up to limit + 1 rows.
+-- Rows are locked in id order (bulk_work waits for a row another transaction holds, as the
+-- single calls do).
+--
+-- Refused whole (WP002, nothing changed): an unknown action, NULL ids or an id list holding
+-- NULL or more than 1 000 ids, a limit outside 1..1 000, an invalid filter, an empty filter
+-- without all. A retry whose unique key another transaction took in the meantime fails the
+-- whole call with 40001 (nothing changed: call again).
+-- Fencing: none; the operator is not a claim (a running item's claim is not disturbed by a
+-- cancel: only its flag is set). Clock rule: finished_at, run_at and the history's `at` are
+-- the database's now().
+CREATE FUNCTION bulk_work(p_action text, p_ids bigint[])
+RETURNS TABLE (id bigint, result text, state work_state, reason text)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids     bigint[];
+    v_results text[];
+    v_states  work_state[];
+    v_reasons text[];
+BEGIN
+    IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard') THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('bulk_work: unknown action %L (retry, cancel or discard)', p_action);
+    END IF;
+    IF p_ids IS NULL OR array_position(p_ids, NULL) IS NOT NULL OR cardinality(p_ids) > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('bulk_work: ids must be a list of at most 1000 ids without nulls, got %s',
+                             coalesce(cardinality(p_ids)::text || ' ids', 'null'));
+    END IF;
+
+    BEGIN
+        WITH req AS (
+            SELECT DISTINCT ON (u.id) u.id, u.ord
+            FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
+            ORDER BY u.id, u.ord
+        ), locked AS MATERIALIZED (
+            SELECT w.id, w.state, w.queue, w.unique_key
+            FROM work w
+            WHERE w.id IN (SELECT req.id FROM req)
+            ORDER BY w.id
+            FOR UPDATE
+        ), decided AS MATERIALIZED (
+            SELECT r.id, r.ord, l.state, l.queue,
+                   CASE
+                       WHEN l.id IS NULL THEN 'not_found'
+                       WHEN p_action = 'retry' AND l.state <> 'dead' THEN 'refused'
+                       WHEN p_action = 'retry' AND l.unique_key IS NOT NULL AND (
+                                EXISTS (SELECT 1 FROM work o
+                                        WHERE o.queue = l.queue AND o.unique_key = l.unique_key
+                                          AND o.state IN ('available', 'scheduled', 'running'))
+                                OR EXISTS (SELECT 1 FROM locked l2
+                                           WHERE l2.state = 'dead' AND l2.queue = l.queue
+                                             AND l2.unique_key = l.unique_key AND l2.id < l.id))
+                           THEN 'key_taken'
+                       WHEN p_action = 'retry' THEN 'retried'
+                       WHEN p_action = 'cancel' AND l.state IN ('available', 'scheduled') THEN 'cancelled'
+                       WHEN p_action = 'cancel' AND l.state = 'running' THEN 'requested'
+                       WHEN p_action = 'cancel' THEN 'refused'
+                       WHEN p_action = 'discard' AND l.state IN ('completed', 'dead', 'cancelled') THEN 'discarded'
+                       ELSE 'refused'
+                   END AS result
+            FROM req r LEFT JOIN locked l ON l.id = r.id
+        ), retried AS (
+            UPDATE work w
+            SET state = 'available',
+                attempt = 0,
+                run_at = now(),
+                finished_at = NULL,
+                cancel_requested = false,
+                renewals = 0,
+                errors = w.errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', w.attempt, 'at', now(), 'instance', NULL,
+                    'kind', 'retried',
+                    'error', format('retried by an operator after %s of %s attempts', w.attempt, w.max_attempts)))
+            FROM decided d
+            WHERE w.id = d.id AND d.result = 'retried'
+        ), cancelled AS (
+            UPDATE work w
+            SET state = 'cancelled',
+                finished_at = now(),
+                errors = w.errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', w.attempt, 'at', now(), 'instance', NULL,
+                    'kind', 'cancelled', 'error', format('cancelled by an operator while %s', w.state)))
+            FROM decided d
+            WHERE w.id = d.id AND d.result = 'cancelled'
+        ), requested AS (
+            UPDATE work w SET cancel_requested = true
+            FROM decided d
+            WHERE w.id = d.id AND d.result = 'requested' AND NOT w.cancel_requested
+        ), discarded AS (
+            DELETE FROM work w USING decided d
+            WHERE w.id = d.id AND d.result = 'discarded'
+        )
+        SELECT array_agg(d.id ORDER BY d.ord),
+               array_agg(CASE WHEN d.result = 'key_taken' THEN 'refused' ELSE d.result END ORDER BY d.ord),
+               array_agg(d.state ORDER BY d.ord),
+               array_agg(CASE d.result
+                             WHEN 'not_found' THEN 'no such item'
+                             WHEN 'key_taken' THEN 'another unfinished item of its queue holds its unique key'
+                             WHEN 'refused' THEN
+                                 CASE p_action
+                                     WHEN 'retry' THEN 'only a dead letter can be retried'
+                                     WHEN 'cancel' THEN 'a finished item cannot be cancelled'
+                                     ELSE 'only a finished item can be discarded (cancel it first)'
+                                 END
+                         END ORDER BY d.ord)
+        INTO v_ids, v_results, v_states, v_reasons
+        FROM decided d;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = 'bulk_work: a unique key of an item being retried was taken meanwhile; nothing was changed, call again';
+    END;
+
+    IF p_action = 'retry' THEN
+        PERFORM pg_notify(current_schema() || '.wake', x.queue)
+        FROM (SELECT DISTINCT w.queue FROM work w
+              WHERE w.id IN (SELECT u.id FROM unnest(v_ids, v_results) AS u(id, result)
+                             WHERE u.result = 'retried')) x
+        WHERE NOT EXISTS (SELECT 1 FROM queues qs WHERE qs.name = x.queue AND qs.paused);
+    END IF;
+
+    RETURN QUERY
+    SELECT u.id, u.result, u.state, u.reason
+    FROM unnest(v_ids, v_results, v_states, v_reasons) WITH ORDINALITY AS u(id, result, state, reason, ord)
+    ORDER BY u.ord;
+END;
+$$;
+
+CREATE FUNCTION bulk_work_matching(p_action text, p_filter jsonb, p_all boolean, p_limit integer)
+RETURNS TABLE (id bigint, result text, state work_state, reason text, has_more boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    f        work_filter := parse_work_filter(p_filter, 'bulk_work_matching');
+    v_ids    bigint[];
+    v_more   boolean;
+BEGIN
+    IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard') THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('bulk_work_matching: unknown action %L (retry, cancel or discard)', p_action);
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('bulk_work_matching: limit must be between 1 and 1000, got %s', p_limit);
+    END IF;
+    IF work_filter_is_empty(f) AND NOT coalesce(p_all, false) THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('bulk_work_matching: an empty filter matches every item; refusing to %s them all '
+                             'unless all is true', p_action);
+    END IF;
+
+    SELECT array_agg(c.id ORDER BY c.id) INTO v_ids
+    FROM (
+        SELECT w.id FROM work w
+        WHERE CASE p_action
+                  WHEN 'retry' THEN w.state = 'dead'
+                      AND (w.unique_key IS NULL OR NOT EXISTS (
+                              SELECT 1 FROM work o
+                              WHERE o.queue = w.queue AND o.unique_key = w.unique_key
+                                AND o.state IN ('available', 'scheduled', 'running')))
+                  WHEN 'cancel' THEN w.state IN ('available', 'scheduled')
+                      OR (w.state = 'running' AND NOT w.cancel_requested)
+                  ELSE w.state IN ('completed', 'dead', 'cancelled')
+              END
+          AND work_matches(w.queue, w.state, w.instance_id, w.created_at, w.finished_at, w.errors, f)
+        ORDER BY w.id
+        LIMIT p_limit + 1
+        FOR UPDATE SKIP LOCKED
+    ) c;
+    v_more := coalesce(cardinality(v_ids), 0) > p_limit;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    SELECT b.id, b.result, b.state, b.reason, v_more
+    FROM bulk_work(p_action, v_ids[1:p_limit]) b;
+END;
+$$;
