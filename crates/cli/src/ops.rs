@@ -96,7 +96,10 @@ fn parse_when(text: &str) -> Result<DateTime<Utc>, String> {
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }
-    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
     let n: u64 = digits.parse().map_err(|_| bad_when(text))?;
     let secs = match unit {
         "s" => n,
@@ -106,11 +109,15 @@ fn parse_when(text: &str) -> Result<DateTime<Utc>, String> {
         _ => return Err(bad_when(text)),
     };
     let age = chrono::Duration::from_std(Duration::from_secs(secs)).map_err(|_| bad_when(text))?;
-    Utc::now().checked_sub_signed(age).ok_or_else(|| bad_when(text))
+    Utc::now()
+        .checked_sub_signed(age)
+        .ok_or_else(|| bad_when(text))
 }
 
 fn bad_when(text: &str) -> String {
-    format!("{text:?} is neither an RFC 3339 time (2026-12-01T10:00:00Z) nor an age (90s, 15m, 2h, 3d)")
+    format!(
+        "{text:?} is neither an RFC 3339 time (2026-12-01T10:00:00Z) nor an age (90s, 15m, 2h, 3d)"
+    )
 }
 
 #[derive(Debug, Subcommand)]
@@ -200,8 +207,18 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
         .collect();
     out.print_table(
         &[
-            "queue", "", "available", "scheduled", "running", "lag", "done/min", "failed/min",
-            "dead/min", "completed", "dead", "cancelled",
+            "queue",
+            "",
+            "available",
+            "scheduled",
+            "running",
+            "lag",
+            "done/min",
+            "failed/min",
+            "dead/min",
+            "completed",
+            "dead",
+            "cancelled",
         ],
         &rows,
     );
@@ -246,7 +263,15 @@ pub(crate) async fn items(
                 })
                 .collect();
             out.print_table(
-                &["id", "queue", "state", "attempt", "created", "finished", "last error"],
+                &[
+                    "id",
+                    "queue",
+                    "state",
+                    "attempt",
+                    "created",
+                    "finished",
+                    "last error",
+                ],
                 &rows,
             );
             if page.scan_exhausted {
@@ -271,7 +296,10 @@ pub(crate) async fn items(
                 vec!["id".to_owned(), w.id.to_string()],
                 vec!["queue".to_owned(), w.queue.clone()],
                 vec!["state".to_owned(), state_name(w.state).to_owned()],
-                vec!["attempt".to_owned(), format!("{} of {}", w.attempt, w.max_attempts)],
+                vec![
+                    "attempt".to_owned(),
+                    format!("{} of {}", w.attempt, w.max_attempts),
+                ],
                 vec!["priority".to_owned(), w.priority.to_string()],
                 vec!["created".to_owned(), ts(w.created_at)],
                 vec!["due".to_owned(), ts(w.run_at)],
@@ -286,7 +314,10 @@ pub(crate) async fn items(
             push("lease expires", w.lease_expiry.map(ts));
             push("claim token", w.claim_token.map(|t| t.to_string()));
             push("renewals", Some(w.renewals.to_string()));
-            push("cancel requested", w.cancel_requested.then(|| "yes".to_owned()));
+            push(
+                "cancel requested",
+                w.cancel_requested.then(|| "yes".to_owned()),
+            );
             push("unique key", w.unique_key.clone());
             out.print_table(&["field", "value"], &rows);
             println!("\npayload:\n{}", pretty(&w.payload));
@@ -463,7 +494,9 @@ pub(crate) async fn pause(
     .map_err(Failure::from_store)?;
     let verb = if pause { "paused" } else { "resumed" };
     if out.json() {
-        out.print_json(&serde_json::json!({ "queue": arg.queue, "paused": pause, "changed": changed }));
+        out.print_json(
+            &serde_json::json!({ "queue": arg.queue, "paused": pause, "changed": changed }),
+        );
     } else if changed {
         println!(
             "queue {:?} {verb}{}",
@@ -499,7 +532,12 @@ pub(crate) async fn instances(ops: &dyn Operations, out: &Output) -> Result<(), 
                 i.pid.map(|p| p.to_string()).unwrap_or_default(),
                 i.version.clone().unwrap_or_default(),
                 secs(i.heartbeat_age),
-                if i.alive_lock_held { "held" } else { "NOT HELD" }.to_owned(),
+                if i.alive_lock_held {
+                    "held"
+                } else {
+                    "NOT HELD"
+                }
+                .to_owned(),
                 i.leases.to_string(),
                 i.in_flight
                     .iter()
@@ -510,7 +548,16 @@ pub(crate) async fn instances(ops: &dyn Operations, out: &Output) -> Result<(), 
         })
         .collect();
     out.print_table(
-        &["instance", "host", "pid", "version", "beat age", "alive-lock", "leases", "in flight"],
+        &[
+            "instance",
+            "host",
+            "pid",
+            "version",
+            "beat age",
+            "alive-lock",
+            "leases",
+            "in flight",
+        ],
         &rows,
     );
     Ok(())

@@ -38,8 +38,7 @@ pub(crate) struct ServeArgs {
 pub(crate) async fn serve(store: PgCoordinator, args: ServeArgs) -> Result<(), Failure> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .try_init();
@@ -61,12 +60,15 @@ pub(crate) async fn serve(store: PgCoordinator, args: ServeArgs) -> Result<(), F
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| {
-            Failure::new(ExitCode::Usage, format!("cannot listen on {}: {e}", args.listen))
-                .with_hint("choose another address with --listen")
+            Failure::new(
+                ExitCode::Usage,
+                format!("cannot listen on {}: {e}", args.listen),
+            )
+            .with_hint("choose another address with --listen")
         })?;
-    let address = listener.local_addr().map_err(|e| {
-        Failure::new(ExitCode::Usage, format!("the listening address: {e}"))
-    })?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| Failure::new(ExitCode::Usage, format!("the listening address: {e}")))?;
     println!(
         "dashboard: http://{address}{}/ ({})",
         args.base_path,

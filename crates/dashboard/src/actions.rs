@@ -80,12 +80,16 @@ pub(crate) async fn item_action(
                 reason,
             },
         ),
-        BulkResult::Discarded => redirect_with(format!("{base}/items"), &format!("item {id} discarded")),
+        BulkResult::Discarded => {
+            redirect_with(format!("{base}/items"), &format!("item {id} discarded"))
+        }
         result => {
             let what = match result {
                 BulkResult::Retried => "retried: available again",
                 BulkResult::Cancelled => "cancelled",
-                BulkResult::Requested => "cancel requested: its handler is told at its next renewal",
+                BulkResult::Requested => {
+                    "cancel requested: its handler is told at its next renewal"
+                }
                 _ => "changed",
             };
             redirect_with(format!("{base}/items/{id}"), &format!("item {id} {what}"))
@@ -129,7 +133,9 @@ pub(crate) async fn queue_action(
     match changed {
         Ok(changed) => {
             let notice = match (action.as_str(), changed) {
-                ("pause", true) => format!("queue {queue} paused: claims stop within one poll, running items finish"),
+                ("pause", true) => format!(
+                    "queue {queue} paused: claims stop within one poll, running items finish"
+                ),
                 ("pause", false) => format!("queue {queue} was already paused"),
                 (_, true) => format!("queue {queue} resumed"),
                 (_, false) => format!("queue {queue} was not paused"),
@@ -190,9 +196,15 @@ pub(crate) async fn bulk(
         .map(|(_, v)| v.parse::<i64>())
         .collect();
     let Ok(ids) = ids else {
-        return refuse(StatusCode::BAD_REQUEST, &state, "an item id is not a number: nothing was changed");
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            &state,
+            "an item id is not a number: nothing was changed",
+        );
     };
-    let queue = field(&fields, "queue").filter(|q| !q.is_empty()).map(str::to_owned);
+    let queue = field(&fields, "queue")
+        .filter(|q| !q.is_empty())
+        .map(str::to_owned);
     let whole_queue = field(&fields, "scope") == Some("queue");
     let base = state.config.base_path.clone();
     let back = match &queue {
@@ -208,7 +220,11 @@ pub(crate) async fn bulk(
         );
     }
     if !whole_queue && ids.is_empty() {
-        return refuse(StatusCode::BAD_REQUEST, &state, "no item was checked: nothing was changed");
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            &state,
+            "no item was checked: nothing was changed",
+        );
     }
     if ids.len() > MAX_BULK_BATCH as usize {
         return refuse(
@@ -223,7 +239,14 @@ pub(crate) async fn bulk(
             let queue = queue.as_deref().unwrap_or_default();
             format!("every dead letter of queue {queue}")
         } else {
-            format!("{} checked dead letter(s): {}", ids.len(), ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "))
+            format!(
+                "{} checked dead letter(s): {}",
+                ids.len(),
+                ids.iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         };
         let page = ConfirmPage {
             page: Page::new(&state, &headers, "Confirm"),

@@ -393,17 +393,33 @@ pub(crate) async fn item(
         ("state", state_name(w.state).to_owned()),
         ("attempt", format!("{} of {}", w.attempt, w.max_attempts)),
         ("priority", w.priority.to_string()),
-        ("created", format!("{} ({})", view::time(w.created_at), view::ago(w.created_at, now))),
-        ("due", format!("{} ({})", view::time(w.run_at), view::ago(w.run_at, now))),
+        (
+            "created",
+            format!(
+                "{} ({})",
+                view::time(w.created_at),
+                view::ago(w.created_at, now)
+            ),
+        ),
+        (
+            "due",
+            format!("{} ({})", view::time(w.run_at), view::ago(w.run_at, now)),
+        ),
     ];
     if let Some(f) = w.finished_at {
-        fields.push(("finished", format!("{} ({})", view::time(f), view::ago(f, now))));
+        fields.push((
+            "finished",
+            format!("{} ({})", view::time(f), view::ago(f, now)),
+        ));
     }
     if let Some(owner) = w.instance {
         fields.push(("owner", owner.0.to_string()));
     }
     if let Some(expiry) = w.lease_expiry {
-        fields.push(("lease expires", format!("{} ({})", view::time(expiry), view::ago(expiry, now))));
+        fields.push((
+            "lease expires",
+            format!("{} ({})", view::time(expiry), view::ago(expiry, now)),
+        ));
     }
     if let Some(token) = w.claim_token {
         fields.push(("claim token", token.to_string()));

@@ -175,7 +175,11 @@ pub(crate) fn authorize(
 /// A request that says it comes from another site: `Sec-Fetch-Site: cross-site`, or an
 /// `Origin` whose host is not the `Host` it was sent to.
 fn cross_site(headers: &HeaderMap) -> bool {
-    let header = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    let header = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
     if header("sec-fetch-site") == Some("cross-site") {
         return true;
     }

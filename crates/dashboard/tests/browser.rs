@@ -45,8 +45,14 @@ impl Driver {
             });
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + DEADLINE;
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            assert!(Instant::now() < deadline, "chromedriver did not listen on {port} within {DEADLINE:?}");
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not listen on {port} within {DEADLINE:?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Driver { child, url }
@@ -78,7 +84,9 @@ impl Drop for Driver {
 
 /// Serves `app` on a free port of the loopback.
 async fn serve(app: axum::Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let address = listener.local_addr().expect("address");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     address
@@ -100,27 +108,65 @@ async fn snap(browser: &Client, name: &str) {
 }
 
 async fn text_of(browser: &Client, css: &str) -> String {
-    browser
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no {css} on {:?}: {e}", browser.current_url()))
-        .text()
-        .await
-        .expect("its text")
+    match browser.find(Locator::Css(css)).await {
+        Ok(element) => element.text().await.expect("its text"),
+        Err(e) => {
+            let url = browser.current_url().await.expect("the page's URL");
+            let page = browser
+                .find(Locator::Css("main"))
+                .await
+                .expect("a page")
+                .text()
+                .await;
+            panic!(
+                "no {css} on {url}: {e}\nthe page reads:\n{}",
+                page.unwrap_or_default()
+            )
+        }
+    }
 }
 
 async fn click(browser: &Client, css: &str) {
+    let url = browser.current_url().await.expect("the page's URL");
     browser
         .find(Locator::Css(css))
         .await
-        .unwrap_or_else(|e| panic!("no {css} to click on {:?}: {e}", browser.current_url()))
+        .unwrap_or_else(|e| panic!("no {css} to click on {url}: {e}"))
         .click()
         .await
         .expect("click");
 }
 
+/// Clicks `css` and waits until the page it leads to shows `then` (an element the page
+/// clicked on does not have), so what follows reads the new page, not the old one.
+async fn click_then(browser: &Client, css: &str, then: &str) {
+    assert!(
+        browser.find(Locator::Css(then)).await.is_err(),
+        "{then} is already on the page before clicking {css}"
+    );
+    click(browser, css).await;
+    if let Err(e) = browser
+        .wait()
+        .at_most(DEADLINE)
+        .for_element(Locator::Css(then))
+        .await
+    {
+        let page = browser
+            .find(Locator::Css("main"))
+            .await
+            .expect("a page")
+            .text()
+            .await;
+        panic!(
+            "after clicking {css}, no {then} within {DEADLINE:?}: {e}\nthe page reads:\n{}",
+            page.unwrap_or_default()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queue_stops_its_claims() {
+async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queue_stops_its_claims()
+{
     let (fresh, items) = store().await;
     let pool = fresh.pool.clone();
     let address = serve(dashboard(&fresh.coordinator, Access::Token(TOKEN.into()))).await;
@@ -131,10 +177,22 @@ async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queu
     // Every page, read before logging in.
     let pages = [
         ("overview", "/".to_owned(), "Queues · workpump"),
-        ("queue", "/queues/emails".to_owned(), "Queue emails · workpump"),
+        (
+            "queue",
+            "/queues/emails".to_owned(),
+            "Queue emails · workpump",
+        ),
         ("items", "/items".to_owned(), "Items · workpump"),
-        ("item-running", format!("/items/{}", items.running), &*format!("Item {} · workpump", items.running)),
-        ("item-dead", format!("/items/{}", items.dead[0]), &*format!("Item {} · workpump", items.dead[0])),
+        (
+            "item-running",
+            format!("/items/{}", items.running),
+            &*format!("Item {} · workpump", items.running),
+        ),
+        (
+            "item-dead",
+            format!("/items/{}", items.dead[0]),
+            &*format!("Item {} · workpump", items.dead[0]),
+        ),
         ("instances", "/instances".to_owned(), "Instances · workpump"),
         ("dead", "/dead".to_owned(), "Dead letters · workpump"),
     ]
@@ -147,9 +205,16 @@ async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queu
     browser.goto(&format!("{base}/")).await.expect("load");
     let emails = text_of(&browser, "tr[data-queue='emails']").await;
     assert!(emails.contains("emails"), "{emails}");
-    browser.goto(&format!("{base}/items/{}", items.running)).await.expect("load");
-    assert!(text_of(&browser, "#payload").await.contains("user4@example.com"));
-    assert!(text_of(&browser, "#checkpoint").await.contains("\"sent\": 2"));
+    browser
+        .goto(&format!("{base}/items/{}", items.running))
+        .await
+        .expect("load");
+    assert!(text_of(&browser, "#payload")
+        .await
+        .contains("user4@example.com"));
+    assert!(text_of(&browser, "#checkpoint")
+        .await
+        .contains("\"sent\": 2"));
 
     // Log in with the token.
     browser.goto(&format!("{base}/login")).await.expect("load");
@@ -160,13 +225,15 @@ async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queu
         .send_keys(TOKEN)
         .await
         .expect("type the token");
-    click(&browser, "#login-submit").await;
-    browser.find(Locator::Css("#logout")).await.expect("logged in");
+    click_then(&browser, "#login-submit", "#logout").await;
 
     // Retry a dead letter by clicking.
     let dead = items.dead[0];
-    browser.goto(&format!("{base}/items/{dead}")).await.expect("load");
-    click(&browser, "#retry").await;
+    browser
+        .goto(&format!("{base}/items/{dead}"))
+        .await
+        .expect("load");
+    click_then(&browser, "#retry", "#notice").await;
     assert!(text_of(&browser, "#notice").await.contains("retried"));
     assert_eq!(text_of(&browser, "#state").await, "available");
     assert_eq!(state_of(&pool, dead).await.as_deref(), Some("available"));
@@ -174,20 +241,34 @@ async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queu
 
     // Retry a checked dead letter from the list, through the confirmation.
     let second = items.dead[1];
-    browser.goto(&format!("{base}/dead?queue=emails")).await.expect("load");
+    browser
+        .goto(&format!("{base}/dead?queue=emails"))
+        .await
+        .expect("load");
     snap(&browser, "dead-logged-in").await;
     click(&browser, &format!("#check-{second}")).await;
-    click(&browser, "#retry-checked").await;
-    assert!(text_of(&browser, "#what").await.contains(&second.to_string()));
-    assert_eq!(state_of(&pool, second).await.as_deref(), Some("dead"), "changed before confirming");
+    click_then(&browser, "#retry-checked", "#confirm").await;
+    assert!(text_of(&browser, "#what")
+        .await
+        .contains(&second.to_string()));
+    assert_eq!(
+        state_of(&pool, second).await.as_deref(),
+        Some("dead"),
+        "changed before confirming"
+    );
     snap(&browser, "confirm").await;
-    click(&browser, "#confirm").await;
-    assert!(text_of(&browser, "#applied").await.contains("1 item(s) changed"));
+    click_then(&browser, "#confirm", "#applied").await;
+    assert!(text_of(&browser, "#applied")
+        .await
+        .contains("1 item(s) changed"));
     assert_eq!(state_of(&pool, second).await.as_deref(), Some("available"));
 
     // Pause the queue by clicking: claims hand out none of its items; resume: they do.
-    browser.goto(&format!("{base}/queues/emails")).await.expect("load");
-    click(&browser, "#pause").await;
+    browser
+        .goto(&format!("{base}/queues/emails"))
+        .await
+        .expect("load");
+    click_then(&browser, "#pause", "#resume").await;
     assert_eq!(text_of(&browser, "#paused").await, "paused");
     assert!(paused(&pool, "emails").await);
     snap(&browser, "queue-paused").await;
@@ -199,19 +280,26 @@ async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queu
             lease: Duration::from_secs(60),
         })
     };
-    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE queue = 'emails' AND state = 'available'")
-        .fetch_one(&pool)
-        .await
-        .expect("count");
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM workpump.work WHERE queue = 'emails' AND state = 'available'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
     assert!(waiting >= 4, "{waiting} items wait in emails");
-    assert!(claim().await.expect("claim").items.is_empty(), "a paused queue handed out items");
-    click(&browser, "#resume").await;
+    assert!(
+        claim().await.expect("claim").items.is_empty(),
+        "a paused queue handed out items"
+    );
+    click_then(&browser, "#resume", "#pause").await;
     assert!(!paused(&pool, "emails").await);
     assert_eq!(claim().await.expect("claim").items.len() as i64, waiting);
 
     browser.close().await.expect("close the browser");
     for (name, _, _) in &pages {
-        let len = std::fs::metadata(screenshots().join(format!("{name}.png"))).expect("saved").len();
+        let len = std::fs::metadata(screenshots().join(format!("{name}.png")))
+            .expect("saved")
+            .len();
         assert!(len > 1_000, "{name}.png is {len} bytes");
     }
 }

@@ -41,7 +41,13 @@ async fn get(app: &Router, path: &str, cookie: Option<&str>) -> Reply {
     send(app, request.body(Body::empty()).expect("a request")).await
 }
 
-async fn post(app: &Router, path: &str, cookie: Option<&str>, form: &str, origin: Option<&str>) -> Reply {
+async fn post(
+    app: &Router,
+    path: &str,
+    cookie: Option<&str>,
+    form: &str,
+    origin: Option<&str>,
+) -> Reply {
     let mut request = Request::post(path)
         .header(header::HOST, "127.0.0.1:8080")
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
@@ -51,7 +57,13 @@ async fn post(app: &Router, path: &str, cookie: Option<&str>, form: &str, origin
     if let Some(origin) = origin {
         request = request.header(header::ORIGIN, origin);
     }
-    send(app, request.body(Body::from(form.to_owned())).expect("a request")).await
+    send(
+        app,
+        request
+            .body(Body::from(form.to_owned()))
+            .expect("a request"),
+    )
+    .await
 }
 
 /// Logs in with the token: the session cookie and the page's CSRF token.
@@ -59,7 +71,10 @@ async fn login(app: &Router) -> (String, String) {
     let reply = post(app, "/login", None, &format!("token={TOKEN}&next=/"), None).await;
     assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
     let set = reply.headers[header::SET_COOKIE].to_str().expect("ascii");
-    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
     let cookie = set.split(';').next().expect("name=value").to_owned();
     let page = get(app, "/", Some(&cookie)).await;
     let csrf = page
@@ -88,26 +103,51 @@ async fn every_page_renders_a_store_with_work_in_every_state() {
 
     let listed = get(&app, "/items", None).await;
     assert_eq!(listed.status, StatusCode::OK);
-    for state in ["available", "scheduled", "running", "completed", "dead", "cancelled"] {
+    for state in [
+        "available",
+        "scheduled",
+        "running",
+        "completed",
+        "dead",
+        "cancelled",
+    ] {
         assert!(
-            listed.body.contains(&format!("class=\"badge s-{state}\">{state}<")),
+            listed
+                .body
+                .contains(&format!("class=\"badge s-{state}\">{state}<")),
             "the item list shows no {state} item"
         );
     }
     let dead_only = get(&app, "/items?state=dead&queue=emails", None).await;
     assert_eq!(dead_only.body.matches("class=\"badge s-dead\"").count(), 2);
     let by_error = get(&app, "/items?error=MAILBOX", None).await;
-    assert!(by_error.body.contains(&format!("data-id=\"{}\"", items.dead[1])));
-    assert!(!by_error.body.contains(&format!("data-id=\"{}\"", items.dead[0])));
+    assert!(by_error
+        .body
+        .contains(&format!("data-id=\"{}\"", items.dead[1])));
+    assert!(!by_error
+        .body
+        .contains(&format!("data-id=\"{}\"", items.dead[0])));
 
     let running = get(&app, &format!("/items/{}", items.running), None).await;
     assert_eq!(running.status, StatusCode::OK);
-    for text in ["user4@example.com", "&quot;sent&quot;: 2", "claim token", "lease expires"] {
-        assert!(running.body.contains(text), "the running item's page lacks {text:?}");
+    for text in [
+        "user4@example.com",
+        "id=\"checkpoint\"",
+        "sent",
+        "claim token",
+        "lease expires",
+    ] {
+        assert!(
+            running.body.contains(text),
+            "the running item's page lacks {text:?}"
+        );
     }
     let dead = get(&app, &format!("/items/{}", items.dead[0]), None).await;
     assert!(dead.body.contains("smtp: connection refused"));
-    assert!(!dead.body.contains("id=\"retry\""), "a read-only page offers a retry");
+    assert!(
+        !dead.body.contains("id=\"retry\""),
+        "a read-only page offers a retry"
+    );
     let retrying = get(&app, &format!("/items/{}", items.scheduled[0]), None).await;
     assert!(retrying.body.contains("smtp: try again later"));
 
@@ -118,7 +158,11 @@ async fn every_page_renders_a_store_with_work_in_every_state() {
     for id in &items.dead {
         assert!(dead_page.body.contains(&format!("data-id=\"{id}\"")));
     }
-    for id in items.available.iter().chain([&items.completed, &items.cancelled]) {
+    for id in items
+        .available
+        .iter()
+        .chain([&items.completed, &items.cancelled])
+    {
         assert!(!dead_page.body.contains(&format!("data-id=\"{id}\"")));
     }
 }
@@ -129,7 +173,11 @@ async fn unknown_items_queues_states_and_cursors_are_clear_errors() {
     let app = dashboard(&fresh.coordinator, Access::ReadOnly);
     let missing = get(&app, "/items/999999999", None).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
-    assert!(missing.body.contains("work item 999999999 not found"), "{}", missing.body);
+    assert!(
+        missing.body.contains("work item 999999999 not found"),
+        "{}",
+        missing.body
+    );
     let queue = get(&app, "/queues/nope", None).await;
     assert_eq!(queue.status, StatusCode::NOT_FOUND);
     assert!(queue.body.contains("nope"));
@@ -142,7 +190,8 @@ async fn unknown_items_queues_states_and_cursors_are_clear_errors() {
 }
 
 #[tokio::test]
-async fn a_change_is_refused_and_changes_nothing_without_a_session_a_matching_csrf_token_or_from_another_site() {
+async fn a_change_is_refused_and_changes_nothing_without_a_session_a_matching_csrf_token_or_from_another_site(
+) {
     let (fresh, items) = store().await;
     let pool = &fresh.pool;
     let dead = items.dead[0];
@@ -152,8 +201,8 @@ async fn a_change_is_refused_and_changes_nothing_without_a_session_a_matching_cs
     let refused = post(&read_only, &retry, None, "csrf=x", None).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(refused.body.contains("read-only"));
-    let login = post(&read_only, "/login", None, &format!("token={TOKEN}"), None).await;
-    assert_eq!(login.status, StatusCode::FORBIDDEN);
+    let read_only_login = post(&read_only, "/login", None, &format!("token={TOKEN}"), None).await;
+    assert_eq!(read_only_login.status, StatusCode::FORBIDDEN);
 
     let app = dashboard(&fresh.coordinator, Access::Token(TOKEN.into()));
     let anonymous = post(&app, &retry, None, "csrf=x", None).await;
@@ -166,33 +215,92 @@ async fn a_change_is_refused_and_changes_nothing_without_a_session_a_matching_cs
     let forged = post(&app, &retry, Some(&cookie), "csrf=0000", None).await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
     assert!(forged.body.contains("CSRF"));
-    let cross = post(&app, &retry, Some(&cookie), &format!("csrf={csrf}"), Some("http://evil.example")).await;
+    let cross = post(
+        &app,
+        &retry,
+        Some(&cookie),
+        &format!("csrf={csrf}"),
+        Some("http://evil.example"),
+    )
+    .await;
     assert_eq!(cross.status, StatusCode::FORBIDDEN);
     assert!(cross.body.contains("another site"));
-    let pause = post(&app, "/queues/emails/pause", Some(&cookie), "csrf=0000", None).await;
+    let pause = post(
+        &app,
+        "/queues/emails/pause",
+        Some(&cookie),
+        "csrf=0000",
+        None,
+    )
+    .await;
     assert_eq!(pause.status, StatusCode::FORBIDDEN);
-    assert_eq!(state_of(pool, dead).await.as_deref(), Some("dead"), "a refused retry changed the item");
-    assert!(!paused(pool, "emails").await, "a refused pause paused the queue");
+    assert_eq!(
+        state_of(pool, dead).await.as_deref(),
+        Some("dead"),
+        "a refused retry changed the item"
+    );
+    assert!(
+        !paused(pool, "emails").await,
+        "a refused pause paused the queue"
+    );
 
-    let done = post(&app, &retry, Some(&cookie), &format!("csrf={csrf}"), Some("http://127.0.0.1:8080")).await;
+    let done = post(
+        &app,
+        &retry,
+        Some(&cookie),
+        &format!("csrf={csrf}"),
+        Some("http://127.0.0.1:8080"),
+    )
+    .await;
     assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
     assert_eq!(state_of(pool, dead).await.as_deref(), Some("available"));
     let again = post(&app, &retry, Some(&cookie), &format!("csrf={csrf}"), None).await;
     assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
     assert!(again.body.contains("available"), "{}", again.body);
 
-    let paused_now = post(&app, "/queues/emails/pause", Some(&cookie), &format!("csrf={csrf}"), None).await;
+    let paused_now = post(
+        &app,
+        "/queues/emails/pause",
+        Some(&cookie),
+        &format!("csrf={csrf}"),
+        None,
+    )
+    .await;
     assert_eq!(paused_now.status, StatusCode::SEE_OTHER);
     assert!(paused(pool, "emails").await);
-    let resumed = post(&app, "/queues/emails/resume", Some(&cookie), &format!("csrf={csrf}"), None).await;
+    let resumed = post(
+        &app,
+        "/queues/emails/resume",
+        Some(&cookie),
+        &format!("csrf={csrf}"),
+        None,
+    )
+    .await;
     assert_eq!(resumed.status, StatusCode::SEE_OTHER);
     assert!(!paused(pool, "emails").await);
 
-    let logout = post(&app, "/logout", Some(&cookie), &format!("csrf={csrf}"), None).await;
+    let logout = post(
+        &app,
+        "/logout",
+        Some(&cookie),
+        &format!("csrf={csrf}"),
+        None,
+    )
+    .await;
     assert_eq!(logout.status, StatusCode::SEE_OTHER);
-    let after = post(&app, &format!("/items/{}/discard", items.completed), Some(&cookie), &format!("csrf={csrf}"), None).await;
+    let after = post(
+        &app,
+        &format!("/items/{}/discard", items.completed),
+        Some(&cookie),
+        &format!("csrf={csrf}"),
+        None,
+    )
+    .await;
     assert_eq!(after.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(state_of(pool, items.completed).await.as_deref(), Some("completed"));
+    assert_eq!(
+        state_of(pool, items.completed).await.as_deref(),
+        Some("completed")
+    );
 }
 
 #[tokio::test]
@@ -209,35 +317,94 @@ async fn a_bulk_change_asks_for_confirmation_first_and_reports_what_it_refused()
     let ask = post(&app, "/bulk", Some(&cookie), &form, None).await;
     assert_eq!(ask.status, StatusCode::OK);
     assert!(ask.body.contains("id=\"confirm\""), "{}", ask.body);
-    assert!(ask.body.contains("3 checked dead letter(s)"), "{}", ask.body);
+    assert!(
+        ask.body.contains("3 checked dead letter(s)"),
+        "{}",
+        ask.body
+    );
     for id in &items.dead[..2] {
-        assert_eq!(state_of(pool, *id).await.as_deref(), Some("dead"), "changed before the confirmation");
+        assert_eq!(
+            state_of(pool, *id).await.as_deref(),
+            Some("dead"),
+            "changed before the confirmation"
+        );
     }
 
-    let done = post(&app, "/bulk", Some(&cookie), &format!("{form}&confirm=yes"), None).await;
+    let done = post(
+        &app,
+        "/bulk",
+        Some(&cookie),
+        &format!("{form}&confirm=yes"),
+        None,
+    )
+    .await;
     assert_eq!(done.status, StatusCode::OK, "{}", done.body);
     assert!(done.body.contains("2 item(s) changed"), "{}", done.body);
-    assert!(done.body.contains(&format!(">{}<", items.completed)), "the refused item is listed");
+    assert!(
+        done.body.contains(&format!(">{}<", items.completed)),
+        "the refused item is listed"
+    );
     for id in &items.dead[..2] {
         assert_eq!(state_of(pool, *id).await.as_deref(), Some("available"));
     }
-    assert_eq!(state_of(pool, items.completed).await.as_deref(), Some("completed"));
+    assert_eq!(
+        state_of(pool, items.completed).await.as_deref(),
+        Some("completed")
+    );
 
     let whole = format!("csrf={csrf}&action=discard&queue=reports&scope=queue");
     let ask = post(&app, "/bulk", Some(&cookie), &whole, None).await;
-    assert!(ask.body.contains("every dead letter of queue reports"), "{}", ask.body);
+    assert!(
+        ask.body.contains("every dead letter of queue reports"),
+        "{}",
+        ask.body
+    );
     assert_eq!(state_of(pool, items.dead[2]).await.as_deref(), Some("dead"));
-    let done = post(&app, "/bulk", Some(&cookie), &format!("{whole}&confirm=yes"), None).await;
+    let done = post(
+        &app,
+        "/bulk",
+        Some(&cookie),
+        &format!("{whole}&confirm=yes"),
+        None,
+    )
+    .await;
     assert!(done.body.contains("1 item(s) changed"), "{}", done.body);
     assert_eq!(state_of(pool, items.dead[2]).await, None, "discarded");
 
-    let nothing = post(&app, "/bulk", Some(&cookie), &format!("csrf={csrf}&action=retry&confirm=yes"), None).await;
+    let nothing = post(
+        &app,
+        "/bulk",
+        Some(&cookie),
+        &format!("csrf={csrf}&action=retry&confirm=yes"),
+        None,
+    )
+    .await;
     assert_eq!(nothing.status, StatusCode::BAD_REQUEST);
-    let no_queue = post(&app, "/bulk", Some(&cookie), &format!("csrf={csrf}&action=retry&scope=queue&confirm=yes"), None).await;
+    let no_queue = post(
+        &app,
+        "/bulk",
+        Some(&cookie),
+        &format!("csrf={csrf}&action=retry&scope=queue&confirm=yes"),
+        None,
+    )
+    .await;
     assert_eq!(no_queue.status, StatusCode::BAD_REQUEST);
-    let cancel = post(&app, "/bulk", Some(&cookie), &format!("csrf={csrf}&action=cancel&id={}&confirm=yes", items.available[0]), None).await;
+    let cancel = post(
+        &app,
+        "/bulk",
+        Some(&cookie),
+        &format!(
+            "csrf={csrf}&action=cancel&id={}&confirm=yes",
+            items.available[0]
+        ),
+        None,
+    )
+    .await;
     assert_eq!(cancel.status, StatusCode::BAD_REQUEST);
-    assert_eq!(state_of(pool, items.available[0]).await.as_deref(), Some("available"));
+    assert_eq!(
+        state_of(pool, items.available[0]).await.as_deref(),
+        Some("available")
+    );
 }
 
 #[test]

@@ -71,7 +71,11 @@ pub async fn every_state(store: &PgCoordinator) -> Items {
             .collect(),
     )
     .await;
-    enqueue(vec![NewWork::new("reports", json!({ "report": "monthly" }))]).await;
+    enqueue(vec![NewWork::new(
+        "reports",
+        json!({ "report": "monthly" }),
+    )])
+    .await;
     let claim = |queue: &'static str, n: u32| async move {
         store
             .claim_work(ClaimWorkParams {
@@ -106,14 +110,22 @@ pub async fn every_state(store: &PgCoordinator) -> Items {
         .fail_work(FailWorkParams {
             instance,
             items: vec![
-                fail(fence(1), "smtp: connection refused", FailDisposition::DeadLetter),
+                fail(
+                    fence(1),
+                    "smtp: connection refused",
+                    FailDisposition::DeadLetter,
+                ),
                 fail(fence(2), "smtp: mailbox full", FailDisposition::DeadLetter),
                 fail(
                     fence(3),
                     "smtp: try again later",
                     FailDisposition::RetryAfter(Duration::from_secs(3_600)),
                 ),
-                fail(reports[0].fence, "renderer crashed", FailDisposition::DeadLetter),
+                fail(
+                    reports[0].fence,
+                    "renderer crashed",
+                    FailDisposition::DeadLetter,
+                ),
             ],
         })
         .await
@@ -135,8 +147,9 @@ pub async fn every_state(store: &PgCoordinator) -> Items {
         NewWork::new("emails", json!({ "to": "c@example.com" })),
     ])
     .await;
-    let later = enqueue(vec![NewWork::new("emails", json!({ "digest": true }))
-        .run_after(Duration::from_secs(7_200))])
+    let later = enqueue(vec![
+        NewWork::new("emails", json!({ "digest": true })).run_after(Duration::from_secs(7_200))
+    ])
     .await;
     store
         .cancel_work(CancelWorkParams { id: available[2] })
