@@ -149,6 +149,12 @@ async fn demo(items: usize) -> Result<ExitCode> {
          the workpump_audit triggers"
     );
 
+    let dashboard = serve_dashboard(db.url()).await?;
+    println!(
+        "dashboard  http://{dashboard}/ (read-only, while the demo runs; `workpump serve` serves it \
+         for a store of yours)"
+    );
+
     let logs = worker
         .parent()
         .and_then(Path::parent)
@@ -198,6 +204,21 @@ async fn demo(items: usize) -> Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// The dashboard on the demo's database, read-only, on a free port of the loopback; it
+/// stops with the demo's runtime.
+async fn serve_dashboard(url: &str) -> Result<std::net::SocketAddr> {
+    let store = workpump_coordinator::PgCoordinator::connect_lazy(url, DEFAULT_SCHEMA, 2)?;
+    let mut config = workpump_dashboard::DashboardConfig::default();
+    config.refresh = Duration::from_secs(1);
+    let app = workpump_dashboard::router(std::sync::Arc::new(store), config)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(address)
 }
 
 /// What the demo concluded.

@@ -225,3 +225,253 @@ async fn without_a_database_or_with_one_nobody_serves_it_says_what_to_do() {
         text(&bad.stderr)
     );
 }
+
+/// `workpump --json <args>` on `url`: its exit code and parsed stdout.
+fn json_of(url: &str, args: &[&str], code: i32) -> Value {
+    let mut all = vec!["--json", "--database-url", url];
+    all.extend_from_slice(args);
+    let out = workpump(&all);
+    serde_json::from_str(&expect_code(&out, code)).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+async fn state_of(pool: &PgPool, id: i64) -> Option<String> {
+    sqlx::query_scalar("SELECT state::text FROM workpump.work WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .expect("read the item")
+}
+
+#[tokio::test]
+async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
+    let fresh = workpump_coordinator::testing::fresh_store().await;
+    let items = workpump_coordinator::testing::every_state(&fresh.coordinator).await;
+    let url = fresh.db.url();
+
+    let queues = json_of(url, &["queues"], 0);
+    let emails = queues["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .find(|q| q["queue"] == "emails")
+        .expect("emails");
+    assert_eq!(
+        (
+            &emails["available"],
+            &emails["scheduled"],
+            &emails["running"]
+        ),
+        (&Value::from(2), &Value::from(2), &Value::from(1))
+    );
+    assert_eq!(emails["dead"]["items"], 2);
+    let table = expect_code(&workpump(&["queues", "--database-url", url]), 0);
+    assert!(
+        table.starts_with("queue") && table.contains("\nemails "),
+        "{table}"
+    );
+
+    let dead = json_of(url, &["items", "list", "--state", "dead"], 0);
+    let ids: Vec<i64> = dead["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["id"].as_i64().expect("id"))
+        .collect();
+    let mut expected = items.dead.clone();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(ids, expected, "newest first");
+    let first = json_of(
+        url,
+        &[
+            "items", "list", "--queue", "emails", "--state", "dead", "--limit", "1",
+        ],
+        0,
+    );
+    assert_eq!(first["items"].as_array().expect("items").len(), 1);
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let second = json_of(
+        url,
+        &[
+            "items", "list", "--queue", "emails", "--state", "dead", "--limit", "1", "--cursor",
+            &cursor,
+        ],
+        0,
+    );
+    assert_eq!(second["items"][0]["id"], items.dead[0]);
+    let by_error = json_of(url, &["items", "list", "--error", "MAILBOX"], 0);
+    assert_eq!(by_error["items"][0]["id"], items.dead[1]);
+    assert_eq!(by_error["items"].as_array().expect("items").len(), 1);
+
+    let shown = expect_code(
+        &workpump(&[
+            "items",
+            "show",
+            &items.running.to_string(),
+            "--database-url",
+            url,
+        ]),
+        0,
+    );
+    for text in [
+        "user4@example.com",
+        "checkpoint:",
+        "\"sent\": 2",
+        "claim token",
+    ] {
+        assert!(shown.contains(text), "items show lacks {text:?}:\n{shown}");
+    }
+    let history = json_of(url, &["items", "show", &items.scheduled[0].to_string()], 0);
+    assert_eq!(
+        history["item"]["history"][0]["error"],
+        "smtp: try again later"
+    );
+
+    let instances = json_of(url, &["instances"], 0);
+    assert_eq!(
+        instances["instances"][0]["instance"],
+        items.instance.0.to_string()
+    );
+    assert_eq!(instances["instances"][0]["leases"], 1);
+}
+
+#[tokio::test]
+async fn retry_cancel_discard_pause_and_resume_change_what_they_say_and_refuse_the_rest() {
+    let fresh = workpump_coordinator::testing::fresh_store().await;
+    let items = workpump_coordinator::testing::every_state(&fresh.coordinator).await;
+    let (url, pool) = (fresh.db.url(), &fresh.pool);
+
+    // By ids: the dead letter is retried, the completed item refused (exit 1), unchanged.
+    let out = workpump(&[
+        "retry",
+        &items.dead[0].to_string(),
+        &items.completed.to_string(),
+        "--database-url",
+        url,
+    ]);
+    let table = expect_code(&out, 1);
+    assert!(
+        table.contains("retried") && table.contains("refused"),
+        "{table}"
+    );
+    assert!(
+        text(&out.stderr).contains("1 of 2 item(s) were refused"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        state_of(pool, items.dead[0]).await.as_deref(),
+        Some("available")
+    );
+    assert_eq!(
+        state_of(pool, items.completed).await.as_deref(),
+        Some("completed")
+    );
+
+    // By filter: every dead letter of reports.
+    let report = json_of(url, &["retry", "--queue", "reports"], 0);
+    assert_eq!(report["applied"], 1);
+    assert_eq!(
+        state_of(pool, items.dead[2]).await.as_deref(),
+        Some("available")
+    );
+
+    // Without ids or a filter: refused unless --all.
+    let bare = workpump(&["discard", "--database-url", url]);
+    expect_code(&bare, 2);
+    assert!(
+        text(&bare.stderr).contains("--all"),
+        "{}",
+        text(&bare.stderr)
+    );
+    assert_eq!(
+        state_of(pool, items.completed).await.as_deref(),
+        Some("completed")
+    );
+    let both = workpump(&["discard", "1", "--queue", "emails", "--database-url", url]);
+    expect_code(&both, 2);
+    let everything = json_of(url, &["discard", "--all"], 0);
+    assert!(
+        everything["applied"].as_u64().expect("applied") >= 3,
+        "{everything}"
+    );
+    assert_eq!(state_of(pool, items.completed).await, None);
+    assert_eq!(state_of(pool, items.cancelled).await, None);
+    assert_eq!(
+        state_of(pool, items.running).await.as_deref(),
+        Some("running")
+    );
+
+    let cancelled = json_of(
+        url,
+        &[
+            "cancel",
+            &items.available[0].to_string(),
+            &items.running.to_string(),
+        ],
+        0,
+    );
+    assert_eq!(cancelled["items"][0]["result"], "cancelled");
+    assert_eq!(cancelled["items"][1]["result"], "requested");
+
+    let missing = workpump(&["cancel", "999999999", "--database-url", url]);
+    expect_code(&missing, 1);
+
+    expect_code(&workpump(&["pause", "emails", "--database-url", url]), 0);
+    let paused: bool =
+        sqlx::query_scalar("SELECT paused FROM workpump.queues WHERE name = 'emails'")
+            .fetch_one(pool)
+            .await
+            .expect("read the queue");
+    assert!(paused);
+    let again = expect_code(&workpump(&["pause", "emails", "--database-url", url]), 0);
+    assert!(again.contains("already paused"), "{again}");
+    expect_code(&workpump(&["resume", "emails", "--database-url", url]), 0);
+    let unknown = workpump(&["pause", "nope", "--database-url", url]);
+    expect_code(&unknown, 1);
+    assert!(
+        text(&unknown.stderr).contains("nope"),
+        "{}",
+        text(&unknown.stderr)
+    );
+
+    let bad_cursor = workpump(&[
+        "items",
+        "list",
+        "--cursor",
+        "garbage",
+        "--database-url",
+        url,
+    ]);
+    expect_code(&bad_cursor, 2);
+    assert!(
+        text(&bad_cursor.stderr).contains("cursor"),
+        "{}",
+        text(&bad_cursor.stderr)
+    );
+    let bad_state = workpump(&[
+        "items",
+        "list",
+        "--state",
+        "finished",
+        "--database-url",
+        url,
+    ]);
+    expect_code(&bad_state, 2);
+}
+
+#[tokio::test]
+async fn a_command_on_a_database_that_was_never_migrated_says_to_migrate_with_exit_code_4() {
+    let (db, pool) = fresh_database().await;
+    let out = workpump(&["queues", "--database-url", db.url()]);
+    expect_code(&out, 4);
+    assert!(
+        text(&out.stderr).contains("workpump migrate"),
+        "{}",
+        text(&out.stderr)
+    );
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
