@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use workpump_coordinator::{EnqueueWorkParams, NewWork, WorkCoordinator};
 
+use super::ops::Beside;
 use super::setup::{self, BenchDb, Statement, QUEUE, SCHEMA};
 use super::worker::{self, Spec};
 use super::{BenchResult, Ctx};
@@ -69,7 +70,21 @@ pub(crate) async fn run_once(
     deciles: bool,
 ) -> BenchResult<DrainRun> {
     let db = ctx.create_db("drain").await?;
-    let result = drain(ctx, &db, workers, items, deciles).await;
+    let result = drain(ctx, &db, workers, items, deciles, |_| None).await;
+    db.drop_now().await?;
+    result
+}
+
+/// [`run_once`] with something beside the drain: `open` gets the drain's database URL once
+/// the workers are ready, and what it returns runs until the last item completes.
+pub(crate) async fn run_once_beside(
+    ctx: &Ctx,
+    workers: usize,
+    items: usize,
+    open: impl FnOnce(&str) -> Option<Beside>,
+) -> BenchResult<DrainRun> {
+    let db = ctx.create_db("drain").await?;
+    let result = drain(ctx, &db, workers, items, false, open).await;
     db.drop_now().await?;
     result
 }
@@ -80,6 +95,7 @@ async fn drain(
     n: usize,
     items: usize,
     deciles: bool,
+    open: impl FnOnce(&str) -> Option<Beside>,
 ) -> BenchResult<DrainRun> {
     db.set_paused(true).await?;
     fill(db, items, json!({ "kind": "noop" })).await?;
@@ -89,6 +105,7 @@ async fn drain(
     let (mut workers, startup) =
         worker::start_all(&ctx.worker_bin, db.url(), &spec, n, &ctx.logs, "drain").await?;
 
+    let beside = open(db.url());
     let stmts_before = db.statements().await?;
     let wal_before = db.wal_bytes().await?;
     let postmaster = ctx.target.postmaster_pid();
@@ -114,6 +131,7 @@ async fn drain(
             .into());
         }
     }
+    drop(beside);
     let worker_ticks = workers.cpu_ticks() - workers_before;
     let server_ticks = postmaster.map(|p| setup::server_cpu_ticks(p) - server_before.unwrap_or(0));
     let machine_ticks = setup::machine_busy_ticks() - machine_before;

@@ -5,13 +5,15 @@
 //!
 //! Scenarios (each on a fresh database, each process stopped by pid also on errors):
 //! `ceiling` (pgbench, minimal queue cycle), `drain`, `enqueue`, `pickup`, `renewal` (with
-//! memory), `failover`, `idle`.
+//! memory), `failover`, `idle`, `ops` (the operator's reads on a large store), `dashboard`
+//! (the drain with and without the dashboard open beside it).
 
 mod ceiling;
 mod drain;
 mod enqueue;
 mod failover;
 mod idle;
+mod ops;
 mod pickup;
 mod renewal;
 mod report;
@@ -28,8 +30,16 @@ use crate::Outcome;
 pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// What `--only` can pick, in the order they run.
-const SCENARIOS: [&str; 7] = [
-    "ceiling", "drain", "enqueue", "pickup", "renewal", "failover", "idle",
+const SCENARIOS: [&str; 9] = [
+    "ceiling",
+    "drain",
+    "enqueue",
+    "pickup",
+    "renewal",
+    "failover",
+    "idle",
+    "ops",
+    "dashboard",
 ];
 
 /// Handlers per worker in the drain unless `--concurrency` says otherwise: twice the
@@ -76,6 +86,10 @@ pub(crate) struct Plan {
     pub(crate) ceiling_batch_rows: i64,
     pub(crate) ceiling_single_rows: i64,
     pub(crate) ceiling_single_secs: u64,
+    /// Items in the store the operator's reads are timed on.
+    pub(crate) ops_items: usize,
+    /// Drains without and with the dashboard beside them, each.
+    pub(crate) dashboard_pairs: usize,
 }
 
 impl Plan {
@@ -98,6 +112,8 @@ impl Plan {
             ceiling_batch_rows: 400_000,
             ceiling_single_rows: 300_000,
             ceiling_single_secs: 10,
+            ops_items: 1_000_000,
+            dashboard_pairs: 3,
         }
     }
 
@@ -120,6 +136,8 @@ impl Plan {
             ceiling_batch_rows: 60_000,
             ceiling_single_rows: 100_000,
             ceiling_single_secs: 1,
+            ops_items: 100_000,
+            dashboard_pairs: 1,
         }
     }
 }
@@ -270,6 +288,13 @@ async fn bench(options: Options) -> BenchResult<ExitCode> {
             "renewal" => renewals(&ctx, &mut report).await,
             "failover" => failovers(&ctx, &mut report).await,
             "idle" => idles(&ctx, &mut report).await,
+            "ops" => ops::run(&ctx).await.map(|t| report.ops(t)),
+            "dashboard" => {
+                let workers = report.best_drain_workers().unwrap_or(2);
+                ops::dashboard_cost(&ctx, workers)
+                    .await
+                    .map(|c| report.dashboard(c))
+            }
             _ => unreachable!("scenarios come from SCENARIOS"),
         };
         match outcome {

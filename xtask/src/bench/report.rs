@@ -12,6 +12,7 @@ use super::drain::DrainRun;
 use super::enqueue::{EnqueueRates, BULK_BATCH};
 use super::failover::FailoverRun;
 use super::idle::{Idle, WORKERS as IDLE_WORKERS};
+use super::ops::{DashboardCost, OpsTimings};
 use super::pickup::Pickup;
 use super::renewal::{Renewal, LEASE_MS};
 use super::setup;
@@ -34,6 +35,10 @@ const HEARTBEAT_SLOW_S: f64 = 60.0;
 const FAILOVER_TARGET: f64 = 5.0;
 /// Idle target: statements per second per instance with the listener healthy.
 const IDLE_TARGET: f64 = 1.0;
+/// The operator's reads (a page of items, the queue overview) on a large store, ms.
+const OPS_READ_TARGET_MS: f64 = 50.0;
+/// The drain with the dashboard open beside it, over the drain alone.
+const DASHBOARD_RATIO_TARGET: f64 = 0.97;
 /// Memory target, MB.
 const RSS_TARGET: f64 = 100.0;
 
@@ -276,6 +281,26 @@ impl Report {
         self.idles.push(idle);
     }
 
+    pub(crate) fn ops(&mut self, t: OpsTimings) {
+        let figure = |name: &str| t.get(name).map(|x| x.median_ms);
+        if let Some(ms) = figure("list_work: 100 items") {
+            self.set("ops_page_100_ms", ms);
+        }
+        if let Some(ms) = figure("list_work: 100 dead letters of the queue") {
+            self.set("ops_page_100_dead_ms", ms);
+        }
+        if let Some(ms) = figure("queue_overview") {
+            self.set("ops_queue_overview_ms", ms);
+        }
+        self.set("ops_items", t.items as f64);
+        self.details.insert("ops".into(), t.to_json());
+    }
+
+    pub(crate) fn dashboard(&mut self, c: DashboardCost) {
+        self.set("drain_with_dashboard_ratio", round3(c.ratio()));
+        self.details.insert("dashboard".into(), c.to_json());
+    }
+
     pub(crate) fn error(&mut self, scenario: &str, message: &str) {
         self.errors.push((scenario.to_owned(), message.to_owned()));
     }
@@ -453,6 +478,29 @@ impl Report {
             "/s",
             String::new(),
             None,
+        );
+        let ops_items = self.num("ops_items").map_or(String::new(), group);
+        for (figure, label) in [
+            ("ops_page_100_ms", "a page of 100 items"),
+            ("ops_page_100_dead_ms", "a page of 100 dead letters"),
+            ("ops_queue_overview_ms", "the queue overview"),
+        ] {
+            let v = self.num(figure);
+            push(
+                &format!("{figure} ({label}, {ops_items} items)"),
+                v,
+                "ms",
+                "<= 50 ms".into(),
+                v.map(|v| v <= OPS_READ_TARGET_MS),
+            );
+        }
+        let beside = self.num("drain_with_dashboard_ratio");
+        push(
+            "drain_with_dashboard_ratio (beside / alone)",
+            beside,
+            "",
+            ">= 0.97".into(),
+            beside.map(|r| r >= DASHBOARD_RATIO_TARGET),
         );
         let bulk = self.num("enqueue_bulk");
         push(
