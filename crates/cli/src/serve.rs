@@ -80,7 +80,20 @@ pub(crate) async fn serve(store: PgCoordinator, args: ServeArgs) -> Result<(), F
     );
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let terminated = async {
+                match term.as_mut() {
+                    Some(term) => {
+                        term.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminated => {}
+            }
         })
         .await
         .map_err(|e| Failure::new(ExitCode::Unreachable, format!("serving the dashboard: {e}")))

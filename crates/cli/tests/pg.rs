@@ -475,3 +475,77 @@ async fn a_command_on_a_database_that_was_never_migrated_says_to_migrate_with_ex
     pool.close().await;
     db.drop_database().await.expect("drop");
 }
+
+#[tokio::test]
+async fn serve_prints_its_address_serves_the_dashboard_and_stops_on_sigterm() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    let fresh = workpump_coordinator::testing::fresh_store().await;
+    workpump_coordinator::testing::every_state(&fresh.coordinator).await;
+    let short = workpump(&[
+        "serve",
+        "--token",
+        "short",
+        "--database-url",
+        fresh.db.url(),
+    ]);
+    expect_code(&short, 2);
+    assert!(
+        text(&short.stderr).contains("at least 16"),
+        "{}",
+        text(&short.stderr)
+    );
+
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_workpump"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            fresh.db.url(),
+        ])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start workpump serve");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("an address within 20 s")
+        .expect("read stdout")
+        .expect("a line");
+    assert!(line.contains("read-only"), "{line}");
+    let address = line
+        .strip_prefix("dashboard: http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+
+    let mut stream = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("connect");
+    stream
+        .write_all(
+            format!("GET / HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("send");
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.expect("read");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("data-queue=\"emails\""), "{page}");
+
+    let pid = child.id().expect("a pid").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait())
+        .await
+        .expect("it stops within 20 s of SIGTERM")
+        .expect("its status");
+    assert!(status.success(), "{status:?}");
+}
