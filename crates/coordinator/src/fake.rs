@@ -1945,9 +1945,7 @@ impl Operations for FakeCoordinator {
                 }
             })
             .collect();
-        instances.sort_by(|a, b| {
-            (a.started_at, a.instance.0).cmp(&(b.started_at, b.instance.0))
-        });
+        instances.sort_by(|a, b| (a.started_at, a.instance.0).cmp(&(b.started_at, b.instance.0)));
         Ok(ListInstancesOutcome { instances })
     }
 
@@ -2046,7 +2044,9 @@ impl FakeCoordinator {
         for &id in ids {
             if let Some(r) = st.work.get(&id).filter(|r| r.state == WorkState::Dead) {
                 if let Some(k) = &r.unique_key {
-                    let first = first_of_key.entry((r.queue.clone(), k.clone())).or_insert(id);
+                    let first = first_of_key
+                        .entry((r.queue.clone(), k.clone()))
+                        .or_insert(id);
                     *first = (*first).min(id);
                 }
             }
@@ -2110,7 +2110,10 @@ impl FakeCoordinator {
                         BulkResult::Cancelled
                     }
                     WorkState::Running => {
-                        st.work.get_mut(&id).expect("the row exists").cancel_requested = true;
+                        st.work
+                            .get_mut(&id)
+                            .expect("the row exists")
+                            .cancel_requested = true;
                         BulkResult::Requested
                     }
                     _ => refuse(refusal::CANCEL_FINISHED),

@@ -117,11 +117,7 @@ impl WorkFilter {
     }
 
     /// Finished in `[since, before)`; either end may be open (`None`).
-    pub fn finished(
-        mut self,
-        since: Option<DateTime<Utc>>,
-        before: Option<DateTime<Utc>>,
-    ) -> Self {
+    pub fn finished(mut self, since: Option<DateTime<Utc>>, before: Option<DateTime<Utc>>) -> Self {
         self.finished_since = since;
         self.finished_before = before;
         self

@@ -1344,9 +1344,8 @@ impl Operations for PgCoordinator {
             params.action.as_str(),
             params.limit
         );
-        let filter = serde_json::to_value(&params.filter).map_err(|e| {
-            Error::InvalidArgument(format!("bulk_work_matching: the filter: {e}"))
-        })?;
+        let filter = serde_json::to_value(&params.filter)
+            .map_err(|e| Error::InvalidArgument(format!("bulk_work_matching: the filter: {e}")))?;
         let rows: Vec<(i64, String, Option<String>, Option<String>, bool)> =
             sqlx::query_as(&self.stmts.bulk_work_matching)
                 .bind(params.action.as_str())
