@@ -28,8 +28,9 @@
 --
 -- Cost, and the examined-rows budget: the page is read through the primary key, newest id
 -- first, with the filter applied to each row, and the scan stops at page_size matches or after
--- examining 10 000 rows, whichever comes first (plan: Limit -> Subquery Scan (Filter:
--- the filter) -> Limit 10 000 -> Index Scan Backward using work_pkey). So a call costs at
+-- examining 10 000 rows, whichever comes first (plan: Limit -> Subquery Scan (Filter: the
+-- filter, or the 10 000th row) -> Limit 10 000 -> WindowAgg (row_number) -> Index Scan
+-- Backward using work_pkey; the filter's unset criteria fold away). So a call costs at
 -- most 10 000 rows read by primary key (a few milliseconds), whatever the table's size and
 -- the filter. A filter that matches densely (a queue, a waiting state on a busy store) fills
 -- its page after a few hundred rows; a very selective one (an error text, old dead letters
