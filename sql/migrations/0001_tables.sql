@@ -23,10 +23,14 @@ CREATE SEQUENCE work_id_seq AS bigint CACHE 100;
 
 -- Queues: a named stream of work with its own settings. Enqueueing to a queue that has no row
 -- here is refused (unknown queue), so a typo never creates work nobody will claim.
+-- owner: the service whose declarations set the queue's settings (register_queue): the first
+-- service to declare it, or whoever an operator hands it to (set_queue_settings); NULL when
+-- nobody owns them (then the first named declarer adopts the queue).
 CREATE TABLE queues (
     name         text        PRIMARY KEY,
     max_attempts integer     NOT NULL DEFAULT 10,
     paused       boolean     NOT NULL DEFAULT false,
+    owner        text        CHECK (owner <> '' AND length(owner) <= 128),
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT queues_name_valid CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'),

@@ -1,19 +1,38 @@
--- register_queue(name, max_attempts) -> void
+-- register_queue(name, max_attempts, owner) -> (applied, owner, max_attempts)
 --
--- Declares a queue (or updates its settings): enqueue_work refuses queues that were never
--- registered. The host registers the queues it has handlers for when it starts; a service
--- that only produces work registers its queues once, the same way. Idempotent: registering
--- again with the same settings changes nothing; with other settings the last call wins.
+-- Declares a queue: enqueue_work refuses queues that were never registered. Every host
+-- declares the queues it has handlers for, and those it only produces to, when it starts.
+--
+-- Queue settings have one owner, so that two services declaring the same queue never
+-- silently overwrite each other's settings (the last writer used to win):
+--   no such queue                      -> created with these settings, owned by `owner`;
+--   the same settings already          -> nothing written (a named declarer adopts a queue
+--                                         nobody owns);
+--   owned by nobody, `owner` named     -> adopted: the settings are applied and `owner` owns
+--                                         them from now on;
+--   owned by `owner`                   -> the settings are applied (a service changes its own);
+--   owned by another service, or an anonymous declaration (owner NULL) of an existing queue
+--                                      -> NOT applied: the stored settings stay.
+-- Result: applied (false only in the last case), and the queue's owner and max_attempts as
+-- stored after the call — in the last case the settings that won, so the caller can say who
+-- owns them (the host logs a warning naming both services). An operator changes the settings
+-- or hands the queue over with set_queue_settings.
 --
 -- Arguments: name of 1..128 characters from [A-Za-z0-9_.:-], starting with a letter or digit;
--- max_attempts 1..1000 (the default for items that don't set their own). WP002 otherwise.
+-- max_attempts 1..1000 (the default for items that don't set their own); owner NULL or 1..128
+-- characters. WP002 otherwise.
+-- Concurrency: the queue's row is locked while deciding, so two first declarations race
+-- safely: one creates, the other meets its settings.
 -- Clock rule: updated_at is the database's now().
-CREATE FUNCTION register_queue(p_name text, p_max_attempts integer)
-RETURNS void
+CREATE FUNCTION register_queue(p_name text, p_max_attempts integer, p_owner text)
+RETURNS TABLE (applied boolean, owner text, max_attempts integer)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_owner text;
+    v_max   integer;
 BEGIN
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -24,9 +43,30 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('register_queue: max_attempts must be between 1 and 1000, got %s', p_max_attempts);
     END IF;
-    INSERT INTO queues (name, max_attempts) VALUES (p_name, p_max_attempts)
-    ON CONFLICT (name) DO UPDATE
-        SET max_attempts = EXCLUDED.max_attempts, updated_at = now()
-        WHERE queues.max_attempts IS DISTINCT FROM EXCLUDED.max_attempts;
+    IF p_owner = '' OR length(p_owner) > 128 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = 'register_queue: owner must be null or 1 to 128 characters';
+    END IF;
+
+    INSERT INTO queues AS q (name, max_attempts, owner) VALUES (p_name, p_max_attempts, p_owner)
+    ON CONFLICT (name) DO NOTHING;
+    IF FOUND THEN
+        RETURN QUERY SELECT true, p_owner, p_max_attempts;
+        RETURN;
+    END IF;
+
+    SELECT q.owner, q.max_attempts INTO v_owner, v_max FROM queues q WHERE q.name = p_name FOR UPDATE;
+    IF v_owner IS NULL AND p_owner IS NOT NULL THEN
+        UPDATE queues q SET owner = p_owner, max_attempts = p_max_attempts, updated_at = now()
+        WHERE q.name = p_name;
+        RETURN QUERY SELECT true, p_owner, p_max_attempts;
+    ELSIF v_max = p_max_attempts THEN
+        RETURN QUERY SELECT true, v_owner, v_max;
+    ELSIF v_owner = p_owner THEN
+        UPDATE queues q SET max_attempts = p_max_attempts, updated_at = now() WHERE q.name = p_name;
+        RETURN QUERY SELECT true, v_owner, p_max_attempts;
+    ELSE
+        RETURN QUERY SELECT false, v_owner, v_max;
+    END IF;
 END;
 $$;

@@ -2,7 +2,9 @@
 --
 -- The operator's list of work items, newest first (by id, descending), one bounded page at a
 -- time. Also defines what the operator's filter is (the type work_filter, parse_work_filter,
--- work_matches, parse_work_cursor), shared with bulk_work_matching.
+-- parse_work_cursor), shared with bulk_work_matching, whose predicate is the one written out
+-- below (not a helper function: a function with a pinned search_path is never inlined, and
+-- called once per row it cost more than the scan).
 --
 -- The filter is a JSON object, so that a criterion added later (an item's kind, its ordering
 -- key) is a new key, not a new signature. Keys, all optional; an absent or null key does not
@@ -26,8 +28,9 @@
 --
 -- Cost, and the examined-rows budget: the page is read through the primary key, newest id
 -- first, with the filter applied to each row, and the scan stops at page_size matches or after
--- examining 10 000 rows, whichever comes first (plan: Limit -> Subquery Scan (Filter:
--- work_matches) -> Limit 10 000 -> Index Scan Backward using work_pkey). So a call costs at
+-- examining 10 000 rows, whichever comes first (plan: Limit -> Subquery Scan (Filter: the
+-- filter, or the 10 000th row) -> Limit 10 000 -> WindowAgg (row_number) -> Index Scan
+-- Backward using work_pkey; the filter's unset criteria fold away). So a call costs at
 -- most 10 000 rows read by primary key (a few milliseconds), whatever the table's size and
 -- the filter. A filter that matches densely (a queue, a waiting state on a busy store) fills
 -- its page after a few hundred rows; a very selective one (an error text, old dead letters
@@ -140,26 +143,6 @@ AS $$
        AND f.error_contains IS NULL
 $$;
 
--- work_matches(queue, state, instance, created_at, finished_at, errors, filter) -> boolean
-CREATE FUNCTION work_matches(
-    p_queue text, p_state work_state, p_instance uuid, p_created_at timestamptz,
-    p_finished_at timestamptz, p_errors jsonb, f work_filter)
-RETURNS boolean
-LANGUAGE sql STABLE
-SET search_path FROM CURRENT
-AS $$
-    SELECT (f.queues IS NULL OR p_queue = ANY (f.queues))
-       AND (f.states IS NULL OR p_state = ANY (f.states))
-       AND (f.instance IS NULL OR p_instance = f.instance)
-       AND (f.created_since IS NULL OR p_created_at >= f.created_since)
-       AND (f.created_before IS NULL OR p_created_at < f.created_before)
-       AND (f.finished_since IS NULL OR p_finished_at >= f.finished_since)
-       AND (f.finished_before IS NULL OR p_finished_at < f.finished_before)
-       AND (f.error_contains IS NULL OR EXISTS (
-               SELECT 1 FROM jsonb_array_elements(p_errors) e
-               WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))
-$$;
-
 -- parse_work_cursor(cursor, caller) -> bigint: the id below which the scan goes on (NULL:
 -- from the newest). WP002 for a malformed cursor.
 CREATE FUNCTION parse_work_cursor(p_cursor text, p_caller text)
@@ -213,6 +196,7 @@ DECLARE
     v_found  integer := 0;
     v_last   bigint;
     v_edge   bigint;
+    v_budget_edge bigint;
     r        record;
 BEGIN
     IF p_page_size IS NULL OR p_page_size < 1 OR p_page_size > 500 THEN
@@ -220,20 +204,42 @@ BEGIN
             MESSAGE = format('list_work: page_size must be between 1 and 500, got %s', p_page_size);
     END IF;
 
+    -- One scan: the newest c_budget rows below the cursor by primary key (n numbers them),
+    -- keeping the matches and the budget's last row (the edge: where the next call goes on
+    -- when the page stays short), so the scan stops at a full page or at the budget.
     FOR r IN
-        SELECT s.* FROM (
-            SELECT w.id, w.queue, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
-                   w.created_at, w.finished_at, w.instance_id, w.lease_expiry,
-                   w.cancel_requested, w.errors
-            FROM work w
-            WHERE w.id < v_below
-            ORDER BY w.id DESC
-            LIMIT c_budget
-        ) s
-        WHERE work_matches(s.queue, s.state, s.instance_id, s.created_at, s.finished_at, s.errors, f)
-        ORDER BY s.id DESC
-        LIMIT p_page_size
+        SELECT m.* FROM (
+            SELECT s.*,
+                   -- The filter (parse_work_filter; the same predicate as bulk_work_matching's).
+                   ((f.queues IS NULL OR s.queue = ANY (f.queues))
+               AND (f.states IS NULL OR s.state = ANY (f.states))
+               AND (f.instance IS NULL OR s.instance_id = f.instance)
+               AND (f.created_since IS NULL OR s.created_at >= f.created_since)
+               AND (f.created_before IS NULL OR s.created_at < f.created_before)
+               AND (f.finished_since IS NULL OR s.finished_at >= f.finished_since)
+               AND (f.finished_before IS NULL OR s.finished_at < f.finished_before)
+               AND (f.error_contains IS NULL OR EXISTS (
+                       SELECT 1 FROM jsonb_array_elements(s.errors) e
+                       WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))) AS matched
+            FROM (
+                SELECT w.id, w.queue, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
+                       w.created_at, w.finished_at, w.instance_id, w.lease_expiry,
+                       w.cancel_requested, w.errors,
+                       row_number() OVER (ORDER BY w.id DESC) AS n
+                FROM work w
+                WHERE w.id < v_below
+                ORDER BY w.id DESC
+                LIMIT c_budget
+            ) s
+        ) m
+        WHERE m.matched OR m.n = c_budget
+        ORDER BY m.id DESC
+        LIMIT p_page_size + 1
     LOOP
+        IF r.n = c_budget THEN
+            v_budget_edge := r.id;
+        END IF;
+        CONTINUE WHEN r.matched IS NOT TRUE OR v_found = p_page_size;
         id := r.id; queue := r.queue; state := r.state; priority := r.priority;
         attempt := r.attempt; max_attempts := r.max_attempts; run_at := r.run_at;
         created_at := r.created_at; finished_at := r.finished_at; instance_id := r.instance_id;
@@ -248,17 +254,13 @@ BEGIN
     id := NULL; queue := NULL; state := NULL; priority := NULL; attempt := NULL;
     max_attempts := NULL; run_at := NULL; created_at := NULL; finished_at := NULL;
     instance_id := NULL; lease_expiry := NULL; cancel_requested := NULL; last_error := NULL;
-    scan_exhausted := false;
-    IF v_found = p_page_size THEN
-        -- A full page: go on below its last item.
-        v_edge := v_last;
-    ELSE
-        -- A short page: the scan reached the oldest item, or examined its whole budget.
-        SELECT w.id INTO v_edge FROM work w WHERE w.id < v_below ORDER BY w.id DESC
-        OFFSET c_budget - 1 LIMIT 1;
-        scan_exhausted := v_edge IS NOT NULL;
-    END IF;
-    IF v_edge IS NOT NULL AND EXISTS (SELECT 1 FROM work w WHERE w.id < v_edge) THEN
+    -- A full page goes on below its last item; a short one below the budget's edge, when the
+    -- scan examined its whole budget, else it reached the oldest item.
+    scan_exhausted := v_found < p_page_size AND v_budget_edge IS NOT NULL;
+    v_edge := CASE WHEN v_found = p_page_size THEN v_last ELSE v_budget_edge END;
+    -- (ORDER BY id: a probe of the primary key, where a bare EXISTS got a sequential scan.)
+    IF v_edge IS NOT NULL
+       AND (SELECT w.id FROM work w WHERE w.id < v_edge ORDER BY w.id DESC LIMIT 1) IS NOT NULL THEN
         next_cursor := 'v1.' || v_edge;
     ELSE
         next_cursor := NULL;

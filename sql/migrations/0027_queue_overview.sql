@@ -1,7 +1,8 @@
 -- queue_overview() -> setof (one row per queue)
 --
 -- The operator's overview: for every registered queue, and any other queue that holds items,
---   registered, paused, max_attempts       its settings (NULL / false for an unregistered one);
+--   registered, paused, max_attempts,      its settings and the service that owns them (see
+--   owner                                  register_queue; NULL / false for an unregistered one);
 --   available, scheduled, running           exact counts;
 --   completed, dead, cancelled              counts, exact only when *_exact (see below);
 --   oldest_available, pickup_lag            run_at of its oldest due available item, and
@@ -39,6 +40,7 @@ RETURNS TABLE (
     registered           boolean,
     paused               boolean,
     max_attempts         integer,
+    owner                text,
     available            bigint,
     scheduled            bigint,
     running              bigint,
@@ -120,6 +122,7 @@ BEGIN
            q.name IS NOT NULL,
            coalesce(q.paused, false),
            q.max_attempts,
+           q.owner,
            coalesce(av.n, 0), coalesce(sc.n, 0), coalesce(ru.n, 0),
            rc.n, rc.whole, rd.n, rd.whole, rx.n, rx.whole,
            av.oldest,

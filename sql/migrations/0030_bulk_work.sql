@@ -201,7 +201,17 @@ BEGIN
                       OR (w.state = 'running' AND NOT w.cancel_requested)
                   ELSE w.state IN ('completed', 'dead', 'cancelled')
               END
-          AND work_matches(w.queue, w.state, w.instance_id, w.created_at, w.finished_at, w.errors, f)
+          AND -- The filter (parse_work_filter; the same predicate as list_work's).
+              (f.queues IS NULL OR w.queue = ANY (f.queues))
+          AND (f.states IS NULL OR w.state = ANY (f.states))
+          AND (f.instance IS NULL OR w.instance_id = f.instance)
+          AND (f.created_since IS NULL OR w.created_at >= f.created_since)
+          AND (f.created_before IS NULL OR w.created_at < f.created_before)
+          AND (f.finished_since IS NULL OR w.finished_at >= f.finished_since)
+          AND (f.finished_before IS NULL OR w.finished_at < f.finished_before)
+          AND (f.error_contains IS NULL OR EXISTS (
+                  SELECT 1 FROM jsonb_array_elements(w.errors) e
+                  WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))
         ORDER BY w.id
         LIMIT p_limit + 1
         FOR UPDATE SKIP LOCKED

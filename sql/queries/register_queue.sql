@@ -1,2 +1,3 @@
--- Declare queue $1 with max attempts $2.
-SELECT {schema}.register_queue($1, $2)
+-- Host: declare queue $1 with max_attempts $2, as service $3 (NULL: anonymous); whether the
+-- settings were applied, and the queue's owner and settings as stored.
+SELECT applied, owner, max_attempts FROM {schema}.register_queue($1, $2, $3)

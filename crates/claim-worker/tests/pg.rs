@@ -54,6 +54,7 @@ async fn setup<H: Handler>(handler: H, settings: QueueSettings, config: ClaimCon
     pg.register_queue(RegisterQueueParams {
         name: "q".into(),
         max_attempts: 5,
+        owner: None,
     })
     .await
     .expect("queue");

@@ -61,6 +61,7 @@ pub enum Method {
     ResumeQueue,
     BulkWork,
     BulkWorkMatching,
+    SetQueueSettings,
 }
 
 /// One call the fake received.
@@ -152,6 +153,7 @@ impl Default for Floor {
 struct QueueRow {
     max_attempts: i32,
     paused: bool,
+    owner: Option<String>,
 }
 
 struct InstanceRow {
@@ -956,14 +958,40 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::RegisterQueue, 1).await?;
         validate::validate_register_queue(&params)?;
         let mut st = self.state();
-        st.queues
-            .entry(params.name)
-            .and_modify(|q| q.max_attempts = params.max_attempts)
-            .or_insert(QueueRow {
+        let Some(q) = st.queues.get_mut(&params.name) else {
+            st.queues.insert(
+                params.name,
+                QueueRow {
+                    max_attempts: params.max_attempts,
+                    paused: false,
+                    owner: params.owner.clone(),
+                },
+            );
+            return Ok(RegisterQueueOutcome {
+                applied: true,
+                owner: params.owner,
                 max_attempts: params.max_attempts,
-                paused: false,
             });
-        Ok(RegisterQueueOutcome {})
+        };
+        // As register_queue decides: adopt an unowned queue, accept the same settings, let
+        // the owner change its own, and keep another owner's.
+        let applied = if q.owner.is_none() && params.owner.is_some() {
+            q.owner = params.owner;
+            q.max_attempts = params.max_attempts;
+            true
+        } else if q.max_attempts == params.max_attempts {
+            true
+        } else if q.owner.is_some() && q.owner == params.owner {
+            q.max_attempts = params.max_attempts;
+            true
+        } else {
+            false
+        };
+        Ok(RegisterQueueOutcome {
+            applied,
+            owner: q.owner.clone(),
+            max_attempts: q.max_attempts,
+        })
     }
 
     async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome> {
@@ -1885,6 +1913,7 @@ impl Operations for FakeCoordinator {
                     .filter(|(q, minute)| *q == name && *minute > failures_since)
                     .count() as f64;
                 QueueOverview {
+                    owner: settings.and_then(|q| q.owner.clone()),
                     registered: settings.is_some(),
                     paused: settings.is_some_and(|q| q.paused),
                     max_attempts: settings.map(|q| q.max_attempts),
@@ -2017,6 +2046,29 @@ impl Operations for FakeCoordinator {
         let batch = &ids[..ids.len().min(params.limit as usize)];
         let items = self.bulk(params.action, batch);
         Ok(BulkWorkMatchingOutcome { items, has_more })
+    }
+
+    async fn set_queue_settings(
+        &self,
+        params: SetQueueSettingsParams,
+    ) -> Result<SetQueueSettingsOutcome> {
+        self.enter(Method::SetQueueSettings, 1).await?;
+        params.validate()?;
+        let mut st = self.state();
+        let q = st
+            .queues
+            .get_mut(&params.queue)
+            .ok_or_else(|| Error::UnknownQueue(params.queue.clone()))?;
+        if let Some(m) = params.max_attempts {
+            q.max_attempts = m;
+        }
+        if let Some(owner) = params.owner {
+            q.owner = owner;
+        }
+        Ok(SetQueueSettingsOutcome {
+            owner: q.owner.clone(),
+            max_attempts: q.max_attempts,
+        })
     }
 }
 

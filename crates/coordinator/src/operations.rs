@@ -80,6 +80,14 @@ pub trait Operations: sealed::Sealed + Send + Sync + 'static {
         params: BulkWorkMatchingParams,
     ) -> Result<BulkWorkMatchingOutcome>;
 
+    /// Changes a queue's settings whoever owns them, or hands them to another service (see
+    /// `register_queue`: a queue's settings have one owner). An unknown queue is
+    /// [`crate::Error::UnknownQueue`].
+    async fn set_queue_settings(
+        &self,
+        params: SetQueueSettingsParams,
+    ) -> Result<SetQueueSettingsOutcome>;
+
     /// [`bulk_work_matching`](Self::bulk_work_matching) in batches until no matching item is
     /// left (each batch its own transaction: a failure midway leaves the batches before it
     /// applied, and says how far it got in its error's context).

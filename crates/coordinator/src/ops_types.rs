@@ -405,6 +405,8 @@ pub struct QueueOverview {
     pub paused: bool,
     /// Its default attempt limit (`None` when unregistered).
     pub max_attempts: Option<i32>,
+    /// The service that owns its settings (`None`: nobody).
+    pub owner: Option<String>,
     /// Due and waiting (exact).
     pub available: u64,
     /// Waiting for their time (exact).
@@ -678,4 +680,41 @@ pub struct BulkTotals {
     pub refused: u64,
     /// Calls made.
     pub batches: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// set_queue_settings
+
+/// An operator changes a queue's settings, whoever owns them, or hands the queue over.
+#[derive(Clone, Debug)]
+pub struct SetQueueSettingsParams {
+    /// A registered queue.
+    pub queue: String,
+    /// Its new default attempt limit (1 to 1 000); `None` keeps it.
+    pub max_attempts: Option<i32>,
+    /// `Some(Some(service))` hands the settings to that service, `Some(None)` to nobody (the
+    /// next named declarer adopts them), `None` keeps the owner.
+    pub owner: Option<Option<String>>,
+}
+
+impl SetQueueSettingsParams {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(m) = self.max_attempts {
+            crate::validate::validate_max_attempts(m)?;
+        }
+        crate::validate::validate_owner(
+            "set_queue_settings",
+            self.owner.as_ref().and_then(|o| o.as_deref()),
+        )
+    }
+}
+
+/// The result of `set_queue_settings`: the settings as stored now. An unknown queue is
+/// [`Error::UnknownQueue`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SetQueueSettingsOutcome {
+    /// The service that owns them.
+    pub owner: Option<String>,
+    /// The queue's default attempt limit.
+    pub max_attempts: i32,
 }

@@ -114,28 +114,48 @@ impl fmt::Display for WorkState {
 // ---------------------------------------------------------------------------------------------
 // register_queue
 
-/// Declares a queue, or updates its settings.
+/// Declares a queue (see `register_queue` in docs/store.md: settings have one owner).
 #[derive(Clone, Debug)]
 pub struct RegisterQueueParams {
     /// 1 to 128 characters from `A-Z a-z 0-9 _ . : -`, starting with a letter or digit.
     pub name: String,
     /// Attempts an item of this queue gets unless it sets its own. **Default: 10.**
     pub max_attempts: i32,
+    /// The declaring service (1 to 128 characters). The first service to declare a queue owns
+    /// its settings: a later declaration by another service, or by an anonymous one (`None`),
+    /// does not change them and gets the owner's settings back instead. **Default: none.**
+    pub owner: Option<String>,
 }
 
 impl RegisterQueueParams {
-    /// A queue with the default settings.
+    /// A queue with the default settings, declared anonymously.
     pub fn new(name: impl Into<String>) -> Self {
         RegisterQueueParams {
             name: name.into(),
             max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
+            owner: None,
         }
+    }
+
+    /// Declares it as `owner` (a service's name).
+    pub fn owned_by(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
     }
 }
 
-/// The result of `register_queue`.
-#[derive(Clone, Debug, Default)]
-pub struct RegisterQueueOutcome {}
+/// The result of `register_queue`: the queue's settings as stored after the call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegisterQueueOutcome {
+    /// False when another service owns the settings (or the declaration was anonymous) and
+    /// they differ from the declared ones: nothing was changed, and `owner` / `max_attempts`
+    /// are the settings that stay.
+    pub applied: bool,
+    /// The service that owns the settings (`None`: nobody).
+    pub owner: Option<String>,
+    /// The queue's default attempt limit.
+    pub max_attempts: i32,
+}
 
 // ---------------------------------------------------------------------------------------------
 // enqueue_work

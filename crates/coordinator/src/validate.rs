@@ -58,7 +58,18 @@ pub fn validate_schema_name(name: &str) -> Result<()> {
 
 pub(crate) fn validate_register_queue(p: &RegisterQueueParams) -> Result<()> {
     validate_queue_name(&p.name)?;
-    validate_max_attempts(p.max_attempts)
+    validate_max_attempts(p.max_attempts)?;
+    validate_owner("register_queue", p.owner.as_deref())
+}
+
+/// A queue owner's name: 1 to 128 characters, no NUL.
+pub(crate) fn validate_owner(what: &str, owner: Option<&str>) -> Result<()> {
+    match owner {
+        Some(o) if o.is_empty() || o.chars().count() > 128 || o.contains('\0') => Err(invalid(
+            format!("{what}: owner must be 1 to 128 characters without NUL, got {o:?}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// An enqueue batch, checked item by item; payloads come back as JSON text, ready to send.
@@ -184,7 +195,7 @@ fn validate_lease(lease: Duration) -> Result<()> {
     Ok(())
 }
 
-fn validate_max_attempts(m: i32) -> Result<()> {
+pub(crate) fn validate_max_attempts(m: i32) -> Result<()> {
     if (1..=1000).contains(&m) {
         Ok(())
     } else {

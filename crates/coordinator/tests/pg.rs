@@ -501,3 +501,273 @@ async fn the_alive_lock_session_reports_its_loss_at_once() {
         .expect("alive?");
     assert!(!alive.alive);
 }
+
+/// Inserts `n` completed items of queue `q`, finished `spread` apart going back from now (the
+/// newest first), as a store that ran for a while would hold them.
+async fn completed_rows(pool: &PgPool, q: &str, n: i64, spread: &str) {
+    sqlx::query(
+        "INSERT INTO workpump.work (queue, state, attempt, max_attempts, run_at, payload,
+                                    created_at, finished_at)
+         SELECT $1, 'completed', 1, 10, now(), '{}', now() - g * $3::interval,
+                now() - g * $3::interval
+         FROM generate_series(1, $2) g",
+    )
+    .bind(q)
+    .bind(n)
+    .bind(spread)
+    .execute(pool)
+    .await
+    .expect("insert completed rows");
+}
+
+#[tokio::test]
+async fn list_work_reads_by_primary_key_and_stops_after_its_scan_budget() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    // The oldest item is a dead letter with a rare error; 60 000 completed items are newer
+    // (so many that reading 10 000 of them by index is the planner's choice, as on any store
+    // where the budget matters).
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!({}))],
+    })
+    .await
+    .expect("enqueue");
+    let dead = claim_one(&c, me).await.fence;
+    c.fail_work(FailWorkParams {
+        instance: me,
+        items: vec![Failure {
+            fence: dead,
+            error: "a rare needle".into(),
+            disposition: FailDisposition::DeadLetter,
+        }],
+    })
+    .await
+    .expect("fail");
+    completed_rows(&pool, "q", 60_000, "1 millisecond").await;
+    sqlx::query("ANALYZE workpump.work")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+
+    // In one transaction, so that pg_stat_xact_user_tables counts this call's reads alone.
+    let mut tx = pool.begin().await.expect("begin");
+    let rows: Vec<(Option<i64>, Option<String>, Option<bool>)> = sqlx::query_as(
+        "SELECT id, next_cursor, scan_exhausted FROM workpump.list_work($1, NULL, 50)",
+    )
+    .bind(json!({"error_contains": "NEEDLE"}))
+    .fetch_all(&mut *tx)
+    .await
+    .expect("list");
+    let (seq_scans, fetched): (i64, i64) = sqlx::query_as(
+        "SELECT seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
+         WHERE schemaname = 'workpump' AND relname = 'work'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("stats");
+    tx.commit().await.expect("commit");
+    assert_eq!(seq_scans, 0, "no sequential scan of work");
+    assert!(
+        (10_000..=10_100).contains(&fetched),
+        "about the budget of rows read by index, got {fetched}"
+    );
+    assert_eq!(
+        rows.len(),
+        1,
+        "only the end row: no match among the newest 10 000"
+    );
+    let (id, cursor, exhausted) = rows[0].clone();
+    assert_eq!((id, exhausted), (None, Some(true)));
+    let cursor = cursor.expect("a cursor to scan further");
+
+    let filter = WorkFilter::new().error_contains("needle");
+    let mut cursor = Some(cursor);
+    let mut calls = 1;
+    let out = loop {
+        let out = c
+            .list_work(ListWorkParams {
+                filter: filter.clone(),
+                cursor: cursor.take(),
+                page_size: None,
+            })
+            .await
+            .expect("the next page");
+        calls += 1;
+        if !out.items.is_empty() || out.next_cursor.is_none() {
+            break out;
+        }
+        assert!(out.scan_exhausted);
+        cursor = out.next_cursor;
+    };
+    assert_eq!(calls, 7, "60 001 rows, 10 000 a call");
+    assert_eq!(out.items.len(), 1);
+    assert_eq!(out.items[0].id, dead.id);
+    assert_eq!(out.items[0].last_error.as_deref(), Some("a rare needle"));
+    assert_eq!((out.next_cursor, out.scan_exhausted), (None, false));
+}
+
+#[tokio::test]
+async fn queue_overview_bounds_finished_counts_past_its_sample_and_says_which_rates_are_estimates()
+{
+    let (_db, pool, c) = migrated().await;
+    // 10 500 completions in the last 17.5 minutes: the newest 10 000 span 16.7 minutes.
+    completed_rows(&pool, "q", 10_500, "100 milliseconds").await;
+    let out = c
+        .queue_overview(QueueOverviewParams {})
+        .await
+        .expect("overview");
+    let q = out.get("q").expect("q");
+    assert_eq!(
+        q.completed,
+        Count {
+            items: 10_000,
+            exact: false
+        },
+        "a lower bound"
+    );
+    assert!(!q.completed_per_minute.exact);
+    let rate = q.completed_per_minute.per_minute;
+    assert!(
+        (580.0..=620.0).contains(&rate),
+        "about 600 a minute: {rate}"
+    );
+    assert_eq!(
+        q.dead,
+        Count {
+            items: 0,
+            exact: true
+        }
+    );
+
+    // Spread over two hours, the newest 10 000 reach back past the hour: the rate is exact.
+    sqlx::query("DELETE FROM workpump.work")
+        .execute(&pool)
+        .await
+        .expect("clear");
+    completed_rows(&pool, "q", 10_500, "700 milliseconds").await;
+    let q = c
+        .queue_overview(QueueOverviewParams {})
+        .await
+        .expect("overview")
+        .get("q")
+        .cloned()
+        .expect("q");
+    assert!(!q.completed.exact);
+    assert!(q.completed_per_minute.exact);
+    let in_hour: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM workpump.work WHERE finished_at > now() - interval '1 hour'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    let expected = in_hour as f64 / 60.0;
+    assert!(
+        (q.completed_per_minute.per_minute - expected).abs() < 0.5,
+        "{} vs {expected}",
+        q.completed_per_minute.per_minute
+    );
+}
+
+#[tokio::test]
+async fn fail_work_counts_failures_per_minute_and_forgets_buckets_past_two_hours() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    sqlx::query(
+        "INSERT INTO workpump.queue_failures (queue, minute, failed)
+         VALUES ('q', date_trunc('minute', now() - interval '3 hours'), 7),
+                ('other', date_trunc('minute', now() - interval '3 hours'), 5)",
+    )
+    .execute(&pool)
+    .await
+    .expect("old buckets");
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!(1)), NewWork::new("q", json!(2))],
+    })
+    .await
+    .expect("enqueue");
+    let retried = claim_one(&c, me).await.fence;
+    let cancelled = claim_one(&c, me).await.fence;
+    let items = vec![
+        Failure {
+            fence: retried,
+            error: "x".into(),
+            disposition: FailDisposition::RetryAfter(Duration::from_secs(60)),
+        },
+        Failure {
+            fence: cancelled,
+            error: "x".into(),
+            disposition: FailDisposition::Cancelled,
+        },
+    ];
+    c.fail_work(FailWorkParams {
+        instance: me,
+        items,
+    })
+    .await
+    .expect("fail");
+    let buckets: Vec<(String, i64, bool)> = sqlx::query_as(
+        "SELECT queue, failed, minute = date_trunc('minute', now())
+         FROM workpump.queue_failures ORDER BY queue",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("buckets");
+    assert_eq!(
+        buckets,
+        vec![("other".into(), 5, false), ("q".into(), 1, true)],
+        "the cancelled attempt is not a failure; q's old bucket is gone, another queue's kept"
+    );
+    let q = c
+        .queue_overview(QueueOverviewParams {})
+        .await
+        .expect("overview")
+        .get("q")
+        .cloned()
+        .expect("q");
+    assert_eq!(q.failed_per_minute, 1.0 / 60.0);
+}
+
+#[tokio::test]
+async fn list_instances_sees_the_alive_locks_of_its_own_database_only() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let key: i64 = sqlx::query_scalar("SELECT workpump.alive_lock_key($1)")
+        .bind(me.0)
+        .fetch_one(&pool)
+        .await
+        .expect("key");
+    // Another database on the same server takes an advisory lock with the same key.
+    let (_other_db, other) = fresh().await;
+    let mut elsewhere = other.acquire().await.expect("connection");
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(key)
+        .execute(&mut *elsewhere)
+        .await
+        .expect("lock elsewhere");
+    let alive = |out: ListInstancesOutcome| {
+        out.instances
+            .iter()
+            .find(|i| i.instance == me)
+            .expect("listed")
+            .alive_lock_held
+    };
+    let out = c
+        .list_instances(ListInstancesParams {})
+        .await
+        .expect("instances");
+    assert!(
+        !alive(out),
+        "a lock in another database is not this instance's"
+    );
+    let lock = c
+        .take_alive_lock(TakeAliveLockParams { instance: me })
+        .await
+        .expect("take");
+    assert!(lock.held);
+    let out = c
+        .list_instances(ListInstancesParams {})
+        .await
+        .expect("instances");
+    assert!(alive(out));
+    drop(elsewhere);
+}

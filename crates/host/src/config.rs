@@ -53,6 +53,14 @@ pub struct HostConfig {
     /// The host name recorded with the instance. **Default: `$HOSTNAME`, else
     /// `/etc/hostname`, else `unknown`.**
     pub host_name: Option<String>,
+    /// The service these instances belong to (the same for every instance of it, e.g.
+    /// `"billing"`): it owns the settings of the queues it declares first, so another
+    /// service declaring the same queue never overwrites them — its differing settings are not
+    /// applied and the host logs a warning naming both services. Unnamed, the host declares
+    /// its queues anonymously: it creates those that are missing and changes no existing
+    /// queue's settings. An operator changes settings or hands a queue over with
+    /// `Operations::set_queue_settings`. 1 to 128 characters. **Default: none.**
+    pub service: Option<String>,
     /// How long a drain waits for in-flight handlers before releasing their leases.
     /// **Default: 30 000 ms.**
     pub shutdown_timeout_ms: u64,
@@ -91,6 +99,7 @@ impl Default for HostConfig {
             max_connections: 10,
             control_connections: 4,
             host_name: None,
+            service: None,
             shutdown_timeout_ms: 30_000,
             claim: ClaimConfig::default(),
             lease: LeaseConfig::default(),
@@ -170,7 +179,8 @@ impl HostConfig {
     }
 
     /// Every rule the configuration violates, each naming its setting. `queues` are the
-    /// queues that have handlers: settings for any other queue are refused.
+    /// queues the host declares (those with handlers, and those it only produces to):
+    /// settings for any other queue are refused.
     pub fn validate<'q>(&self, queues: impl IntoIterator<Item = &'q str>) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
         if let Err(e) = workpump_coordinator::validate_schema_name(&self.schema) {
@@ -184,6 +194,14 @@ impl HostConfig {
                 "control_connections",
                 "must be at least 2 (renewals must not wait behind a claim or an outcome write)",
             ));
+        }
+        if let Some(service) = &self.service {
+            if service.is_empty() || service.chars().count() > 128 || service.contains('\0') {
+                problems.push(ConfigProblem::new(
+                    "service",
+                    "must be 1 to 128 characters without NUL",
+                ));
+            }
         }
         if self.shutdown_timeout_ms == 0 {
             problems.push(ConfigProblem::new(
@@ -210,7 +228,7 @@ impl HostConfig {
                 problems.push(ConfigProblem::new(
                     prefix.clone(),
                     format!(
-                        "settings for a queue with no handler (handlers: {})",
+                        "settings for a queue this host does not declare (its queues: {})",
                         if queues.is_empty() {
                             "none".to_owned()
                         } else {

@@ -12,6 +12,7 @@ use workpump_claim_worker::{ClaimStatus, Gate, Handler, Handlers, QueueSettings}
 use workpump_coordinator::{
     DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome, EnqueueWorkParams, Identity,
     InstanceId, LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams, WorkCoordinator, Worker,
+    validate_queue_name,
 };
 use workpump_heartbeat_worker::HeartbeatStatus;
 use workpump_maintenance::MaintenanceStatus;
@@ -68,6 +69,8 @@ pub struct HostBuilder {
     config: HostConfig,
     store: Option<Store>,
     handlers: Vec<(String, AddHandler)>,
+    /// Queues declared without a handler ([`HostBuilder::produces`]).
+    produced: Vec<String>,
     /// The slots' factories; `None`: the host's default (the built-in worker).
     claim: Option<Factory>,
     heartbeat: Option<Factory>,
@@ -126,6 +129,17 @@ impl HostBuilder {
                 handlers.add(name, handler, settings).map(drop)
             }),
         ));
+        self
+    }
+
+    /// Declares `queue` without handling it: a service that only enqueues to a queue
+    /// declares it here, so that its enqueues are never refused as unknown and no other
+    /// service's declaration is needed first. The host registers it at start with the
+    /// `[queues.<name>]` settings (its `max_attempts`), as the service named by
+    /// [`HostConfig::service`](crate::HostConfig::service) — which owns those settings when
+    /// it declares the queue first. A queue that also has a handler is declared once.
+    pub fn produces(mut self, queue: impl Into<String>) -> Self {
+        self.produced.push(queue.into());
         self
     }
 
@@ -296,6 +310,7 @@ impl HostBuilder {
             mut config,
             store,
             handlers: adds,
+            produced,
             claim,
             heartbeat,
             lease,
@@ -319,11 +334,19 @@ impl HostBuilder {
                 Err(e) => handler_errors.push(e.to_string()),
             }
         }
+        let mut declared = queue_names.clone();
+        for queue in produced {
+            if let Err(e) = validate_queue_name(&queue) {
+                handler_errors.push(format!("produces({queue:?}): {e}"));
+            } else if !declared.contains(&queue) {
+                declared.push(queue);
+            }
+        }
         start(
             config,
             store,
             handlers,
-            queue_names,
+            declared,
             handler_errors,
             claim,
             heartbeat,
@@ -413,6 +436,7 @@ async fn start(
         .iter()
         .map(|q| (q.clone(), config.max_attempts(q)))
         .collect();
+    let service = config.service.clone();
     let heartbeat_config = config.heartbeat.clone();
 
     // Every slot through the same path: a factory (the user's, else the default) called with
@@ -485,6 +509,7 @@ async fn start(
             host.pg.clone(),
             migrate,
             queues,
+            service,
             host.shutdown.clone(),
         )
         .await;
@@ -517,11 +542,39 @@ async fn start(
     Ok(HostHandle { inner })
 }
 
+/// A declaration whose settings the store did not apply: say whose settings stay, naming both
+/// services, and how to change them.
+fn warn_settings_kept(
+    queue: &str,
+    max_attempts: i32,
+    service: Option<&str>,
+    stored: &workpump_coordinator::RegisterQueueOutcome,
+) {
+    let ours = service.map_or_else(
+        || "this host (no [service] configured)".to_owned(),
+        |s| format!("service {s:?}"),
+    );
+    let theirs = stored.owner.as_deref().map_or_else(
+        || "nobody (set [service] to adopt it)".to_owned(),
+        |s| format!("service {s:?}"),
+    );
+    tracing::warn!(
+        queue,
+        declared_max_attempts = max_attempts,
+        kept_max_attempts = stored.max_attempts,
+        "queue {queue:?}: {ours} declares max_attempts = {max_attempts}, but the queue's settings \
+         belong to {theirs} (max_attempts = {}); keeping theirs. Align the settings, or have an \
+         operator change them or hand the queue over (Operations::set_queue_settings)",
+        stored.max_attempts
+    );
+}
+
 async fn bootstrap(
     coordinator: Arc<dyn WorkCoordinator>,
     pg: Option<PgCoordinator>,
     migrate: bool,
     queues: Vec<(String, i32)>,
+    service: Option<String>,
     shutdown: CancellationToken,
 ) -> bool {
     let mut delay = Duration::from_millis(250);
@@ -534,12 +587,16 @@ async fn bootstrap(
                 }
             }
             for (name, max_attempts) in &queues {
-                coordinator
+                let stored = coordinator
                     .register_queue(RegisterQueueParams {
                         name: name.clone(),
                         max_attempts: *max_attempts,
+                        owner: service.clone(),
                     })
                     .await?;
+                if !stored.applied {
+                    warn_settings_kept(name, *max_attempts, service.as_deref(), &stored);
+                }
             }
             Ok::<_, workpump_coordinator::Error>(())
         };

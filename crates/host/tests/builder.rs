@@ -276,3 +276,80 @@ async fn every_factory_is_handed_one_context_and_the_lease_slot_supplies_its_tra
         .expect("stopped in time")
         .expect("clean stop");
 }
+
+/// A host that only enqueues declares its queues without handlers, as its service; a queue
+/// another service declared first keeps that service's settings.
+#[tokio::test]
+async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_settings() {
+    use workpump_coordinator::{
+        NewWork, Operations, QueueOverviewParams, RegisterQueueParams, WorkCoordinator,
+    };
+    let fake = FakeCoordinator::new();
+    fake.register_queue(RegisterQueueParams::new("shared").owned_by("billing"))
+        .await
+        .expect("billing declares shared");
+    let host = Host::builder()
+        .coordinator(Arc::new(fake.clone()))
+        .produces("orders")
+        .produces("shared")
+        .configure(|c| {
+            c.service = Some("shop".into());
+            for (queue, max_attempts) in [("orders", 4), ("shared", 7)] {
+                c.queues.insert(
+                    queue.into(),
+                    QueueConfig {
+                        max_attempts: Some(max_attempts),
+                        ..QueueConfig::default()
+                    },
+                );
+            }
+        })
+        .start()
+        .await
+        .expect("start");
+    tokio::time::timeout(Duration::from_secs(10), host.ready())
+        .await
+        .expect("ready in time")
+        .expect("ready");
+    host.enqueue(vec![NewWork::new("orders", serde_json::json!({"id": 1}))])
+        .await
+        .expect("an enqueue to a produced queue is accepted");
+    let overview = fake
+        .queue_overview(QueueOverviewParams {})
+        .await
+        .expect("overview");
+    let orders = overview.get("orders").expect("declared");
+    assert_eq!(
+        (orders.owner.as_deref(), orders.max_attempts, orders.available),
+        (Some("shop"), Some(4), 1)
+    );
+    let shared = overview.get("shared").expect("declared");
+    assert_eq!(
+        (shared.owner.as_deref(), shared.max_attempts),
+        (Some("billing"), Some(10)),
+        "billing's settings stay"
+    );
+    host.shutdown();
+    tokio::time::timeout(Duration::from_secs(10), host.stopped())
+        .await
+        .expect("stopped in time")
+        .expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_service_name_out_of_range_is_refused_at_start() {
+    let err = Host::builder()
+        .coordinator(Arc::new(FakeCoordinator::new()))
+        .produces("q")
+        .configure(|c| c.service = Some(String::new()))
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    match err {
+        HostError::Config(problems) => {
+            assert!(problems.iter().any(|p| p.setting == "service"), "{problems:?}");
+        }
+        other => panic!("{other}"),
+    }
+}

@@ -102,6 +102,7 @@ async fn queue(fake: &FakeCoordinator, name: &str, max_attempts: i32) {
     fake.register_queue(RegisterQueueParams {
         name: name.into(),
         max_attempts,
+        owner: None,
     })
     .await
     .expect("register");

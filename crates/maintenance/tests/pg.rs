@@ -41,6 +41,7 @@ impl Store {
             .register_queue(RegisterQueueParams {
                 name: name.into(),
                 max_attempts,
+                owner: None,
             })
             .await
             .expect("register");

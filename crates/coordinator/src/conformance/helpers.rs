@@ -22,6 +22,7 @@ pub(super) async fn queue(h: &dyn Harness, name: &str, max_attempts: i32) {
         .register_queue(RegisterQueueParams {
             name: name.into(),
             max_attempts,
+            owner: None,
         })
         .await
         .expect("register queue");

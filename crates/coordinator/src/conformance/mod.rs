@@ -10,13 +10,15 @@
 //!
 //! The cases live in one module per concern — `claim.rs`, `renewal.rs`, `liveness.rs`
 //! (instances, heartbeats, sweeps, the alive-lock), `outcomes.rs`, `enqueue.rs`,
-//! `maintenance.rs`, `operations.rs` (the operator's calls) — with the shared short forms of
+//! `maintenance.rs`, `operations.rs` (the operator's actions), `inspect.rs` (the operator's
+//! reads) — with the shared short forms of
 //! the calls in `helpers.rs` and the [`Harness`] in `harness.rs`; this file lists them.
 
 mod claim;
 mod enqueue;
 mod harness;
 mod helpers;
+mod inspect;
 mod liveness;
 mod maintenance;
 mod operations;
@@ -27,6 +29,7 @@ pub use claim::*;
 pub use enqueue::*;
 pub use harness::{ErrorEntry, Harness, JudgeSlot, WorkRow};
 pub use helpers::judge;
+pub use inspect::*;
 pub use liveness::*;
 pub use maintenance::*;
 pub use operations::*;
@@ -114,6 +117,17 @@ macro_rules! conformance_suite {
             a_retried_dead_letter_is_claimable_again_with_fresh_attempts_and_its_history,
             retry_refuses_items_that_are_not_dead_letters_or_whose_unique_key_is_taken,
             discard_deletes_finished_items_and_refuses_unfinished_ones,
+            a_paused_queue_hands_out_nothing_until_resumed_and_resuming_wakes_its_claimers,
+            bulk_work_by_ids_applies_each_item_whole_and_says_why_others_were_refused,
+            bulk_work_matching_acts_in_bounded_batches_and_refuses_an_empty_filter,
+            queue_settings_have_one_owner_and_an_operator_may_change_or_hand_them_over,
+            // inspect.rs
+            list_work_pages_through_every_item_newest_first,
+            list_work_filters_by_queue_state_owner_time_and_error_text,
+            list_work_refuses_a_malformed_cursor_and_out_of_range_arguments,
+            get_work_returns_the_whole_item_with_every_attempt,
+            queue_overview_counts_states_lag_rates_and_settings,
+            list_instances_reports_beats_locks_and_leases_per_queue,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

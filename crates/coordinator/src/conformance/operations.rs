@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::helpers::*;
 use super::Harness;
+use crate::ops_types::*;
 use crate::types::*;
 
 /// An available or scheduled item is cancelled at once and never runs.
@@ -205,4 +206,387 @@ pub async fn discard_deletes_finished_items_and_refuses_unfinished_ones(h: &dyn 
         assert_invalid_state(err, id, state, "cancel it first");
         assert_eq!(row(h, id).await.state, state);
     }
+}
+
+/// A paused queue hands out nothing (its running items still finish); resuming makes it
+/// claimable again and wakes its claimers. An unknown queue is refused.
+pub async fn a_paused_queue_hands_out_nothing_until_resumed_and_resuming_wakes_its_claimers(
+    h: &dyn Harness,
+) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    enqueue_n(h, "q", 2).await;
+    let running = claim_one(h, me, "q").await.fence;
+    let ops = h.operations();
+    let pause = |q: &str| ops.pause_queue(PauseQueueParams { queue: q.into() });
+    assert!(pause("q").await.expect("pause").changed);
+    assert!(
+        !pause("q").await.expect("pause again").changed,
+        "already paused"
+    );
+    assert!(
+        claim(h, me, &["q"], 10).await.items.is_empty(),
+        "nothing is handed out"
+    );
+    assert_eq!(
+        complete(h, me, vec![running]).await.items[0].state,
+        Some(WorkState::Completed),
+        "a running item finishes"
+    );
+    let overview = ops
+        .queue_overview(QueueOverviewParams {})
+        .await
+        .expect("overview");
+    let q = overview.get("q").expect("q");
+    assert_eq!((q.paused, q.available), (true, 1));
+
+    let mut listener = h
+        .coordinator()
+        .listen(ListenParams::default())
+        .await
+        .expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("listen"),
+        ListenEvent::Connected
+    );
+    let resume = |q: &str| ops.resume_queue(ResumeQueueParams { queue: q.into() });
+    assert!(resume("q").await.expect("resume").changed);
+    assert_eq!(next_wake(&mut listener).await, "q");
+    assert!(!resume("q").await.expect("resume again").changed);
+    assert_eq!(claim(h, me, &["q"], 10).await.items.len(), 1);
+
+    for err in [
+        pause("nope").await.unwrap_err(),
+        resume("nope").await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(&err, crate::Error::UnknownQueue(q) if q == "nope"),
+            "{err}"
+        );
+    }
+}
+
+/// By ids: each item is acted on whole or refused with its state and why; unknown ids are
+/// named; a repeated id is answered once; too many ids are refused before anything changes.
+pub async fn bulk_work_by_ids_applies_each_item_whole_and_says_why_others_were_refused(
+    h: &dyn Harness,
+) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let ops = h.operations();
+    let bulk = |action, ids: Vec<WorkId>| ops.bulk_work(BulkWorkParams { action, ids });
+    let ids = enqueue(
+        h,
+        vec![
+            NewWork::new("q", json!(1)).unique_key("k"),
+            NewWork::new("q", json!(2)),
+            NewWork::new("q", json!(3)),
+            NewWork::new("q", json!(4)),
+        ],
+    )
+    .await;
+    let keyed = claim_one(h, me, "q").await.fence;
+    fail(h, me, keyed, "x", FailDisposition::DeadLetter).await;
+    let dead = claim_one(h, me, "q").await.fence;
+    fail(h, me, dead, "x", FailDisposition::DeadLetter).await;
+    let running = claim_one(h, me, "q").await.fence;
+    let waiting = ids[3];
+    // The key of the first dead letter is taken by a newer item.
+    let holder = enqueue(h, vec![NewWork::new("q", json!(5)).unique_key("k")]).await[0];
+    let unknown = 987_654_321;
+
+    // retry
+    let before_refused: Vec<_> = [keyed.id, running.id, waiting]
+        .iter()
+        .map(|id| h.work_row(*id))
+        .collect();
+    let mut rows = Vec::new();
+    for r in before_refused {
+        rows.push(r.await);
+    }
+    let out = bulk(
+        BulkAction::Retry,
+        vec![dead.id, keyed.id, running.id, unknown, waiting, dead.id],
+    )
+    .await
+    .expect("bulk retry");
+    let got: Vec<(WorkId, Option<WorkState>, bool)> = out
+        .items
+        .iter()
+        .map(|i| (i.id, i.state_before, i.result.applied()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (dead.id, Some(WorkState::Dead), true),
+            (keyed.id, Some(WorkState::Dead), false),
+            (running.id, Some(WorkState::Running), false),
+            (unknown, None, false),
+            (waiting, Some(WorkState::Available), false),
+        ],
+        "one answer per distinct id, in order"
+    );
+    assert_eq!(out.items[0].result, BulkResult::Retried);
+    assert!(
+        matches!(&out.items[1].result, BulkResult::Refused { state: WorkState::Dead, reason } if reason.contains("unique key"))
+    );
+    assert!(
+        matches!(&out.items[2].result, BulkResult::Refused { reason, .. } if reason.contains("dead letter"))
+    );
+    assert_eq!(out.items[3].result, BulkResult::NotFound);
+    for (id, before) in [keyed.id, running.id, waiting].into_iter().zip(rows) {
+        assert_eq!(h.work_row(id).await, before, "a refused item is unchanged");
+    }
+    let r = row(h, dead.id).await;
+    assert_eq!((r.state, r.attempt), (WorkState::Available, 0));
+    assert_eq!(r.errors.last().map(|e| e.kind.as_str()), Some("retried"));
+
+    // cancel: waiting -> cancelled, running -> requested, finished -> refused.
+    let out = bulk(
+        BulkAction::Cancel,
+        vec![waiting, running.id, holder, keyed.id, unknown],
+    )
+    .await
+    .expect("bulk cancel");
+    let results: Vec<&BulkResult> = out.items.iter().map(|i| &i.result).collect();
+    assert_eq!(results[0], &BulkResult::Cancelled);
+    assert_eq!(results[1], &BulkResult::Requested);
+    assert_eq!(results[2], &BulkResult::Cancelled);
+    assert!(
+        matches!(results[3], BulkResult::Refused { state: WorkState::Dead, reason } if reason.contains("finished"))
+    );
+    assert_eq!(results[4], &BulkResult::NotFound);
+    assert_eq!(row(h, waiting).await.state, WorkState::Cancelled);
+    let r = row(h, running.id).await;
+    assert_eq!((r.state, r.cancel_requested), (WorkState::Running, true));
+
+    // discard: finished -> deleted, unfinished -> refused.
+    let out = bulk(
+        BulkAction::Discard,
+        vec![keyed.id, waiting, running.id, dead.id],
+    )
+    .await
+    .expect("bulk discard");
+    let got: Vec<bool> = out.items.iter().map(|i| i.result.applied()).collect();
+    assert_eq!(got, vec![true, true, false, false]);
+    assert_eq!(h.work_row(keyed.id).await, None);
+    assert_eq!(h.work_row(waiting).await, None);
+    assert_eq!(row(h, running.id).await.state, WorkState::Running);
+    assert_eq!(row(h, dead.id).await.state, WorkState::Available);
+
+    // Too many ids: refused whole.
+    let count = h.work_count().await;
+    let err = bulk(
+        BulkAction::Discard,
+        (1..=MAX_BULK_BATCH as i64 + 1).collect(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, crate::Error::InvalidArgument(m) if m.contains("at most")),
+        "{err}"
+    );
+    assert_eq!(h.work_count().await, count);
+    assert!(bulk(BulkAction::Retry, vec![])
+        .await
+        .expect("empty")
+        .items
+        .is_empty());
+}
+
+/// By filter: at most `limit` items a call, lowest ids first, with a has_more that ends; an
+/// empty filter is refused unless `all`; items the action cannot apply to are left alone.
+pub async fn bulk_work_matching_acts_in_bounded_batches_and_refuses_an_empty_filter(
+    h: &dyn Harness,
+) {
+    queue(h, "q1", 10).await;
+    queue(h, "q2", 10).await;
+    let me = instance(h).await;
+    let ops = h.operations();
+    let mut dead_q1 = Vec::new();
+    enqueue_n(h, "q1", 5).await;
+    for _ in 0..5 {
+        let f = claim_one(h, me, "q1").await.fence;
+        fail(h, me, f, "boom", FailDisposition::DeadLetter).await;
+        dead_q1.push(f.id);
+    }
+    enqueue_n(h, "q2", 2).await;
+    let mut dead_q2 = Vec::new();
+    for _ in 0..2 {
+        let f = claim_one(h, me, "q2").await.fence;
+        fail(h, me, f, "boom", FailDisposition::DeadLetter).await;
+        dead_q2.push(f.id);
+    }
+    let waiting_q1 = enqueue_n(h, "q1", 1).await[0];
+    assert_eq!(
+        dead_q1.len() + dead_q2.len(),
+        7,
+        "the dead letters the calls act on"
+    );
+
+    // An empty filter, without all: refused, nothing changed.
+    let before: Vec<_> = {
+        let mut v = Vec::new();
+        for id in dead_q1.iter().chain(&dead_q2) {
+            v.push(row(h, *id).await);
+        }
+        v
+    };
+    for action in [BulkAction::Retry, BulkAction::Cancel, BulkAction::Discard] {
+        let err = ops
+            .bulk_work_matching(BulkWorkMatchingParams::new(action, WorkFilter::new()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, crate::Error::InvalidArgument(m) if m.contains("empty filter")),
+            "{err}"
+        );
+        let err = ops
+            .bulk_work_matching_all(BulkWorkMatchingParams::new(action, WorkFilter::new()))
+            .await
+            .unwrap_err();
+        assert!(matches!(&err, crate::Error::InvalidArgument(_)), "{err}");
+    }
+    let mut params = BulkWorkMatchingParams::new(BulkAction::Retry, WorkFilter::new().queue("q1"));
+    for limit in [0, MAX_BULK_BATCH + 1] {
+        params.limit = limit;
+        let err = ops.bulk_work_matching(params.clone()).await.unwrap_err();
+        assert!(
+            matches!(&err, crate::Error::InvalidArgument(m) if m.contains("limit")),
+            "{err}"
+        );
+    }
+    for (id, was) in dead_q1.iter().chain(&dead_q2).zip(before) {
+        assert_eq!(row(h, *id).await, was, "nothing changed");
+    }
+
+    // Retry q1's dead letters two at a time.
+    params.limit = 2;
+    let mut retried = Vec::new();
+    let mut calls = 0;
+    loop {
+        let out = ops.bulk_work_matching(params.clone()).await.expect("batch");
+        calls += 1;
+        assert!(out.items.len() <= 2);
+        assert!(out.items.iter().all(|i| i.result == BulkResult::Retried));
+        retried.extend(out.items.iter().map(|i| i.id));
+        if !out.has_more {
+            break;
+        }
+        assert!(calls < 10, "has_more never ends");
+    }
+    assert_eq!(calls, 3);
+    assert_eq!(retried, dead_q1, "lowest ids first, each once");
+    for id in &dead_q2 {
+        assert_eq!(
+            row(h, *id).await.state,
+            WorkState::Dead,
+            "another queue is left alone"
+        );
+    }
+    assert_eq!(row(h, waiting_q1).await.state, WorkState::Available);
+
+    // Cancel everything waiting, with all; then discard every cancelled item in one go.
+    let mut all = BulkWorkMatchingParams::new(BulkAction::Cancel, WorkFilter::new());
+    all.all = true;
+    let totals = ops.bulk_work_matching_all(all).await.expect("cancel all");
+    assert_eq!(
+        (totals.applied, totals.refused),
+        (6, 0),
+        "five retried, one waiting"
+    );
+    let totals = ops
+        .bulk_work_matching_all(BulkWorkMatchingParams::new(
+            BulkAction::Discard,
+            WorkFilter::new().state(WorkState::Cancelled),
+        ))
+        .await
+        .expect("discard cancelled");
+    assert_eq!((totals.applied, totals.batches), (6, 1));
+    assert_eq!(h.work_count().await, 2, "q2's dead letters are left");
+}
+
+/// The first service to declare a queue owns its settings: another service's (or an
+/// anonymous) declaration does not change them and learns whose they are; the owner changes
+/// its own; an operator changes them or hands them over.
+pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_them_over(
+    h: &dyn Harness,
+) {
+    let c = h.coordinator();
+    let ops = h.operations();
+    let declare = |name: &str, max_attempts: i32, owner: Option<&str>| {
+        c.register_queue(RegisterQueueParams {
+            name: name.into(),
+            max_attempts,
+            owner: owner.map(str::to_owned),
+        })
+    };
+    let settings = |applied: bool, owner: Option<&str>, max_attempts: i32| RegisterQueueOutcome {
+        applied,
+        owner: owner.map(str::to_owned),
+        max_attempts,
+    };
+    let stored = |name: &'static str| {
+        let ops = ops.clone();
+        async move {
+            let overview = ops.queue_overview(QueueOverviewParams {}).await.expect("overview");
+            let q = overview.get(name).expect("listed");
+            (q.owner.clone(), q.max_attempts)
+        }
+    };
+    let billing = Some("billing");
+    let shipping = Some("shipping");
+
+    assert_eq!(declare("q", 5, billing).await.expect("first"), settings(true, billing, 5));
+    assert_eq!(declare("q", 7, billing).await.expect("own"), settings(true, billing, 7));
+    assert_eq!(
+        declare("q", 3, shipping).await.expect("another's"),
+        settings(false, billing, 7),
+        "another service's settings are not applied, and it learns whose stay"
+    );
+    assert_eq!(declare("q", 7, shipping).await.expect("same"), settings(true, billing, 7));
+    assert_eq!(declare("q", 2, None).await.expect("anonymous"), settings(false, billing, 7));
+    assert_eq!(stored("q").await, (Some("billing".into()), Some(7)));
+
+    // An anonymous declaration creates a queue nobody owns; the first named one adopts it.
+    assert_eq!(declare("p", 4, None).await.expect("anonymous"), settings(true, None, 4));
+    assert_eq!(declare("p", 9, None).await.expect("anonymous"), settings(false, None, 4));
+    assert_eq!(declare("p", 6, shipping).await.expect("adopt"), settings(true, shipping, 6));
+
+    // The operator hands q to shipping with new settings, then to nobody.
+    let set = |max_attempts, owner: Option<Option<&str>>| {
+        ops.set_queue_settings(SetQueueSettingsParams {
+            queue: "q".into(),
+            max_attempts,
+            owner: owner.map(|o| o.map(str::to_owned)),
+        })
+    };
+    let out = set(Some(9), Some(shipping)).await.expect("hand over");
+    assert_eq!((out.owner.as_deref(), out.max_attempts), (shipping, 9));
+    assert_eq!(declare("q", 5, billing).await.expect("old owner"), settings(false, shipping, 9));
+    let out = set(None, None).await.expect("keep both");
+    assert_eq!((out.owner.as_deref(), out.max_attempts), (shipping, 9));
+    let out = set(None, Some(None)).await.expect("release");
+    assert_eq!((out.owner, out.max_attempts), (None, 9));
+    assert_eq!(declare("q", 5, billing).await.expect("adopt"), settings(true, billing, 5));
+    assert_eq!(stored("q").await, (Some("billing".into()), Some(5)));
+
+    // Bad input: refused, nothing changed.
+    let err = ops
+        .set_queue_settings(SetQueueSettingsParams {
+            queue: "nope".into(),
+            max_attempts: Some(3),
+            owner: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, crate::Error::UnknownQueue(q) if q == "nope"), "{err}");
+    for err in [
+        set(Some(0), None).await.unwrap_err(),
+        set(None, Some(Some(""))).await.unwrap_err(),
+        declare("q", 5, Some("")).await.unwrap_err(),
+    ] {
+        assert!(matches!(err, crate::Error::InvalidArgument(_)), "{err}");
+    }
+    assert_eq!(stored("q").await, (Some("billing".into()), Some(5)));
 }

@@ -205,6 +205,7 @@ struct Statements {
     resume_queue: String,
     bulk_work: String,
     bulk_work_matching: String,
+    set_queue_settings: String,
     migrate_lock: String,
     migrate_lock_timeout: String,
     migrate_lock_timeout_reset: String,
@@ -259,6 +260,7 @@ impl Statements {
             resume_queue: s(query_file!("resume_queue")),
             bulk_work: s(query_file!("bulk_work")),
             bulk_work_matching: s(query_file!("bulk_work_matching")),
+            set_queue_settings: s(query_file!("set_queue_settings")),
             migrate_lock: s(query_file!("migrate_lock")),
             migrate_lock_timeout: s(query_file!("migrate_lock_timeout")),
             migrate_lock_timeout_reset: s(query_file!("migrate_lock_timeout_reset")),
@@ -643,13 +645,19 @@ impl FencedTransaction {
 impl WorkCoordinator for PgCoordinator {
     async fn register_queue(&self, params: RegisterQueueParams) -> Result<RegisterQueueOutcome> {
         validate::validate_register_queue(&params)?;
-        sqlx::query(&self.stmts.register_queue)
-            .bind(&params.name)
-            .bind(params.max_attempts)
-            .execute(self.control().await?)
-            .await
-            .map_err(|e| self.db_error(format!("registering queue {:?}", params.name), e))?;
-        Ok(RegisterQueueOutcome {})
+        let (applied, owner, max_attempts): (bool, Option<String>, i32) =
+            sqlx::query_as(&self.stmts.register_queue)
+                .bind(&params.name)
+                .bind(params.max_attempts)
+                .bind(params.owner.as_deref())
+                .fetch_one(self.control().await?)
+                .await
+                .map_err(|e| self.db_error(format!("registering queue {:?}", params.name), e))?;
+        Ok(RegisterQueueOutcome {
+            applied,
+            owner,
+            max_attempts,
+        })
     }
 
     async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome> {
@@ -1231,6 +1239,7 @@ impl Operations for PgCoordinator {
                 registered: r.registered,
                 paused: r.paused,
                 max_attempts: r.max_attempts,
+                owner: r.owner,
                 available: r.available.max(0) as u64,
                 scheduled: r.scheduled.max(0) as u64,
                 running: r.running.max(0) as u64,
@@ -1364,6 +1373,28 @@ impl Operations for PgCoordinator {
             .collect::<Result<Vec<_>>>()?;
         Ok(BulkWorkMatchingOutcome { items, has_more })
     }
+
+    async fn set_queue_settings(
+        &self,
+        params: SetQueueSettingsParams,
+    ) -> Result<SetQueueSettingsOutcome> {
+        params.validate()?;
+        let (owner, max_attempts): (Option<String>, i32) =
+            sqlx::query_as(&self.stmts.set_queue_settings)
+                .bind(&params.queue)
+                .bind(params.max_attempts)
+                .bind(params.owner.clone().flatten())
+                .bind(params.owner.is_some())
+                .fetch_one(self.control().await?)
+                .await
+                .map_err(|e| {
+                    self.db_error(format!("setting queue {:?}'s settings", params.queue), e)
+                })?;
+        Ok(SetQueueSettingsOutcome {
+            owner,
+            max_attempts,
+        })
+    }
 }
 
 fn bulk_item(
@@ -1449,6 +1480,7 @@ struct OverviewRow {
     registered: bool,
     paused: bool,
     max_attempts: Option<i32>,
+    owner: Option<String>,
     available: i64,
     scheduled: i64,
     running: i64,
