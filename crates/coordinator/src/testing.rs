@@ -125,8 +125,8 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
     for name in ["emails", "reports"] {
         store
             .register_queue(RegisterQueueParams {
-                name: name.into(),
                 max_attempts: 3,
+                ..RegisterQueueParams::new(name)
             })
             .await
             .expect("register");
