@@ -9,7 +9,8 @@ use serde::Serialize;
 use workpump_coordinator::{
     BulkAction, BulkItem, BulkResult, BulkTotals, BulkWorkMatchingParams, BulkWorkParams,
     GetWorkParams, InstanceId, ListInstancesParams, ListWorkParams, Operations, PauseQueueParams,
-    QueueOverviewParams, ResumeQueueParams, WorkFilter, WorkState, MAX_BULK_BATCH, MAX_PAGE_SIZE,
+    QueueOverviewParams, ResumeQueueParams, SetQueueSettingsParams, WorkFilter, WorkState,
+    MAX_BULK_BATCH, MAX_PAGE_SIZE,
 };
 
 use crate::failure::{ExitCode, Failure};
@@ -156,6 +157,21 @@ pub(crate) struct BulkArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct SettingsArgs {
+    /// The queue's name.
+    queue: String,
+    /// Attempts an item of the queue gets unless it sets its own (1 to 1 000).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    max_attempts: Option<i32>,
+    /// Hand the queue's settings to this service (the one whose hosts declare it).
+    #[arg(long, conflicts_with = "no_owner")]
+    owner: Option<String>,
+    /// Hand them to nobody: the next service that declares the queue adopts them.
+    #[arg(long)]
+    no_owner: bool,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct QueueArg {
     /// The queue's name.
     queue: String,
@@ -192,6 +208,7 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
             vec![
                 q.queue.clone(),
                 if q.paused { "paused" } else { "" }.to_owned(),
+                q.owner.clone().unwrap_or_default(),
                 q.available.to_string(),
                 q.scheduled.to_string(),
                 q.running.to_string(),
@@ -509,6 +526,43 @@ pub(crate) async fn pause(
         );
     } else {
         println!("queue {:?} was already {verb}: nothing changed", arg.queue);
+    }
+    Ok(())
+}
+
+pub(crate) async fn settings(
+    ops: &dyn Operations,
+    out: &Output,
+    args: SettingsArgs,
+) -> Result<(), Failure> {
+    let owner = match (args.owner, args.no_owner) {
+        (Some(owner), _) => Some(Some(owner)),
+        (None, true) => Some(None),
+        (None, false) => None,
+    };
+    let changed = args.max_attempts.is_some() || owner.is_some();
+    let now = ops
+        .set_queue_settings(SetQueueSettingsParams {
+            queue: args.queue.clone(),
+            max_attempts: args.max_attempts,
+            owner,
+        })
+        .await
+        .map_err(Failure::from_store)?;
+    if out.json() {
+        out.print_json(&serde_json::json!({
+            "queue": args.queue,
+            "max_attempts": now.max_attempts,
+            "owner": now.owner,
+        }));
+    } else {
+        println!(
+            "queue {:?}{}: max_attempts {}, owner {}",
+            args.queue,
+            if changed { " now" } else { "" },
+            now.max_attempts,
+            now.owner.as_deref().unwrap_or("nobody")
+        );
     }
     Ok(())
 }

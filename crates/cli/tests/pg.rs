@@ -437,6 +437,45 @@ async fn retry_cancel_discard_pause_and_resume_change_what_they_say_and_refuse_t
         text(&unknown.stderr)
     );
 
+    let set = json_of(
+        url,
+        &[
+            "settings",
+            "emails",
+            "--max-attempts",
+            "7",
+            "--owner",
+            "billing",
+        ],
+        0,
+    );
+    assert_eq!(
+        (&set["max_attempts"], &set["owner"]),
+        (&Value::from(7), &Value::from("billing"))
+    );
+    let shown = expect_code(&workpump(&["settings", "emails", "--database-url", url]), 0);
+    assert!(shown.contains("max_attempts 7, owner billing"), "{shown}");
+    let freed = json_of(url, &["settings", "emails", "--no-owner"], 0);
+    assert_eq!(freed["owner"], Value::Null);
+    let refused = workpump(&[
+        "settings",
+        "emails",
+        "--max-attempts",
+        "0",
+        "--database-url",
+        url,
+    ]);
+    expect_code(&refused, 2);
+    let unknown = workpump(&[
+        "settings",
+        "nope",
+        "--max-attempts",
+        "3",
+        "--database-url",
+        url,
+    ]);
+    expect_code(&unknown, 1);
+
     let bad_cursor = workpump(&[
         "items",
         "list",

@@ -66,6 +66,7 @@ pub(crate) struct QueueRow {
     pub(crate) failed_rate: String,
     pub(crate) dead_rate: String,
     pub(crate) max_attempts: String,
+    pub(crate) owner: String,
 }
 
 fn bounded(c: workpump_coordinator::Count) -> String {
@@ -103,6 +104,7 @@ impl From<&QueueOverview> for QueueRow {
             max_attempts: q
                 .max_attempts
                 .map_or_else(|| "—".to_owned(), |m| m.to_string()),
+            owner: q.owner.clone().unwrap_or_else(|| "nobody".to_owned()),
         }
     }
 }
