@@ -70,8 +70,12 @@ pub(crate) async fn serve(store: PgCoordinator, args: ServeArgs) -> Result<(), F
         .local_addr()
         .map_err(|e| Failure::new(ExitCode::Usage, format!("the listening address: {e}")))?;
     println!(
-        "dashboard: http://{address}{}/ ({})",
-        args.base_path,
+        "dashboard: http://{address}{} ({})",
+        if args.base_path.is_empty() {
+            "/"
+        } else {
+            &args.base_path
+        },
         if read_only {
             "read-only: pass --token or set WORKPUMP_DASHBOARD_TOKEN to allow changes"
         } else {

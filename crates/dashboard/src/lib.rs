@@ -70,7 +70,8 @@ pub struct DashboardConfig {
     /// Who may change things. **Default: read-only.**
     pub access: Access,
     /// The path the router is nested under (`""` at the root, or `/workpump`): the links and
-    /// the cookie's path start with it. **Default: `""`.**
+    /// the cookie's path start with it, and the overview is at the path itself (`/workpump`:
+    /// axum's `nest` does not route `/workpump/`). **Default: `""`.**
     pub base_path: String,
     /// How often list pages reload themselves; zero turns it off. **Default: 5 s.**
     pub refresh: Duration,
@@ -127,6 +128,18 @@ impl DashboardConfig {
             return Err(ConfigError("session_ttl must be more than zero".to_owned()));
         }
         Ok(())
+    }
+}
+
+impl DashboardConfig {
+    /// The overview's path: `/` at the root, the base path itself when nested (axum's `nest`
+    /// routes `/base`, not `/base/`). Also the session cookie's path.
+    pub(crate) fn home(&self) -> String {
+        if self.base_path.is_empty() {
+            "/".to_owned()
+        } else {
+            self.base_path.clone()
+        }
     }
 }
 

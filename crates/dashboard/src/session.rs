@@ -211,8 +211,10 @@ pub(crate) struct LoginQuery {
 fn safe_next(state: &AppState, next: Option<&str>) -> String {
     let base = &state.config.base_path;
     match next {
-        Some(n) if n.starts_with(&format!("{base}/")) && !n.starts_with("//") => n.to_owned(),
-        _ => format!("{base}/"),
+        Some(n) if (n.starts_with(&format!("{base}/")) || n == base) && !n.starts_with("//") => {
+            n.to_owned()
+        }
+        _ => state.config.home(),
     }
 }
 
@@ -265,8 +267,8 @@ pub(crate) async fn login(
     }
     let id = state.sessions.open();
     let mut cookie = format!(
-        "{COOKIE_NAME}={id}; Path={}/; HttpOnly; SameSite=Strict; Max-Age={}",
-        state.config.base_path,
+        "{COOKIE_NAME}={id}; Path={}; HttpOnly; SameSite=Strict; Max-Age={}",
+        state.config.home(),
         state.config.session_ttl.as_secs()
     );
     if state.config.secure_cookie {
@@ -296,10 +298,10 @@ pub(crate) async fn logout(
     if let Some(id) = session_id(&headers) {
         state.sessions.close(&id);
     }
-    let mut response = Redirect::to(&format!("{}/", state.config.base_path)).into_response();
+    let mut response = Redirect::to(&state.config.home()).into_response();
     let cookie = format!(
-        "{COOKIE_NAME}=; Path={}/; HttpOnly; SameSite=Strict; Max-Age=0",
-        state.config.base_path
+        "{COOKIE_NAME}=; Path={}; HttpOnly; SameSite=Strict; Max-Age=0",
+        state.config.home()
     );
     response.headers_mut().insert(
         SET_COOKIE,

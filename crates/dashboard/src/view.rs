@@ -17,6 +17,8 @@ use crate::AppState;
 pub(crate) struct Page {
     pub(crate) title: String,
     pub(crate) base: String,
+    /// The overview's path (see `DashboardConfig::home`).
+    pub(crate) home: String,
     /// Seconds between reloads; 0: none.
     pub(crate) refresh: u64,
     pub(crate) viewer: Viewer,
@@ -29,6 +31,7 @@ impl Page {
         Page {
             title: title.to_owned(),
             base: state.config.base_path.clone(),
+            home: state.config.home(),
             refresh: 0,
             viewer: Viewer::of(state, headers),
             notice: None,

@@ -420,3 +420,60 @@ fn a_short_token_or_a_malformed_base_path_is_refused_naming_the_setting() {
     let e = router(std::sync::Arc::new(store), base).expect_err("refused");
     assert!(e.to_string().contains("base_path"), "{e}");
 }
+
+#[tokio::test]
+async fn nested_under_a_base_path_its_links_forms_and_cookie_carry_the_path() {
+    let (fresh, items) = store().await;
+    let mut config = workpump_dashboard::DashboardConfig::default();
+    config.access = Access::Token(TOKEN.into());
+    config.base_path = "/ops/workpump".into();
+    let dashboard =
+        workpump_dashboard::router(std::sync::Arc::new(fresh.coordinator.clone()), config)
+            .expect("a valid configuration");
+    let app = Router::new().nest("/ops/workpump", dashboard);
+
+    let page = get(&app, "/ops/workpump", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains("href=\"/ops/workpump/queues/emails\""),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("href=\"/ops/workpump/login\""));
+    let login = post(
+        &app,
+        "/ops/workpump/login",
+        None,
+        &format!("token={TOKEN}&next=/elsewhere"),
+        None,
+    )
+    .await;
+    assert_eq!(login.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        login.headers[header::LOCATION],
+        "/ops/workpump",
+        "a next outside the dashboard is not followed"
+    );
+    let set = login.headers[header::SET_COOKIE].to_str().expect("ascii");
+    assert!(set.contains("Path=/ops/workpump;"), "{set}");
+    assert!(
+        page.body.contains("class=\"brand\" href=\"/ops/workpump\""),
+        "{}",
+        page.body
+    );
+    let cookie = set.split(';').next().expect("name=value");
+    let item = get(
+        &app,
+        &format!("/ops/workpump/items/{}", items.dead[0]),
+        Some(cookie),
+    )
+    .await;
+    assert!(
+        item.body.contains(&format!(
+            "action=\"/ops/workpump/items/{}/retry\"",
+            items.dead[0]
+        )),
+        "{}",
+        item.body
+    );
+}

@@ -1,8 +1,10 @@
 //! An axum service that embeds the host. `POST /orders` writes an order and enqueues its
 //! receipt in the same transaction (both commit, or neither); the `receipts` handler marks
 //! the order in a fenced transaction (the mark and the completion commit together, so it
-//! happens once). `/health` reports the host's health (200 when ready, else 503) and
-//! `/metrics` renders every workpump metric for Prometheus.
+//! happens once). `/health` reports the host's health (200 when ready, else 503),
+//! `/metrics` renders every workpump metric for Prometheus, and `/workpump` is the
+//! operator's dashboard nested in the service's router (read-only unless
+//! `WORKPUMP_DASHBOARD_TOKEN` is set).
 //!
 //! ```sh
 //! cargo xtask pg start    # starts the throwaway PostgreSQL and prints its URL
@@ -12,6 +14,7 @@
 //! curl -s localhost:3000/orders/1       # receipt_sent_at is set once the receipt ran
 //! curl -s localhost:3000/health
 //! curl -s localhost:3000/metrics | grep workpump_items_total
+//! open http://localhost:3000/workpump    # the dashboard
 //! ```
 //!
 //! `LISTEN` changes the address (default `127.0.0.1:3000`); `WORKPUMP_*` variables change the
@@ -22,6 +25,7 @@
 //! host's own listener off (`metrics.enabled = false`).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -33,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+use workpump_dashboard::{Access, DashboardConfig};
 use workpump_host::coordinator::EnqueueWorkParams;
 use workpump_host::{handler_fn, Host, HostConfig, HostHandle, Job, NewWork};
 
@@ -118,6 +123,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             pool,
             metrics,
         });
+    // The operator's dashboard under /workpump: changes need a login with
+    // WORKPUMP_DASHBOARD_TOKEN; without it, it is read-only.
+    let store = host.pg().cloned().ok_or("the host runs on PostgreSQL")?;
+    let mut dashboard = DashboardConfig::default();
+    dashboard.base_path = "/workpump".to_owned();
+    if let Ok(token) = std::env::var("WORKPUMP_DASHBOARD_TOKEN") {
+        dashboard.access = Access::Token(token);
+    }
+    let app = app.nest(
+        "/workpump",
+        workpump_dashboard::router(Arc::new(store), dashboard)?,
+    );
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!("listening on http://{listen}");
     let drained = host.clone();
