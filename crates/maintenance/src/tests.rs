@@ -955,11 +955,13 @@ async fn each_maintenance_call_is_timed_by_step() {
     let fake = store();
     fake.set_latency(Method::QueueDepth, Duration::from_millis(30));
     fake.set_latency(Method::MaintenanceDue, Duration::from_millis(2));
-    let w = worker(&fake, five_seconds());
+    // The probe finds nothing to do: it, then the two samples.
+    let w = probing_worker(&fake, five_seconds());
     w.run_once().await.expect("sweep");
     let timed = |step: &str| recorder.histogram(m::STEP_DURATION_SECONDS, &[(m::STEP, step)]);
     assert_eq!(timed("queue_depth"), [0.030]);
     assert_eq!(timed("maintenance_due"), [0.002]);
     assert_eq!(timed("server_status"), [0.0]);
+    assert_eq!(timed("promote_scheduled"), [0.0; 0], "an idle step is not called");
     assert_eq!(recorder.histogram(m::SWEEP_DURATION_SECONDS, &[]), [0.032]);
 }
