@@ -22,9 +22,11 @@ pub(crate) fn run(Args {}: Args) -> Outcome {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let version = Command::new("promtool").arg("--version").output();
     if !version.is_ok_and(|o| o.status.success()) {
-        return Err("promtool not found: install it (Debian: apt-get install prometheus; \
+        return Err(
+            "promtool not found: install it (Debian: apt-get install prometheus; \
                     .ci/monitoring does) — the alert rules are not checked without it"
-            .into());
+                .into(),
+        );
     }
     let alerts = std::fs::read_to_string(root.join(RULES))?
         .lines()

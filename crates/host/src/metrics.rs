@@ -27,13 +27,13 @@ const STORE_CALL: &[f64] = &[
 ];
 /// Buckets for a handler's run: a millisecond to an hour (the default max duration is 30 min).
 const HANDLER_RUN: &[f64] = &[
-    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-    600.0, 1800.0, 3600.0,
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0, 3600.0,
 ];
 /// Buckets for pickup lag: a claim within milliseconds of being due, up to an hour behind.
 const PICKUP: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-    600.0, 1800.0, 3600.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0, 3600.0,
 ];
 /// Buckets for the wait between polls: the poll base (250 ms) to past the relaxed base (5 s)
 /// and the max (10 s).
@@ -180,7 +180,11 @@ pub fn catalog() -> Vec<MetricDescription> {
     for (package, describe) in crates {
         let collector = Descriptions::default();
         metrics::with_local_recorder(&collector, describe);
-        let described = collector.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let described = collector
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         all.extend(
             described
                 .into_iter()
@@ -251,7 +255,10 @@ mod tests {
             .collect();
         assert!(histograms.len() >= 12, "{histograms:?}");
         let missing: Vec<_> = histograms.difference(&bucketed).collect();
-        assert!(missing.is_empty(), "histograms without buckets: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "histograms without buckets: {missing:?}"
+        );
         let stale: Vec<_> = bucketed.difference(&histograms).collect();
         assert!(stale.is_empty(), "buckets for no histogram: {stale:?}");
         for (name, buckets) in HISTOGRAM_BUCKETS {
@@ -277,7 +284,10 @@ mod tests {
             }
         });
         let text = handle.render();
-        assert!(!text.contains(" summary"), "no summary is rendered:\n{text}");
+        assert!(
+            !text.contains(" summary"),
+            "no summary is rendered:\n{text}"
+        );
         for m in &histograms {
             let name = &m.name;
             assert!(

@@ -27,7 +27,11 @@ fn documented() -> BTreeMap<String, Row> {
         let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
         assert_eq!(cells.len(), 6, "docs/metrics.md: six cells in {line:?}");
         let name = cells[0].trim_matches('`').to_owned();
-        let row = (cells[1].to_owned(), cells[2].to_owned(), cells[4].to_owned());
+        let row = (
+            cells[1].to_owned(),
+            cells[2].to_owned(),
+            cells[4].to_owned(),
+        );
         assert!(
             rows.insert(name.clone(), row).is_none(),
             "docs/metrics.md lists {name} twice"
@@ -83,7 +87,11 @@ fn every_metric_is_described_once_with_a_help_text() {
         assert!(!m.help.trim().is_empty(), "{} has no help text", m.name);
         assert!(m.name.starts_with("workpump_"), "{}", m.name);
         if m.kind == MetricKind::Counter {
-            assert!(m.name.ends_with("_total"), "a counter ends in _total: {}", m.name);
+            assert!(
+                m.name.ends_with("_total"),
+                "a counter ends in _total: {}",
+                m.name
+            );
         }
         if m.name.ends_with("_seconds") {
             assert_eq!(m.unit, Some("seconds"), "{}", m.name);
@@ -144,7 +152,10 @@ fn every_metric_the_dashboard_and_the_alert_rules_query_is_documented() {
     let documented = documented();
     let exprs = dashboard_exprs();
     let dashboard = metric_names(&exprs.join("\n"), &documented);
-    let rules = metric_names(&read("monitoring/prometheus/workpump.rules.yml"), &documented);
+    let rules = metric_names(
+        &read("monitoring/prometheus/workpump.rules.yml"),
+        &documented,
+    );
     let tests = metric_names(
         &read("monitoring/prometheus/workpump.rules.test.yml"),
         &documented,
@@ -158,7 +169,9 @@ fn every_metric_the_dashboard_and_the_alert_rules_query_is_documented() {
         ("monitoring/prometheus/workpump.rules.test.yml", &tests),
     ] {
         for name in names.iter().filter(|n| !documented.contains_key(*n)) {
-            unknown.push(format!("{file} queries {name}, which docs/metrics.md does not list"));
+            unknown.push(format!(
+                "{file} queries {name}, which docs/metrics.md does not list"
+            ));
         }
     }
     assert!(unknown.is_empty(), "{}", unknown.join("\n"));
@@ -175,7 +188,10 @@ fn the_dashboard_shows_what_an_operator_watches() {
         ("pickup lag, sampled", "workpump_queue_pickup_lag_seconds"),
         ("in flight", "workpump_in_flight"),
         ("failures", "workpump_handler_duration_seconds"),
-        ("dead letters", "workpump_maintenance_dead_lettered_items_total"),
+        (
+            "dead letters",
+            "workpump_maintenance_dead_lettered_items_total",
+        ),
         ("renewals", "workpump_lease_renewals_total"),
         ("renewal calls", "workpump_lease_renewal_calls_total"),
         ("heartbeats", "workpump_heartbeats_total"),
@@ -183,7 +199,10 @@ fn the_dashboard_shows_what_an_operator_watches() {
         ("worker restarts", "workpump_worker_restarts_total"),
         ("queue depth", "workpump_queue_depth"),
     ] {
-        assert!(shown.contains(metric), "the dashboard shows {what} ({metric})");
+        assert!(
+            shown.contains(metric),
+            "the dashboard shows {what} ({metric})"
+        );
     }
     let rules = read("monitoring/prometheus/workpump.rules.yml");
     for alert in [

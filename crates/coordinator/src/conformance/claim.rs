@@ -257,9 +257,7 @@ pub async fn the_drain_hint_says_whether_more_were_left(h: &dyn Harness) {
 /// A claim reports each item's pickup lag: how long it waited from being due (its enqueue,
 /// its retry time, its schedule) to the claim, on the store's clock; a reclaimed orphan
 /// reports none (its wait measures its dead owner, not the queue).
-pub async fn a_claim_reports_the_pickup_lag_from_due_to_claim_except_for_reclaims(
-    h: &dyn Harness,
-) {
+pub async fn a_claim_reports_the_pickup_lag_from_due_to_claim_except_for_reclaims(h: &dyn Harness) {
     queue(h, "q", 10).await;
     let me = instance(h).await;
     let fresh = enqueue_n(h, "q", 1).await[0];
@@ -290,10 +288,14 @@ pub async fn a_claim_reports_the_pickup_lag_from_due_to_claim_except_for_reclaim
         lag(overdue)
     );
 
-    h.set_lease_expiry(fresh, chrono::Duration::seconds(-1)).await;
+    h.set_lease_expiry(fresh, chrono::Duration::seconds(-1))
+        .await;
     let other = instance(h).await;
     let reclaim = claim(h, other, &["q"], 10).await;
     assert_eq!(ids(&reclaim), HashSet::from([fresh]));
     assert!(reclaim.items[0].reclaimed);
-    assert_eq!(reclaim.items[0].pickup_lag, None, "a reclaim has no pickup lag");
+    assert_eq!(
+        reclaim.items[0].pickup_lag, None,
+        "a reclaim has no pickup lag"
+    );
 }

@@ -504,7 +504,10 @@ pub async fn queue_depth_reports_the_age_of_the_oldest_due_item_per_queue(h: &dy
         .await;
     let running = enqueue_n(h, "idle", 1).await[0];
     h.set_run_at(running, chrono::Duration::seconds(-500)).await;
-    assert_eq!(ids(&claim(h, me, &["idle"], 1).await), HashSet::from([running]));
+    assert_eq!(
+        ids(&claim(h, me, &["idle"], 1).await),
+        HashSet::from([running])
+    );
 
     let out = h
         .coordinator()
@@ -526,7 +529,11 @@ pub async fn queue_depth_reports_the_age_of_the_oldest_due_item_per_queue(h: &dy
     assert_eq!(age("a", Scheduled), Duration::ZERO, "not due yet");
     assert!(about(age("b", Scheduled), 300), "{:?}", age("b", Scheduled));
     assert_eq!(age("b", Available), Duration::ZERO);
-    assert_eq!(age("idle", Running), Duration::ZERO, "running waits for nothing");
+    assert_eq!(
+        age("idle", Running),
+        Duration::ZERO,
+        "running waits for nothing"
+    );
     assert_eq!(age("idle", Available), Duration::ZERO, "nothing waits");
     assert!(about(out.pickup_lag("a"), 120), "{:?}", out.pickup_lag("a"));
     assert!(about(out.pickup_lag("b"), 300), "{:?}", out.pickup_lag("b"));
