@@ -3,7 +3,7 @@
 //! (`docs/metrics.md` lists the same, and a test keeps the two equal).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use metrics::{
     describe_counter, describe_gauge, Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder,
@@ -178,40 +178,39 @@ pub fn catalog() -> Vec<MetricDescription> {
     ];
     let mut all = Vec::new();
     for (package, describe) in crates {
-        let collector = Descriptions::default();
+        let collector = Descriptions {
+            package,
+            described: Mutex::default(),
+        };
         metrics::with_local_recorder(&collector, describe);
-        let described = collector
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
         all.extend(
-            described
-                .into_iter()
-                .map(|(name, kind, unit, help)| MetricDescription {
-                    name,
-                    kind,
-                    unit: unit.map(|u| u.as_str()),
-                    help,
-                    package,
-                }),
+            collector
+                .described
+                .into_inner()
+                .unwrap_or_else(|p| p.into_inner()),
         );
     }
     all
 }
 
-/// A recorder that keeps the descriptions it is given and records nothing.
-#[derive(Default)]
-struct Descriptions(Arc<Mutex<Vec<(String, MetricKind, Option<Unit>, String)>>>);
+/// A recorder that keeps the descriptions one package gives it and records nothing.
+struct Descriptions {
+    package: &'static str,
+    described: Mutex<Vec<MetricDescription>>,
+}
 
 impl Descriptions {
     fn push(&self, key: KeyName, kind: MetricKind, unit: Option<Unit>, help: SharedString) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((
-            key.as_str().to_owned(),
-            kind,
-            unit,
-            help.into_owned(),
-        ));
+        self.described
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(MetricDescription {
+                name: key.as_str().to_owned(),
+                kind,
+                unit: unit.map(|u| u.as_str()),
+                help: help.into_owned(),
+                package: self.package,
+            });
     }
 }
 
