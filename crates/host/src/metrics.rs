@@ -17,7 +17,8 @@ use crate::HostError;
 /// first runs, so the first restart shows in `increase()`.
 pub const WORKER_RESTARTS: &str = "workpump_worker_restarts_total";
 
-/// 1 while a host runs in this process (from `start` until its run ends), else 0.
+/// Hosts running in this process (from `start` until their run ends): 1 while the host runs,
+/// 0 once it stopped. Summed across instances, the live ones.
 pub const HOST_UP: &str = "workpump_host_up";
 
 /// Buckets for a call to the store: sub-millisecond to half a minute (every store call has a
@@ -114,7 +115,11 @@ fn describe_own() {
         Unit::Count,
         "worker restarts by supervision"
     );
-    describe_gauge!(HOST_UP, Unit::Count, "1 while a host runs in this process");
+    describe_gauge!(
+        HOST_UP,
+        Unit::Count,
+        "hosts running in this process: 1 while the host runs, 0 once it stopped"
+    );
 }
 
 /// A metric's type.

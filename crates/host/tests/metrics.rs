@@ -194,6 +194,10 @@ async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_wor
         body.contains("workpump_worker_restarts_total{worker=\"claim\"} 0"),
         "{body}"
     );
+    assert!(
+        body.contains("workpump_items_total{queue=\"work\",outcome=\"dead\"} 0\n"),
+        "the dead-letter series exists from the start at 0, so its first increase counts:\n{body}"
+    );
 
     host.shutdown();
     host.stopped().await.expect("a clean drain");

@@ -223,3 +223,48 @@ fn the_dashboard_shows_what_an_operator_watches() {
         );
     }
 }
+
+#[test]
+fn the_dashboard_panels_have_unique_ids_do_not_overlap_and_each_queries_the_chosen_data_source() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("monitoring/grafana/workpump.json")).expect("JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 20, "{} panels", panels.len());
+    let mut ids = BTreeSet::new();
+    let mut cells: BTreeMap<(u64, u64), String> = BTreeMap::new();
+    for p in panels {
+        let title = p["title"].as_str().expect("a title").to_owned();
+        assert!(
+            ids.insert(p["id"].as_u64().expect("an id")),
+            "id of {title}"
+        );
+        let g = &p["gridPos"];
+        let [x, y, w, h] = ["x", "y", "w", "h"].map(|k| g[k].as_u64().expect("gridPos"));
+        assert!(x + w <= 24, "{title} fits the 24 columns");
+        for cell in (x..x + w).flat_map(|cx| (y..y + h).map(move |cy| (cx, cy))) {
+            if let Some(other) = cells.insert(cell, title.clone()) {
+                panic!("{title} overlaps {other}");
+            }
+        }
+        if p["type"] == "row" {
+            continue;
+        }
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title} queries something");
+        for t in targets {
+            assert!(
+                t["expr"].as_str().is_some_and(|e| e.contains("workpump_")),
+                "{title}: {t}"
+            );
+            assert_eq!(t["datasource"]["uid"], "${datasource}", "{title}");
+        }
+    }
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(variables, ["datasource", "queue"]);
+}
