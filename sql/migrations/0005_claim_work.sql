@@ -26,9 +26,12 @@
 -- transaction id, no WAL, no commit flush).
 --
 -- Result: one row per claimed item with its payload, checkpoint (saved by an earlier attempt),
--- attempt, token and expiry; `reclaimed` marks orphans; `has_more` (the drain hint), the same
--- on every row of one call, is true when claimable rows were left over after filling
--- `max_items` (or when orphans alone filled it).
+-- attempt, token and expiry; `reclaimed` marks orphans; `pickup_lag`, in seconds, is how long
+-- an available item waited from being due (run_at: its enqueue, its retry time or its
+-- schedule) to this claim, on the database clock, and NULL for a reclaimed orphan (its wait
+-- measures its dead owner, not the queue); `has_more` (the drain hint), the same on every row
+-- of one call, is true when claimable rows were left over after filling `max_items` (or when
+-- orphans alone filled it).
 --
 -- Arguments: instance registered (record_heartbeat first; WP003 otherwise, which is also what
 -- an evicted instance gets); queues non-empty, every one registered (an unknown queue raises
@@ -69,6 +72,7 @@ RETURNS TABLE (
     checkpoint   jsonb,
     created_at   timestamptz,
     reclaimed    boolean,
+    pickup_lag   double precision,
     has_more     boolean
 )
 LANGUAGE plpgsql VOLATILE
@@ -234,10 +238,11 @@ BEGIN
                 ORDER BY c.priority, c.run_at, c.id
                 LIMIT v_remaining))
             RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
-                      w.lease_expiry, w.payload, w.checkpoint, w.created_at
+                      w.lease_expiry, w.payload, w.checkpoint, w.created_at, w.run_at
         )
         SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
-               c.lease_expiry, c.payload, c.checkpoint, c.created_at, false, m.has_more
+               c.lease_expiry, c.payload, c.checkpoint, c.created_at, false,
+               extract(epoch FROM v_now - c.run_at)::double precision, m.has_more
         FROM claimed c CROSS JOIN more m;
         RETURN;
     END IF;
@@ -247,7 +252,7 @@ BEGIN
         -- Orphans alone filled the batch: more may be left.
         RETURN QUERY
         SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
-               r.lease_expiry, r.payload, r.checkpoint, r.created_at, true, true
+               r.lease_expiry, r.payload, r.checkpoint, r.created_at, true, NULL::double precision, true
         FROM work r
         WHERE r.id = ANY (v_reclaimed);
         RETURN;
@@ -286,15 +291,17 @@ BEGIN
             ORDER BY c.priority, c.run_at, c.id
             LIMIT v_remaining))
         RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
-                  w.lease_expiry, w.payload, w.checkpoint, w.created_at
+                  w.lease_expiry, w.payload, w.checkpoint, w.created_at, w.run_at
     )
     SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
-           r.lease_expiry, r.payload, r.checkpoint, r.created_at, true, m.has_more
+           r.lease_expiry, r.payload, r.checkpoint, r.created_at, true, NULL::double precision,
+           m.has_more
     FROM work r CROSS JOIN more m
     WHERE r.id = ANY (v_reclaimed)
     UNION ALL
     SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
-           c.lease_expiry, c.payload, c.checkpoint, c.created_at, false, m.has_more
+           c.lease_expiry, c.payload, c.checkpoint, c.created_at, false,
+           extract(epoch FROM v_now - c.run_at)::double precision, m.has_more
     FROM claimed c CROSS JOIN more m;
 END;
 $$;

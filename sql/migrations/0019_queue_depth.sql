@@ -1,9 +1,15 @@
--- queue_depth() -> setof (queue, state, items)
+-- queue_depth() -> setof (queue, state, items, oldest_due_age)
 --
 -- How many items wait or run per queue: one row per registered queue and each of the states
 -- available, scheduled and running (zero included, so a gauge that emptied reads 0 instead
 -- of its last value), plus any other queue that holds such items. For metrics; the
 -- MaintenanceWorker samples it (at most every 15 s by default).
+--
+-- `oldest_due_age`, in seconds: for available and scheduled, how long the oldest item of that
+-- state that is due (run_at <= now()) has been due; 0 when none is (and always 0 for running,
+-- which waits for nothing). A due scheduled item is one no sweep or claim has promoted yet.
+-- The larger of a queue's two is its pickup lag as it stands: how long its oldest waiting
+-- item has waited to be claimed. It is read from the same index entries as the counts.
 --
 -- Cost: exact counts, each state read through its partial index, so the cost grows with the
 -- items in that state, not with the finished rows that are usually most of the table (when a
@@ -19,24 +25,28 @@
 -- (the maintenance setting depth_sample_interval_ms), or set it to 0 to turn sampling off.
 --
 -- Result: by queue, then state. Arguments: none.
--- Fencing: none; it only reads. Clock rule: none (a scheduled item counts as scheduled until
--- it is promoted, even when its run_at has passed).
+-- Fencing: none; it only reads. Clock rule: ages are the database's now() minus run_at (a
+-- scheduled item counts as scheduled until it is promoted, even when its run_at has passed).
 CREATE FUNCTION queue_depth()
-RETURNS TABLE (queue text, state work_state, items bigint)
+RETURNS TABLE (queue text, state work_state, items bigint, oldest_due_age double precision)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_now timestamptz := now();
 BEGIN
     RETURN QUERY
     WITH counts AS (
-        SELECT a.queue, 'available'::work_state AS state, count(*) AS items
+        SELECT a.queue, 'available'::work_state AS state, count(*) AS items,
+               min(a.run_at) FILTER (WHERE a.run_at <= v_now) AS oldest_due
         FROM work a WHERE a.state = 'available' GROUP BY a.queue
         UNION ALL
-        SELECT s.queue, 'scheduled'::work_state, count(*)
+        SELECT s.queue, 'scheduled'::work_state, count(*),
+               min(s.run_at) FILTER (WHERE s.run_at <= v_now)
         FROM work s WHERE s.state = 'scheduled' GROUP BY s.queue
         UNION ALL
-        SELECT r.queue, 'running'::work_state, count(*)
+        SELECT r.queue, 'running'::work_state, count(*), NULL::timestamptz
         FROM work r WHERE r.state = 'running' GROUP BY r.queue
     ), keys AS (
         SELECT q.name AS queue, st.state
@@ -45,7 +55,8 @@ BEGIN
         UNION
         SELECT c.queue, c.state FROM counts c
     )
-    SELECT k.queue, k.state, coalesce(c.items, 0)
+    SELECT k.queue, k.state, coalesce(c.items, 0),
+           coalesce(extract(epoch FROM v_now - c.oldest_due)::double precision, 0)
     FROM keys k
     LEFT JOIN counts c ON c.queue = k.queue AND c.state = k.state
     ORDER BY k.queue COLLATE "C", k.state;

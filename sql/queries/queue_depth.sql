@@ -1,2 +1,3 @@
--- MaintenanceWorker: items per queue and state (available, scheduled, running), for metrics.
-SELECT queue, state::text AS state, items FROM {schema}.queue_depth()
+-- MaintenanceWorker: items per queue and state (available, scheduled, running) and the age of
+-- the oldest due one, for metrics.
+SELECT queue, state::text AS state, items, oldest_due_age FROM {schema}.queue_depth()

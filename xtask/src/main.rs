@@ -10,6 +10,7 @@ mod bench;
 mod chaos;
 mod demo;
 mod harness;
+mod monitoring;
 mod pg;
 mod test;
 
@@ -39,6 +40,9 @@ enum Command {
     Chaos(chaos::Args),
     /// Start a throwaway PostgreSQL and show workpump at work
     Demo(demo::Args),
+    /// Check the Prometheus alert rules in monitoring/ with promtool (`check rules`, `test
+    /// rules`); fails when promtool is missing
+    Monitoring(monitoring::Args),
     /// The throwaway PostgreSQL by hand
     Pg(pg::Args),
     /// Start the test cluster, then `cargo nextest run --workspace ARGS` and, without ARGS,
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Chaos(args) => chaos::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Monitoring(args) => monitoring::run(args),
         Command::Pg(args) => pg::run(args),
         Command::Test(args) => test::run(args),
     };

@@ -7,6 +7,13 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 pub const POLLS: &str = "workpump_claim_polls_total";
 /// Items claimed, by queue and `kind` (`new`, `reclaimed`).
 pub const CLAIMED: &str = "workpump_claimed_items_total";
+/// How long a claim_work call took until its answer, in seconds, by queue (every call:
+/// empty, with items, or failed).
+pub const CLAIM_DURATION: &str = "workpump_claim_call_duration_seconds";
+/// How long each claimed item waited from being due (its enqueue, its retry time or its
+/// schedule) to its claim, in seconds on the database clock, by queue. Reclaimed orphans are
+/// not recorded: their wait measures their dead owner, not the queue.
+pub const PICKUP_LAG: &str = "workpump_pickup_lag_seconds";
 /// Items per non-empty claim, by queue.
 pub const BATCH_SIZE: &str = "workpump_claim_batch_size";
 /// The wait chosen after each poll, by queue (absent while sleeping until a signal).
@@ -20,6 +27,9 @@ pub const GATE_TRANSITIONS: &str = "workpump_notify_gate_transitions_total";
 /// Finished attempts, by queue and `outcome` (`completed`, `retried`, `dead`, `cancelled`,
 /// `released`, `fenced_out`, `abandoned`, `rejected_expired`, `unrecorded`).
 pub const ITEMS: &str = "workpump_items_total";
+/// The [`ITEMS`] outcomes whose series the claim worker creates at 0 for each of its queues
+/// when it starts, so that `increase()` sees their first occurrence.
+pub const INITIALIZED_OUTCOMES: &[&str] = &["completed", "retried", "dead"];
 /// Handler run time, by queue and `result` (`ok`, `error`, `panic`, `abandoned`).
 pub const HANDLER_DURATION: &str = "workpump_handler_duration_seconds";
 /// Handlers running now, by queue.
@@ -28,6 +38,9 @@ pub const IN_FLIGHT: &str = "workpump_in_flight";
 pub const HANDLER_CANCELLED: &str = "workpump_handler_cancellations_total";
 /// Outcome writes, by `kind` (`complete`, `fail`, `release`) and `result` (`ok`, `error`).
 pub const OUTCOME_WRITES: &str = "workpump_outcome_writes_total";
+/// How long one outcome write took, its retries included, in seconds, by `kind` (`complete`,
+/// `fail`, `release`).
+pub const OUTCOME_WRITE_DURATION: &str = "workpump_outcome_write_duration_seconds";
 /// Outcomes per write.
 pub const OUTCOME_BATCH: &str = "workpump_outcome_batch_size";
 
@@ -35,6 +48,16 @@ pub const OUTCOME_BATCH: &str = "workpump_outcome_batch_size";
 pub fn describe() {
     describe_counter!(POLLS, Unit::Count, "claim_work calls by queue and result");
     describe_counter!(CLAIMED, Unit::Count, "work items claimed by queue and kind");
+    describe_histogram!(
+        CLAIM_DURATION,
+        Unit::Seconds,
+        "claim_work call duration by queue"
+    );
+    describe_histogram!(
+        PICKUP_LAG,
+        Unit::Seconds,
+        "wait of a claimed item from due to claim, by queue (reclaims excluded)"
+    );
     describe_histogram!(BATCH_SIZE, Unit::Count, "items per non-empty claim");
     describe_histogram!(POLL_WAIT, Unit::Seconds, "wait chosen after a poll");
     describe_counter!(WAKES, Unit::Count, "wake signals by source");
@@ -56,6 +79,11 @@ pub fn describe() {
         OUTCOME_WRITES,
         Unit::Count,
         "outcome statements by kind and result"
+    );
+    describe_histogram!(
+        OUTCOME_WRITE_DURATION,
+        Unit::Seconds,
+        "outcome write duration by kind, retries included"
     );
     describe_histogram!(OUTCOME_BATCH, Unit::Count, "outcomes per statement");
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use workpump_coordinator::{
     CompleteWorkParams, Error, FailDisposition, FailWorkParams, Failure, Fence, InstanceId,
     OutcomeBatch, ReleaseWorkParams, WorkCoordinator, WorkState,
@@ -111,7 +112,10 @@ async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>) {
             Kind::Release(_) => "release",
         };
         ::metrics::histogram!(metrics::OUTCOME_BATCH).record(group.len() as f64);
+        let started = Instant::now();
         let result = with_retries(|| write(coordinator, instance, &kind, &group)).await;
+        ::metrics::histogram!(metrics::OUTCOME_WRITE_DURATION, "kind" => label)
+            .record(started.elapsed().as_secs_f64());
         ::metrics::counter!(metrics::OUTCOME_WRITES, "kind" => label, "result" => if result.is_ok() { "ok" } else { "error" })
             .increment(1);
         match result {

@@ -244,6 +244,12 @@ impl Worker for ClaimWorker {
             run.set_gate(Gate::Unavailable);
         }
         for q in &self.shared.queues {
+            // The outcomes that dashboards and alerts take `increase()` of exist from the
+            // start, so their first occurrence counts.
+            for outcome in metrics::INITIALIZED_OUTCOMES {
+                ::metrics::counter!(metrics::ITEMS, "queue" => q.name.clone(), "outcome" => *outcome)
+                    .increment(0);
+            }
             control.spawn(claim_loop(
                 run.clone(),
                 q.clone(),

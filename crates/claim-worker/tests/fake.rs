@@ -740,3 +740,76 @@ async fn waiting_for_a_registration_is_reported_once_after_ten_seconds() {
     assert!(s.fake.calls_of(Method::RecordHeartbeat).is_empty());
     s.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn claim_calls_are_timed_and_fresh_items_record_their_pickup_lag_but_reclaims_do_not() {
+    let recorded = RecordedMetrics::default();
+    let _guard = recorded.set_local();
+    let fake = FakeCoordinator::new();
+    fake.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .unwrap();
+    // An orphan: claimed by a peer whose lease then expired.
+    let peer = registered_identity(&fake).await;
+    fake.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!("orphan"))],
+    })
+    .await
+    .unwrap();
+    let orphan = fake
+        .claim_work(ClaimWorkParams {
+            instance: peer.current(),
+            queues: vec!["q".into()],
+            max_items: 1,
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .unwrap()
+        .items[0]
+        .fence
+        .id;
+    fake.set_lease_expiry(orphan, chrono::Duration::seconds(-1));
+    // A retry due 90 s ago, not promoted yet.
+    let overdue = fake
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!("overdue")).run_after(Duration::from_secs(3600))],
+        })
+        .await
+        .unwrap()
+        .items[0]
+        .id;
+    fake.set_run_at(overdue, chrono::Duration::seconds(-90));
+    fake.set_latency(Method::ClaimWork, Duration::from_millis(40));
+    let identity = registered_identity(&fake).await;
+    let s = start_as(fake, identity, tight(), 10, None).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Enqueued now, claimed by the poll its wake signal starts: 40 ms later.
+    s.enqueue(1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    assert_eq!(
+        recorded.counter(metrics::CLAIMED, &[("queue", "q"), ("kind", "reclaimed")]),
+        1
+    );
+    assert_eq!(
+        recorded.counter(metrics::CLAIMED, &[("queue", "q"), ("kind", "new")]),
+        2
+    );
+    let mut lags = recorded.histogram(metrics::PICKUP_LAG, &[("queue", "q")]);
+    lags.sort_by(f64::total_cmp);
+    assert_eq!(lags.len(), 2, "the reclaim is not recorded: {lags:?}");
+    assert!((lags[0] - 0.040).abs() < 1e-6, "{lags:?}");
+    assert!((lags[1] - 90.040).abs() < 1e-6, "{lags:?}");
+    let durations = recorded.histogram(metrics::CLAIM_DURATION, &[("queue", "q")]);
+    assert_eq!(
+        durations.len(),
+        s.fake.calls_of(Method::ClaimWork).len() - 1,
+        "every claim of the worker (not the peer's) is timed"
+    );
+    assert!(durations.len() >= 2, "{durations:?}");
+    assert!(
+        durations.iter().all(|d| (d - 0.040).abs() < 1e-9),
+        "{durations:?}"
+    );
+    s.stop().await;
+}

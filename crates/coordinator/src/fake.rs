@@ -114,6 +114,7 @@ struct State {
     calls: Vec<Call>,
     fail_next: HashMap<Method, usize>,
     hang_next: HashMap<Method, usize>,
+    latency: HashMap<Method, Duration>,
     unreachable: bool,
     /// Since when the store has been up without a restart: the start of the oldest
     /// connection a sweep could be running on (`judge_watch`'s second term).
@@ -371,6 +372,12 @@ impl FakeCoordinator {
         *self.state().hang_next.entry(method).or_default() += n;
     }
 
+    /// Every later call of `method` takes `latency` (on tokio's clock, so a paused test
+    /// measures it exactly) before it does its work; zero takes it back.
+    pub fn set_latency(&self, method: Method, latency: Duration) {
+        self.state().latency.insert(method, latency);
+    }
+
     /// Lets every hanging call go on.
     pub fn release_hangs(&self) {
         self.inner.release_hangs.notify_waiters();
@@ -449,11 +456,12 @@ impl FakeCoordinator {
         }
     }
 
-    /// Sets a scheduled item's run_at to `now + offset` (negative: in the past, so it is due).
+    /// Sets a waiting (scheduled or available) item's run_at to `now + offset` (negative: in
+    /// the past, so it is due).
     pub fn set_run_at(&self, id: WorkId, offset: chrono::Duration) {
         let now = self.now();
         if let Some(r) = self.state().work.get_mut(&id) {
-            if r.state == WorkState::Scheduled {
+            if matches!(r.state, WorkState::Scheduled | WorkState::Available) {
                 r.run_at = now + offset;
             }
         }
@@ -570,8 +578,9 @@ impl FakeCoordinator {
     }
 
     async fn enter(&self, method: Method, items: usize) -> Result<()> {
-        let hang = {
+        let (hang, latency) = {
             let mut st = self.state();
+            let latency = st.latency.get(&method).copied().unwrap_or_default();
             st.calls.push(Call {
                 method,
                 at: Instant::now(),
@@ -587,16 +596,20 @@ impl FakeCoordinator {
                 *n -= 1;
                 return Err(Error::database(format!("{method:?}"), "injected failure"));
             }
-            match st.hang_next.get_mut(&method).filter(|n| **n > 0) {
+            let hang = match st.hang_next.get_mut(&method).filter(|n| **n > 0) {
                 Some(n) => {
                     *n -= 1;
                     true
                 }
                 None => false,
-            }
+            };
+            (hang, latency)
         };
         if hang {
             self.inner.release_hangs.notified().await;
+        }
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
         }
         Ok(())
     }
@@ -730,6 +743,7 @@ fn take_lease(
         lease_expiry: now + lease,
         created_at: r.created_at,
         reclaimed,
+        pickup_lag: (!reclaimed).then(|| (now - r.run_at).to_std().unwrap_or_default()),
     }
 }
 
@@ -1603,25 +1617,35 @@ impl WorkCoordinator for FakeCoordinator {
             WorkState::Scheduled,
             WorkState::Running,
         ];
+        let now = self.now();
         let st = self.state();
-        let mut counts: BTreeMap<(String, u8), u64> = BTreeMap::new();
+        // (items, the oldest due run_at) per queue and state.
+        type Sample = (u64, Option<DateTime<Utc>>);
+        let mut counts: BTreeMap<(String, u8), Sample> = BTreeMap::new();
         for q in st.queues.keys() {
             for i in 0..STATES.len() {
-                counts.insert((q.clone(), i as u8), 0);
+                counts.insert((q.clone(), i as u8), (0, None));
             }
         }
         for r in st.work.values() {
             if let Some(i) = STATES.iter().position(|s| *s == r.state) {
-                *counts.entry((r.queue.clone(), i as u8)).or_default() += 1;
+                let (items, oldest) = counts.entry((r.queue.clone(), i as u8)).or_default();
+                *items += 1;
+                if r.state != WorkState::Running && r.run_at <= now {
+                    *oldest = Some(oldest.map_or(r.run_at, |o| o.min(r.run_at)));
+                }
             }
         }
         Ok(QueueDepthOutcome {
             depths: counts
                 .into_iter()
-                .map(|((queue, i), items)| QueueDepth {
+                .map(|((queue, i), (items, oldest))| QueueDepth {
                     queue,
                     state: STATES[i as usize],
                     items,
+                    oldest_due_age: oldest
+                        .and_then(|o| (now - o).to_std().ok())
+                        .unwrap_or_default(),
                 })
                 .collect(),
         })

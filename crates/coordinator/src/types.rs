@@ -298,6 +298,11 @@ pub struct ClaimedWork {
     pub created_at: DateTime<Utc>,
     /// True when this claim took over an orphan (a dead or released owner's lease).
     pub reclaimed: bool,
+    /// How long the item waited from being due (`run_at`: its enqueue, its retry time or its
+    /// schedule) to this claim, on the database clock; `None` for a reclaimed orphan, whose
+    /// wait measures its dead owner rather than the queue. The claim worker records it as the
+    /// pickup-lag histogram.
+    pub pickup_lag: Option<Duration>,
 }
 
 /// The result of `claim_work`.
@@ -754,6 +759,10 @@ pub struct QueueDepth {
     pub state: WorkState,
     /// How many.
     pub items: u64,
+    /// For available and scheduled: how long the oldest item of this state that is due
+    /// (`run_at` passed) has been due, on the database clock; zero when none is, and always
+    /// zero for running.
+    pub oldest_due_age: Duration,
 }
 
 /// The result of `queue_depth`: every registered queue with each of the states available,
@@ -772,6 +781,17 @@ impl QueueDepthOutcome {
             .iter()
             .find(|d| d.queue == queue && d.state == state)
             .map_or(0, |d| d.items)
+    }
+
+    /// A queue's pickup lag as sampled: how long its oldest waiting due item (available, or
+    /// scheduled and not yet promoted) has waited to be claimed; zero when none waits.
+    pub fn pickup_lag(&self, queue: &str) -> Duration {
+        self.depths
+            .iter()
+            .filter(|d| d.queue == queue && d.state != WorkState::Running)
+            .map(|d| d.oldest_due_age)
+            .max()
+            .unwrap_or_default()
     }
 }
 

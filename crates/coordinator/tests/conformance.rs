@@ -128,7 +128,7 @@ impl Harness for PgHarness {
         .expect("move the lease");
         let rows = sqlx::query(
             "SELECT id, claim_token, queue, payload, priority, attempt, max_attempts, checkpoint,
-                    lease_expiry, created_at, reclaimed, has_more
+                    lease_expiry, created_at, reclaimed, pickup_lag, has_more
              FROM workpump.claim_work($1, $2, $3, $4)",
         )
         .bind(params.instance.0)
@@ -159,6 +159,9 @@ impl Harness for PgHarness {
                     lease_expiry: r.get("lease_expiry"),
                     created_at: r.get("created_at"),
                     reclaimed: r.get("reclaimed"),
+                    pickup_lag: r
+                        .get::<Option<f64>, _>("pickup_lag")
+                        .map(Duration::from_secs_f64),
                 })
                 .collect(),
             has_more,
@@ -209,7 +212,8 @@ impl Harness for PgHarness {
 
     async fn set_run_at(&self, id: WorkId, offset: chrono::Duration) {
         sqlx::query(
-            "UPDATE workpump.work SET run_at = now() + $2 WHERE id = $1 AND state = 'scheduled'",
+            "UPDATE workpump.work SET run_at = now() + $2
+             WHERE id = $1 AND state IN ('scheduled', 'available')",
         )
         .bind(id)
         .bind(interval(offset))

@@ -715,7 +715,10 @@ impl HeartbeatWorker {
             registering: !self.identity.is_registered(instance),
         };
         let after = self.call_timeout();
-        match timeout(after, self.coordinator.record_heartbeat(params)).await {
+        let sent = Instant::now();
+        let answer = timeout(after, self.coordinator.record_heartbeat(params)).await;
+        metrics::histogram!(m::CALL_DURATION_SECONDS).record(sent.elapsed().as_secs_f64());
+        match answer {
             Ok(Ok(out)) => {
                 if !out.evicted {
                     self.identity.mark_registered(instance);

@@ -2,7 +2,7 @@
 //! closed sets (a beat's result), never an instance id. The host calls [`describe`] right
 //! after installing its exporter.
 
-use metrics::{describe_counter, describe_gauge, Unit};
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
 /// Heartbeats by result; label [`RESULT`]: [`OK`], [`FAILED`] (the call failed or was
 /// abandoned), [`EVICTED`] (the store had reaped the instance; a beat under a fresh id
@@ -31,6 +31,10 @@ pub const REAPED_INSTANCES_TOTAL: &str = "workpump_heartbeat_reaped_instances_to
 
 /// Leases of reaped peers that those sweeps released.
 pub const RELEASED_LEASES_TOTAL: &str = "workpump_heartbeat_released_leases_total";
+
+/// How long a `record_heartbeat` call took until its answer, or until it was abandoned after
+/// the call timeout, in seconds.
+pub const CALL_DURATION_SECONDS: &str = "workpump_heartbeat_call_duration_seconds";
 
 /// The wait before the next heartbeat, in seconds (the fast or the slow interval).
 pub const CADENCE_SECONDS: &str = "workpump_heartbeat_cadence_seconds";
@@ -80,6 +84,11 @@ pub fn describe() {
         RELEASED_LEASES_TOTAL,
         Unit::Count,
         "Leases of reaped peers released by the sweep inside record_heartbeat"
+    );
+    describe_histogram!(
+        CALL_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of a record_heartbeat call until its answer or its abandonment"
     );
     describe_gauge!(
         CADENCE_SECONDS,

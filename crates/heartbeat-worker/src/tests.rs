@@ -1032,3 +1032,32 @@ fn the_config_round_trips_through_json() {
         serde_json::from_value(serde_json::to_value(&d).expect("serialize")).expect("valid");
     assert_eq!(back, d);
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_heartbeat_call_is_timed_until_its_answer_or_its_abandonment() {
+    let recorder = RecordedMetrics::default();
+    let _recorder = recorder.set_local();
+    let fake = store();
+    fake.set_latency(Method::RecordHeartbeat, Duration::from_millis(25));
+    let identity = Identity::new();
+    let worker = worker(&fake, &identity, HeartbeatConfig::default());
+    let t0 = Instant::now();
+    let run = start(&worker);
+    sleep_until(t0 + secs(130)).await;
+    assert_eq!(
+        recorder.histogram(m::CALL_DURATION_SECONDS, &[]),
+        [0.025, 0.025, 0.025],
+        "the beats at 0, 60 and 120 s, 25 ms each"
+    );
+    // The next call hangs: abandoned after the fast interval (10 s), and timed as such.
+    fake.hang_next(Method::RecordHeartbeat, 1);
+    sleep_until(t0 + secs(195)).await;
+    let timed = recorder.histogram(m::CALL_DURATION_SECONDS, &[]);
+    assert_eq!(timed[..4], [0.025, 0.025, 0.025, 10.0], "{timed:?}");
+    assert!(
+        timed.len() > 4 && timed[4..].iter().all(|t| *t == 0.025),
+        "the beats after it answer in 25 ms again: {timed:?}"
+    );
+    run.stop().await;
+    fake.release_hangs();
+}

@@ -117,7 +117,8 @@ impl Default for HostConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// Serve `/metrics` (the process-wide `metrics` recorder is installed by the host).
+    /// Serve `/metrics` (the process-wide `metrics` recorder is installed by the host, every
+    /// duration a histogram with explicit buckets; docs/metrics.md lists every metric).
     /// **Default: false.**
     pub enabled: bool,
     /// Where to listen. **Default: `127.0.0.1:9187`.**

@@ -501,6 +501,7 @@ async fn start(
         workers.push((worker, token, running_tx));
     }
     let host = inner.clone();
+    ::metrics::gauge!(metrics::HOST_UP).increment(1.0);
     tokio::spawn(async move {
         // The schema gate: migrate and register the queues (retried until the database
         // answers), then start the workers.
@@ -536,6 +537,7 @@ async fn start(
         if let Err(e) = &result {
             tracing::error!("the host stopped: {e}");
         }
+        ::metrics::gauge!(metrics::HOST_UP).decrement(1.0);
         let _ = done_tx.send(Some(result.map_err(|e| e.to_string())));
     });
     tracing::info!("workpump host started as instance {}", identity.current());

@@ -39,7 +39,11 @@
 //!   alive and reaps dead peers (the only worker that beats: the claim worker claims only once
 //!   the instance is registered);
 //! - the maintenance worker (`workpump-maintenance`): the backstop sweep, promotion of
-//!   scheduled work, retention, queue-depth metrics.
+//!   scheduled work, retention, queue-depth and pickup-lag metrics.
+//!
+//! Every metric, with its type, unit and labels, is listed in `docs/metrics.md`; the
+//! [`metrics`] module installs the Prometheus exporter with explicit histogram buckets and
+//! holds the [`metrics::catalog`] a test compares that list with.
 //!
 //! # Replacing a worker
 //!

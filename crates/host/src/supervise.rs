@@ -90,6 +90,8 @@ pub(crate) async fn supervise(
     running: watch::Sender<bool>,
 ) -> Result<(), GaveUp> {
     let name = worker.name().to_owned();
+    // The series exists from the start, so a first restart shows in `increase()`.
+    ::metrics::counter!(metrics::WORKER_RESTARTS, "worker" => name.clone()).increment(0);
     let mut failures = 0u32;
     loop {
         let token = shutdown.child_token();

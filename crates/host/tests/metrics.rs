@@ -155,6 +155,50 @@ async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_wor
         "{body}"
     );
 
+    // Every duration is a histogram with buckets, so it aggregates across instances; the
+    // pickup lag of the 30 fresh claims is among them.
+    for histogram in [
+        "workpump_handler_duration_seconds",
+        "workpump_pickup_lag_seconds",
+        "workpump_claim_call_duration_seconds",
+        "workpump_lease_renewal_call_duration_seconds",
+        "workpump_heartbeat_call_duration_seconds",
+        "workpump_maintenance_step_duration_seconds",
+        "workpump_outcome_write_duration_seconds",
+    ] {
+        assert!(
+            body.contains(&format!("# TYPE {histogram} histogram\n")),
+            "{histogram} is a histogram:\n{body}"
+        );
+        assert!(
+            body.contains(&format!("{histogram}_bucket{{")),
+            "{histogram} has buckets:\n{body}"
+        );
+    }
+    assert!(!body.contains(" summary\n"), "no summary:\n{body}");
+    assert!(
+        sum(&body, "workpump_pickup_lag_seconds_count", "queue=\"work\"") >= 30.0,
+        "every fresh claim records its pickup lag:\n{body}"
+    );
+    assert!(
+        body.contains("# TYPE workpump_queue_pickup_lag_seconds gauge\n"),
+        "the sampled pickup lag:\n{body}"
+    );
+    assert_eq!(sum(&body, "workpump_host_up", ""), 1.0, "{body}");
+    assert_eq!(
+        sum(&body, "workpump_worker_restarts_total", "worker=\"claim\""),
+        0.0,
+        "the restart counters exist from the start at 0:\n{body}"
+    );
+    assert!(
+        body.contains("workpump_worker_restarts_total{worker=\"claim\"} 0"),
+        "{body}"
+    );
+    assert!(
+        body.contains("workpump_items_total{queue=\"work\",outcome=\"dead\"} 0\n"),
+        "the dead-letter series exists from the start at 0, so its first increase counts:\n{body}"
+    );
+
     host.shutdown();
     host.stopped().await.expect("a clean drain");
     pool.close().await;

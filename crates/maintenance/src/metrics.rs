@@ -13,6 +13,12 @@ pub const SWEEPS_TOTAL: &str = "workpump_maintenance_sweeps_total";
 /// `prune_evicted_instances`, `queue_depth`).
 pub const STEP_FAILURES_TOTAL: &str = "workpump_maintenance_step_failures_total";
 
+/// How long one store call of a sweep took, in seconds, until its answer or until it was
+/// abandoned; label [`STEP`]: the SQL function (`maintenance_due`, `cleanup_stale_instances`,
+/// `dead_letter_expired`, `promote_scheduled`, `prune_finished`, `prune_evicted_instances`,
+/// `server_status`, `queue_depth`). A step run in batches records each batch.
+pub const STEP_DURATION_SECONDS: &str = "workpump_maintenance_step_duration_seconds";
+
 /// How long one sweep took, in seconds, all its steps and batches included.
 pub const SWEEP_DURATION_SECONDS: &str = "workpump_maintenance_sweep_duration_seconds";
 
@@ -42,6 +48,13 @@ pub const PRUNED_TOMBSTONES_TOTAL: &str = "workpump_maintenance_pruned_tombstone
 /// `scheduled`, `running`). Every instance samples the same store, so aggregate with `max`
 /// (not `sum`) across instances.
 pub const QUEUE_DEPTH: &str = "workpump_queue_depth";
+
+/// Per queue, as last sampled: how long the oldest due item that waits to be claimed
+/// (available, or scheduled and not yet promoted) has waited since it became due, in seconds,
+/// on the database clock; 0 when none waits. Label [`QUEUE`]. The store-wide view of pickup
+/// lag: it grows while nobody claims (every instance down, a queue paused, all slots busy),
+/// when no claim is there to record `workpump_pickup_lag_seconds`. Aggregate with `max`.
+pub const QUEUE_PICKUP_LAG_SECONDS: &str = "workpump_queue_pickup_lag_seconds";
 
 /// The server's NOTIFY queue usage, 0 to 1, as last sampled (`pg_notification_queue_usage()`).
 /// One LISTEN session anywhere on the server that stops reading pins the queue; at 1 every
@@ -73,6 +86,11 @@ pub fn describe() {
         STEP_FAILURES_TOTAL,
         Unit::Count,
         "Maintenance steps that failed or timed out, by step"
+    );
+    describe_histogram!(
+        STEP_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of one maintenance store call, by step"
     );
     describe_histogram!(
         SWEEP_DURATION_SECONDS,
@@ -117,6 +135,11 @@ pub fn describe() {
     describe_gauge!(
         NOTIFICATION_QUEUE_USAGE,
         "Share of the server's NOTIFY queue in use (0 to 1), as last sampled; enqueues fail at 1"
+    );
+    describe_gauge!(
+        QUEUE_PICKUP_LAG_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest due item waiting to be claimed, by queue, as last sampled; 0 when none waits"
     );
     describe_gauge!(
         QUEUE_DEPTH,

@@ -919,3 +919,66 @@ async fn the_notify_queue_usage_is_sampled_with_the_depth_and_published() {
     assert_eq!(again.notification_queue_usage, None);
     assert_eq!(fake.calls_of(Method::ServerStatus).len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_pickup_lag_gauge_is_the_age_of_the_oldest_due_waiting_item_per_queue() {
+    let recorder = RecordedMetrics::default();
+    let _guard = recorder.set_local();
+    let fake = store();
+    queue(&fake, "q", 10).await;
+    queue(&fake, "idle", 10).await;
+    let later = enqueue(
+        &fake,
+        vec![NewWork::new("q", json!(1)).run_after(secs(3600))],
+    )
+    .await;
+    let w = worker(&fake, five_seconds());
+    let lag = |q: &str| recorder.gauge(m::QUEUE_PICKUP_LAG_SECONDS, &[(m::QUEUE, q)]);
+    w.run_once().await.expect("sweep");
+    assert_eq!(
+        (lag("q"), lag("idle")),
+        (Some(0.0), Some(0.0)),
+        "nothing due"
+    );
+
+    // Due 40 s ago, 55 s by the next sample; the sweep promotes it, and it waits on, unclaimed.
+    fake.set_run_at(later[0], chrono::Duration::seconds(-40));
+    tokio::time::advance(secs(15)).await;
+    w.run_once().await.expect("sweep");
+    assert_eq!(lag("q"), Some(55.0));
+    tokio::time::advance(secs(15)).await;
+    w.run_once().await.expect("sweep");
+    assert_eq!(
+        lag("q"),
+        Some(70.0),
+        "it keeps growing while nothing claims"
+    );
+    assert_eq!(lag("idle"), Some(0.0));
+
+    claim(&fake, "q", 1).await;
+    tokio::time::advance(secs(15)).await;
+    w.run_once().await.expect("sweep");
+    assert_eq!(lag("q"), Some(0.0), "claimed: nothing waits");
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_maintenance_call_is_timed_by_step() {
+    let recorder = RecordedMetrics::default();
+    let _guard = recorder.set_local();
+    let fake = store();
+    fake.set_latency(Method::QueueDepth, Duration::from_millis(30));
+    fake.set_latency(Method::MaintenanceDue, Duration::from_millis(2));
+    // The probe finds nothing to do: it, then the two samples.
+    let w = probing_worker(&fake, five_seconds());
+    w.run_once().await.expect("sweep");
+    let timed = |step: &str| recorder.histogram(m::STEP_DURATION_SECONDS, &[(m::STEP, step)]);
+    assert_eq!(timed("queue_depth"), [0.030]);
+    assert_eq!(timed("maintenance_due"), [0.002]);
+    assert_eq!(timed("server_status"), [0.0]);
+    assert_eq!(
+        timed("promote_scheduled"),
+        [0.0; 0],
+        "an idle step is not called"
+    );
+    assert_eq!(recorder.histogram(m::SWEEP_DURATION_SECONDS, &[]), [0.032]);
+}

@@ -1,6 +1,6 @@
 //! [`MaintenanceWorker`]: the backstop sweep, its config and what one sweep reports.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -802,9 +802,18 @@ impl MaintenanceWorker {
                         .set(d.items as f64);
                     seen.insert((d.queue.clone(), d.state));
                 }
+                let queues: BTreeSet<&str> = out.depths.iter().map(|d| d.queue.as_str()).collect();
+                for queue in &queues {
+                    metrics::gauge!(m::QUEUE_PICKUP_LAG_SECONDS, m::QUEUE => queue.to_string())
+                        .set(out.pickup_lag(queue).as_secs_f64());
+                }
                 for (queue, state) in published.difference(&seen) {
                     metrics::gauge!(m::QUEUE_DEPTH, m::QUEUE => queue.clone(), m::STATE => state.as_str())
                         .set(0.0);
+                    if !queues.contains(queue.as_str()) {
+                        metrics::gauge!(m::QUEUE_PICKUP_LAG_SECONDS, m::QUEUE => queue.clone())
+                            .set(0.0);
+                    }
                 }
                 *published = seen;
                 report.depth = Some(out.depths);
@@ -851,7 +860,11 @@ impl MaintenanceWorker {
         call: impl Future<Output = workpump_coordinator::Result<T>>,
     ) -> workpump_coordinator::Result<T> {
         let timeout = self.config.call_timeout();
-        match tokio::time::timeout(timeout, call).await {
+        let started = Instant::now();
+        let answer = tokio::time::timeout(timeout, call).await;
+        metrics::histogram!(m::STEP_DURATION_SECONDS, m::STEP => step.as_str())
+            .record(started.elapsed().as_secs_f64());
+        match answer {
             Ok(result) => result,
             Err(_) => Err(Error::database(
                 format!("maintenance: {step}"),

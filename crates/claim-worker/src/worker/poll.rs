@@ -56,6 +56,8 @@ pub(super) async fn claim_loop(
                 lease: q.settings.lease.lease,
             })
             .await;
+        ::metrics::histogram!(metrics::CLAIM_DURATION, "queue" => queue.clone())
+            .record(sent_at.elapsed().as_secs_f64());
         if !matches!(result, Err(Error::UnknownQueue(_))) {
             unknown_reported = false;
         }
@@ -76,6 +78,10 @@ pub(super) async fn claim_loop(
                     let kind = if item.reclaimed { "reclaimed" } else { "new" };
                     ::metrics::counter!(metrics::CLAIMED, "queue" => queue.clone(), "kind" => kind)
                         .increment(1);
+                    if let Some(lag) = item.pickup_lag {
+                        ::metrics::histogram!(metrics::PICKUP_LAG, "queue" => queue.clone())
+                            .record(lag.as_secs_f64());
+                    }
                     let Ok(permit) = slots.clone().try_acquire_owned() else {
                         // Never happens: this loop is the only taker and claimed <= free.
                         tracing::error!("no free slot for claimed item {}", item.fence.id);

@@ -253,3 +253,49 @@ pub async fn the_drain_hint_says_whether_more_were_left(h: &dyn Harness) {
     let empty = claim(h, me, &["q"], 2).await;
     assert!(empty.items.is_empty() && !empty.has_more);
 }
+
+/// A claim reports each item's pickup lag: how long it waited from being due (its enqueue,
+/// its retry time, its schedule) to the claim, on the store's clock; a reclaimed orphan
+/// reports none (its wait measures its dead owner, not the queue).
+pub async fn a_claim_reports_the_pickup_lag_from_due_to_claim_except_for_reclaims(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let fresh = enqueue_n(h, "q", 1).await[0];
+    let overdue = enqueue(
+        h,
+        vec![NewWork::new("q", json!("due")).run_after(Duration::from_secs(3600))],
+    )
+    .await[0];
+    // Due 90 s ago by the store's clock: promoted and claimed by the same call.
+    h.set_run_at(overdue, chrono::Duration::seconds(-90)).await;
+    let out = claim(h, me, &["q"], 10).await;
+    assert_eq!(ids(&out), HashSet::from([fresh, overdue]));
+    let lag = |id: WorkId| {
+        out.items
+            .iter()
+            .find(|c| c.fence.id == id)
+            .and_then(|c| c.pickup_lag)
+            .unwrap_or_else(|| panic!("item {id} claimed fresh reports a pickup lag"))
+    };
+    assert!(
+        lag(fresh) < Duration::from_secs(30),
+        "enqueued just now: {:?}",
+        lag(fresh)
+    );
+    assert!(
+        (Duration::from_secs(90)..Duration::from_secs(120)).contains(&lag(overdue)),
+        "due 90 s before the claim: {:?}",
+        lag(overdue)
+    );
+
+    h.set_lease_expiry(fresh, chrono::Duration::seconds(-1))
+        .await;
+    let other = instance(h).await;
+    let reclaim = claim(h, other, &["q"], 10).await;
+    assert_eq!(ids(&reclaim), HashSet::from([fresh]));
+    assert!(reclaim.items[0].reclaimed);
+    assert_eq!(
+        reclaim.items[0].pickup_lag, None,
+        "a reclaim has no pickup lag"
+    );
+}

@@ -103,7 +103,8 @@ pub trait Harness: Send + Sync {
     async fn kill_alive_lock_session(&self, instance: InstanceId);
     /// The instance's alive-lock key, where the store has one (PostgreSQL).
     async fn alive_lock_key(&self, instance: InstanceId) -> Option<i64>;
-    /// Sets a scheduled item's run_at to the store's now + `offset` (negative: due).
+    /// Sets a waiting (scheduled or available) item's run_at to the store's now + `offset`
+    /// (negative: due; an available item only ever gets a negative one).
     async fn set_run_at(&self, id: WorkId, offset: chrono::Duration);
     /// Moves a finished item's finished_at `by` into the past.
     async fn age_finished(&self, id: WorkId, by: Duration);

@@ -1,6 +1,7 @@
 //! The maintenance steps: `maintenance_due`, `promote_scheduled`, `dead_letter_expired`,
 //! `prune_finished`, `prune_evicted_instances`, `queue_depth`, `server_status`.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::json;
@@ -478,4 +479,64 @@ pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness)
         matches!(&err, Error::InvalidArgument(m) if m.contains("retention")),
         "{err}"
     );
+}
+
+/// The depth sample also says, per queue and waiting state, how long the oldest due item has
+/// waited, on the store's clock: an available item from its run_at, a due scheduled item not
+/// yet promoted too; an item not yet due, a running one and an empty queue count as zero.
+pub async fn queue_depth_reports_the_age_of_the_oldest_due_item_per_queue(h: &dyn Harness) {
+    queue(h, "a", 10).await;
+    queue(h, "b", 10).await;
+    queue(h, "idle", 10).await;
+    let me = instance(h).await;
+    let waiting = enqueue_n(h, "a", 2).await;
+    let later = enqueue_later(h, "a", 1).await[0];
+    let overdue = enqueue_later(h, "b", 2).await;
+    enqueue_later(h, "b", 1).await;
+    // a: the older of two available items became due 120 s ago; its scheduled item is not due.
+    h.set_run_at(waiting[0], chrono::Duration::seconds(-120))
+        .await;
+    h.set_run_at(later, chrono::Duration::seconds(600)).await;
+    // b: two scheduled items due 40 s and 300 s ago, not promoted yet; one not due.
+    h.set_run_at(overdue[0], chrono::Duration::seconds(-40))
+        .await;
+    h.set_run_at(overdue[1], chrono::Duration::seconds(-300))
+        .await;
+    let running = enqueue_n(h, "idle", 1).await[0];
+    h.set_run_at(running, chrono::Duration::seconds(-500)).await;
+    assert_eq!(
+        ids(&claim(h, me, &["idle"], 1).await),
+        HashSet::from([running])
+    );
+
+    let out = h
+        .coordinator()
+        .queue_depth(QueueDepthParams::default())
+        .await
+        .expect("queue depth");
+    let age = |q: &str, s: WorkState| {
+        out.depths
+            .iter()
+            .find(|d| d.queue == q && d.state == s)
+            .map(|d| d.oldest_due_age)
+            .unwrap_or_else(|| panic!("a row for {q} {s:?}"))
+    };
+    let about = |got: Duration, secs: u64| {
+        (Duration::from_secs(secs)..Duration::from_secs(secs + 30)).contains(&got)
+    };
+    use WorkState::{Available, Running, Scheduled};
+    assert!(about(age("a", Available), 120), "{:?}", age("a", Available));
+    assert_eq!(age("a", Scheduled), Duration::ZERO, "not due yet");
+    assert!(about(age("b", Scheduled), 300), "{:?}", age("b", Scheduled));
+    assert_eq!(age("b", Available), Duration::ZERO);
+    assert_eq!(
+        age("idle", Running),
+        Duration::ZERO,
+        "running waits for nothing"
+    );
+    assert_eq!(age("idle", Available), Duration::ZERO, "nothing waits");
+    assert!(about(out.pickup_lag("a"), 120), "{:?}", out.pickup_lag("a"));
+    assert!(about(out.pickup_lag("b"), 300), "{:?}", out.pickup_lag("b"));
+    assert_eq!(out.pickup_lag("idle"), Duration::ZERO);
+    assert_eq!(out.pickup_lag("nope"), Duration::ZERO);
 }

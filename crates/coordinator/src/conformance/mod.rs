@@ -52,6 +52,7 @@ macro_rules! conformance_suite {
             an_orphan_claim_bumps_the_attempt_and_mints_a_new_token,
             an_orphan_with_attempts_used_up_becomes_a_dead_letter,
             the_drain_hint_says_whether_more_were_left,
+            a_claim_reports_the_pickup_lag_from_due_to_claim_except_for_reclaims,
             // renewal.rs
             renewal_extends_only_leases_fenced_to_the_caller,
             renewal_of_a_finished_or_reclaimed_item_reports_lost,
@@ -109,6 +110,7 @@ macro_rules! conformance_suite {
             pruning_takes_completed_items_first_and_at_most_limit,
             pruning_tombstones_forgets_only_old_evictions,
             queue_depth_counts_waiting_and_running_items_per_queue,
+            queue_depth_reports_the_age_of_the_oldest_due_item_per_queue,
             maintenance_calls_refuse_bad_limits_and_retentions,
             // operations.rs
             cancel_of_a_waiting_item_cancels_it_at_once,

@@ -702,6 +702,7 @@ impl WorkCoordinator for PgCoordinator {
                 lease_expiry: r.lease_expiry,
                 created_at: r.created_at,
                 reclaimed: r.reclaimed,
+                pickup_lag: r.pickup_lag.map(seconds),
             })
             .collect();
         Ok(ClaimWorkOutcome { items, has_more })
@@ -1042,17 +1043,18 @@ impl WorkCoordinator for PgCoordinator {
 
     async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
         let ctx = "counting items per queue and state";
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(&self.stmts.queue_depth)
+        let rows: Vec<(String, String, i64, f64)> = sqlx::query_as(&self.stmts.queue_depth)
             .fetch_all(self.control().await?)
             .await
             .map_err(|e| self.db_error(ctx, e))?;
         let depths = rows
             .into_iter()
-            .map(|(queue, state, items)| {
+            .map(|(queue, state, items, oldest_due_age)| {
                 Ok(QueueDepth {
                     queue,
                     state: parse_state(&state, ctx)?,
                     items: items.max(0) as u64,
+                    oldest_due_age: seconds(oldest_due_age),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -1573,6 +1575,7 @@ struct ClaimRow {
     checkpoint: Option<Value>,
     created_at: DateTime<Utc>,
     reclaimed: bool,
+    pickup_lag: Option<f64>,
     has_more: bool,
 }
 
@@ -1583,6 +1586,12 @@ fn split_fences(fences: &[Fence]) -> (Vec<i64>, Vec<i64>) {
 fn parse_state(s: &str, ctx: &str) -> Result<WorkState> {
     WorkState::parse(s)
         .ok_or_else(|| Error::database(ctx.to_owned(), format!("unknown work state {s:?}")))
+}
+
+/// Seconds the store computed (a non-negative float8) as a duration; a negative or non-finite
+/// value, which the store never returns, reads as zero.
+fn seconds(secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)
 }
 
 /// A duration as a PostgreSQL interval, at its microsecond resolution.
