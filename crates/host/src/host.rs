@@ -10,9 +10,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use workpump_claim_worker::{ClaimStatus, Gate, Handler, Handlers, QueueSettings};
 use workpump_coordinator::{
-    DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome, EnqueueWorkParams, Identity,
-    InstanceId, LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams, WorkCoordinator, Worker,
-    validate_queue_name,
+    validate_queue_name, DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome,
+    EnqueueWorkParams, Identity, InstanceId, LeaseTracker, NewWork, PgCoordinator,
+    RegisterQueueParams, WorkCoordinator, Worker,
 };
 use workpump_heartbeat_worker::HeartbeatStatus;
 use workpump_maintenance::MaintenanceStatus;

@@ -320,7 +320,11 @@ async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_set
         .expect("overview");
     let orders = overview.get("orders").expect("declared");
     assert_eq!(
-        (orders.owner.as_deref(), orders.max_attempts, orders.available),
+        (
+            orders.owner.as_deref(),
+            orders.max_attempts,
+            orders.available
+        ),
         (Some("shop"), Some(4), 1)
     );
     let shared = overview.get("shared").expect("declared");
@@ -348,7 +352,10 @@ async fn a_service_name_out_of_range_is_refused_at_start() {
         .expect("refused");
     match err {
         HostError::Config(problems) => {
-            assert!(problems.iter().any(|p| p.setting == "service"), "{problems:?}");
+            assert!(
+                problems.iter().any(|p| p.setting == "service"),
+                "{problems:?}"
+            );
         }
         other => panic!("{other}"),
     }

@@ -529,7 +529,10 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     let stored = |name: &'static str| {
         let ops = ops.clone();
         async move {
-            let overview = ops.queue_overview(QueueOverviewParams {}).await.expect("overview");
+            let overview = ops
+                .queue_overview(QueueOverviewParams {})
+                .await
+                .expect("overview");
             let q = overview.get(name).expect("listed");
             (q.owner.clone(), q.max_attempts)
         }
@@ -537,21 +540,42 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     let billing = Some("billing");
     let shipping = Some("shipping");
 
-    assert_eq!(declare("q", 5, billing).await.expect("first"), settings(true, billing, 5));
-    assert_eq!(declare("q", 7, billing).await.expect("own"), settings(true, billing, 7));
+    assert_eq!(
+        declare("q", 5, billing).await.expect("first"),
+        settings(true, billing, 5)
+    );
+    assert_eq!(
+        declare("q", 7, billing).await.expect("own"),
+        settings(true, billing, 7)
+    );
     assert_eq!(
         declare("q", 3, shipping).await.expect("another's"),
         settings(false, billing, 7),
         "another service's settings are not applied, and it learns whose stay"
     );
-    assert_eq!(declare("q", 7, shipping).await.expect("same"), settings(true, billing, 7));
-    assert_eq!(declare("q", 2, None).await.expect("anonymous"), settings(false, billing, 7));
+    assert_eq!(
+        declare("q", 7, shipping).await.expect("same"),
+        settings(true, billing, 7)
+    );
+    assert_eq!(
+        declare("q", 2, None).await.expect("anonymous"),
+        settings(false, billing, 7)
+    );
     assert_eq!(stored("q").await, (Some("billing".into()), Some(7)));
 
     // An anonymous declaration creates a queue nobody owns; the first named one adopts it.
-    assert_eq!(declare("p", 4, None).await.expect("anonymous"), settings(true, None, 4));
-    assert_eq!(declare("p", 9, None).await.expect("anonymous"), settings(false, None, 4));
-    assert_eq!(declare("p", 6, shipping).await.expect("adopt"), settings(true, shipping, 6));
+    assert_eq!(
+        declare("p", 4, None).await.expect("anonymous"),
+        settings(true, None, 4)
+    );
+    assert_eq!(
+        declare("p", 9, None).await.expect("anonymous"),
+        settings(false, None, 4)
+    );
+    assert_eq!(
+        declare("p", 6, shipping).await.expect("adopt"),
+        settings(true, shipping, 6)
+    );
 
     // The operator hands q to shipping with new settings, then to nobody.
     let set = |max_attempts, owner: Option<Option<&str>>| {
@@ -563,12 +587,18 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     };
     let out = set(Some(9), Some(shipping)).await.expect("hand over");
     assert_eq!((out.owner.as_deref(), out.max_attempts), (shipping, 9));
-    assert_eq!(declare("q", 5, billing).await.expect("old owner"), settings(false, shipping, 9));
+    assert_eq!(
+        declare("q", 5, billing).await.expect("old owner"),
+        settings(false, shipping, 9)
+    );
     let out = set(None, None).await.expect("keep both");
     assert_eq!((out.owner.as_deref(), out.max_attempts), (shipping, 9));
     let out = set(None, Some(None)).await.expect("release");
     assert_eq!((out.owner, out.max_attempts), (None, 9));
-    assert_eq!(declare("q", 5, billing).await.expect("adopt"), settings(true, billing, 5));
+    assert_eq!(
+        declare("q", 5, billing).await.expect("adopt"),
+        settings(true, billing, 5)
+    );
     assert_eq!(stored("q").await, (Some("billing".into()), Some(5)));
 
     // Bad input: refused, nothing changed.
@@ -580,7 +610,10 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
         })
         .await
         .unwrap_err();
-    assert!(matches!(&err, crate::Error::UnknownQueue(q) if q == "nope"), "{err}");
+    assert!(
+        matches!(&err, crate::Error::UnknownQueue(q) if q == "nope"),
+        "{err}"
+    );
     for err in [
         set(Some(0), None).await.unwrap_err(),
         set(None, Some(Some(""))).await.unwrap_err(),
