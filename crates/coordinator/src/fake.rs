@@ -1873,7 +1873,7 @@ impl Operations for FakeCoordinator {
                 .filter(|r| r.state == state)
                 .filter_map(|r| r.finished_at.map(|f| (r.queue.as_str(), f)))
                 .collect();
-            rows.sort_by(|a, b| b.1.cmp(&a.1));
+            rows.sort_by_key(|r| std::cmp::Reverse(r.1));
             rows.truncate(OVERVIEW_SAMPLE as usize);
             rows
         };
@@ -1998,7 +1998,7 @@ impl Operations for FakeCoordinator {
                 }
             })
             .collect();
-        instances.sort_by(|a, b| (a.started_at, a.instance.0).cmp(&(b.started_at, b.instance.0)));
+        instances.sort_by_key(|a| (a.started_at, a.instance.0));
         Ok(ListInstancesOutcome { instances })
     }
 

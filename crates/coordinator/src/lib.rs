@@ -5,7 +5,9 @@
 //! `record_heartbeat`, `cleanup_stale_instances`, the fenced outcomes `complete_work` /
 //! `fail_work` / `release_work` / `checkpoint_work`, `register_queue`, `enqueue_work`, the
 //! maintenance steps, the alive-lock helpers) — beside it the [`Operations`] trait, the
-//! operator's calls (`cancel_work`, `retry_dead_work`, `discard_work`, `is_instance_alive`),
+//! operator's calls (`list_work`, `get_work`, `queue_overview`, `list_instances`,
+//! `cancel_work`, `retry_dead_work`, `discard_work`, `bulk_work`, `bulk_work_matching`,
+//! `pause_queue`, `resume_queue`, `set_queue_settings`, `is_instance_alive`),
 //! with their types and errors, the PostgreSQL implementation [`PgCoordinator`] of both and
 //! [`migrate`], which applies the embedded migrations.
 //! [`PgCoordinator::connect_lazy`] reads database URLs as libpq does ([`DatabaseUrl`]: a
@@ -24,9 +26,8 @@
 //! - [`WorkCoordinator`]: yes. The conformance suite is the contract; a method added to the
 //!   trait later gets a default body answering [`Error::Unsupported`], so a new SQL function
 //!   does not break your implementation.
-//! - [`Operations`]: no, it is sealed. It will grow (listing items, queue overviews, bulk
-//!   actions, pausing) with store-specific calls, and sealing lets each one land without
-//!   breaking anyone. Both stores of this crate implement it.
+//! - [`Operations`]: no, it is sealed. It grows with store-specific calls, and sealing lets
+//!   each one land without breaking anyone. Both stores of this crate implement it.
 //! - [`Worker`], [`AliveLockSession`], [`WakeListener`]: yes; they are small and stable.
 //!
 //! It also holds the [`Worker`] contract that every worker implements and the one set of

@@ -13,11 +13,17 @@ use crate::types::*;
 /// struct and returns one outcome struct. Object-safe: hold an `Arc<dyn Operations>`.
 ///
 /// **Sealed**: implemented by [`crate::PgCoordinator`] and the in-memory `FakeCoordinator`
-/// (feature `testing`) only, and held to the same behaviour by the conformance suite. It is
-/// meant to grow (listing and reading items, queue overviews, bulk actions, pausing queues)
-/// and every call it gains is store-specific SQL; sealing it lets each of those land as a new
-/// method without breaking anyone, where an implementable trait would break every outside
-/// implementation or answer "unsupported" to its callers. Call it; wrap a
+/// (feature `testing`) only, and held to the same behaviour by the conformance suite. It
+/// grows (an item's kind and ordering key in the filter, more settings) and every call it
+/// gains is store-specific SQL; sealing it lets each of those land as a new method without
+/// breaking anyone, where an implementable trait would break every outside implementation or
+/// answer "unsupported" to its callers.
+///
+/// Made for a command line and a dashboard: reads are bounded (a page of at most
+/// [`MAX_PAGE_SIZE`] items examining at most [`LIST_SCAN_BUDGET`] rows; an overview whose
+/// finished counts say when they are bounds or estimates), every outcome serializes to JSON,
+/// and bulk writes act on at most [`MAX_BULK_BATCH`] items per call, each in one short
+/// transaction, answering per item. `docs/store.md` ("The operator's calls") has the costs. Call it; wrap a
 /// `PgCoordinator` to add behaviour around it.
 #[async_trait]
 pub trait Operations: sealed::Sealed + Send + Sync + 'static {

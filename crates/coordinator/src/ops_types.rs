@@ -223,6 +223,9 @@ pub struct ListWorkParams {
 impl ListWorkParams {
     pub(crate) fn validate(&self) -> Result<u32> {
         self.filter.validate("list_work")?;
+        if let Some(cursor) = &self.cursor {
+            decode_cursor("list_work", cursor)?;
+        }
         let size = self.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
         if size == 0 || size > MAX_PAGE_SIZE {
             return Err(Error::InvalidArgument(format!(

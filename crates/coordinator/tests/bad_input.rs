@@ -1278,7 +1278,24 @@ async fn unknown_items(store: Store, id: i64) -> TestCaseResult {
             .await
             .map(drop),
         ops.discard_work(DiscardWorkParams { id }).await.map(drop),
+        ops.get_work(GetWorkParams { id }).await.map(drop),
     ];
+    for action in [BulkAction::Retry, BulkAction::Cancel, BulkAction::Discard] {
+        let out = ops
+            .bulk_work(BulkWorkParams {
+                action,
+                ids: vec![id, id],
+            })
+            .await;
+        match out.as_ref().map(|o| o.items.as_slice()) {
+            Ok([item]) if item.id == id && item.result == BulkResult::NotFound => {}
+            _ => {
+                return Err(TestCaseError::fail(format!(
+                    "bulk {action:?} of unknown item {id}: {out:?}"
+                )))
+            }
+        }
+    }
     for r in results {
         match r {
             Err(Error::NotFound { id: got }) if got == id => {}
@@ -1297,6 +1314,68 @@ property!(
     Cases { pg: 24, fake: 128 },
     prop_oneof![i64::MIN..=0, (1i64 << 62)..=i64::MAX],
     super::unknown_items
+);
+
+// ---------------------------------------------------------------------------------------------
+// Page cursors and filter texts
+
+/// The documented cursor: `v1.` then a positive id without leading zeros that fits an i64.
+fn cursor_ok(cursor: &str) -> bool {
+    cursor.strip_prefix("v1.").is_some_and(|d| {
+        !d.is_empty()
+            && !d.starts_with('0')
+            && d.bytes().all(|b| b.is_ascii_digit())
+            && d.parse::<i64>().is_ok()
+    })
+}
+
+async fn cursors(store: Store, cursor: String) -> TestCaseResult {
+    let r = store
+        .ops
+        .list_work(ListWorkParams {
+            cursor: Some(cursor.clone()),
+            ..Default::default()
+        })
+        .await;
+    if cursor_ok(&cursor) {
+        accepted(&format!("cursor {cursor:?}"), r).map(drop)
+    } else {
+        refused(&format!("cursor {cursor:?}"), r, &["malformed cursor"])
+    }
+}
+
+property!(
+    a_page_cursor_is_read_or_refused_as_malformed,
+    CASES,
+    prop_oneof![
+        any_text(40),
+        "v1\\.[0-9]{0,21}",
+        "v1\\.-?[1-9][0-9]{0,3}[a-z ]?",
+        (1i64..=i64::MAX).prop_map(|id| format!("v1.{id}")),
+    ],
+    super::cursors
+);
+
+async fn filter_texts(store: Store, text: String) -> TestCaseResult {
+    let r = store
+        .ops
+        .list_work(ListWorkParams {
+            filter: WorkFilter::new().error_contains(text.clone()),
+            ..Default::default()
+        })
+        .await;
+    if !text.is_empty() && text.len() <= 1024 && !text.contains('\0') {
+        accepted(&format!("error_contains {text:?}"), r).map(drop)
+    } else {
+        refused(&format!("error_contains {text:?}"), r, &["error_contains"])
+    }
+}
+
+property!(
+    an_error_text_filter_is_applied_or_refused_naming_it,
+    CASES,
+    prop_oneof![any_text(40), "[a-z%_\\\\]{0,8}", "x{1020,1030}"],
+    super::filter_texts
 );
 
 // ---------------------------------------------------------------------------------------------

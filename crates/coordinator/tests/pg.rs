@@ -549,8 +549,15 @@ async fn list_work_reads_by_primary_key_and_stops_after_its_scan_budget() {
         .await
         .expect("analyze");
 
-    // In one transaction, so that pg_stat_xact_user_tables counts this call's reads alone.
+    // In one transaction, before and after: pg_stat_xact_user_tables counts this backend's
+    // reads not yet reported (earlier transactions' too), so the difference is this call's.
     let mut tx = pool.begin().await.expect("begin");
+    let stats = "SELECT seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
+                 WHERE schemaname = 'workpump' AND relname = 'work'";
+    let (seq_before, fetched_before): (i64, i64) = sqlx::query_as(stats)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("stats");
     let rows: Vec<(Option<i64>, Option<String>, Option<bool>)> = sqlx::query_as(
         "SELECT id, next_cursor, scan_exhausted FROM workpump.list_work($1, NULL, 50)",
     )
@@ -558,14 +565,12 @@ async fn list_work_reads_by_primary_key_and_stops_after_its_scan_budget() {
     .fetch_all(&mut *tx)
     .await
     .expect("list");
-    let (seq_scans, fetched): (i64, i64) = sqlx::query_as(
-        "SELECT seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
-         WHERE schemaname = 'workpump' AND relname = 'work'",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .expect("stats");
+    let (seq_after, fetched_after): (i64, i64) = sqlx::query_as(stats)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("stats");
     tx.commit().await.expect("commit");
+    let (seq_scans, fetched) = (seq_after - seq_before, fetched_after - fetched_before);
     assert_eq!(seq_scans, 0, "no sequential scan of work");
     assert!(
         (10_000..=10_100).contains(&fetched),

@@ -477,6 +477,63 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         QUEUE
     );
 
+    // The operations API: reads, pausing, bulk actions, queue settings.
+    let page = c
+        .list_work(ListWorkParams {
+            filter: WorkFilter::new().queue(QUEUE).error_contains("cancelled"),
+            ..Default::default()
+        })
+        .await
+        .expect("list_work");
+    assert!(!page.items.is_empty());
+    c.get_work(GetWorkParams { id: fences[1].id })
+        .await
+        .expect("get_work");
+    let overview = c
+        .queue_overview(QueueOverviewParams {})
+        .await
+        .expect("queue_overview");
+    assert!(overview.get(QUEUE).is_some());
+    let instances = c
+        .list_instances(ListInstancesParams {})
+        .await
+        .expect("list_instances");
+    assert!(instances.instances.iter().any(|i| i.instance == me));
+    c.pause_queue(PauseQueueParams {
+        queue: QUEUE.into(),
+    })
+    .await
+    .expect("pause_queue");
+    c.resume_queue(ResumeQueueParams {
+        queue: QUEUE.into(),
+    })
+    .await
+    .expect("resume_queue");
+    // (On no item: privileges are checked for every table a statement names, rows or not.)
+    for action in [BulkAction::Retry, BulkAction::Cancel, BulkAction::Discard] {
+        let out = c
+            .bulk_work(BulkWorkParams {
+                action,
+                ids: vec![987_654_321],
+            })
+            .await
+            .expect("bulk_work");
+        assert_eq!(out.items[0].result, BulkResult::NotFound);
+        c.bulk_work_matching(BulkWorkMatchingParams::new(
+            action,
+            WorkFilter::new().queue("no-such-queue"),
+        ))
+        .await
+        .expect("bulk_work_matching");
+    }
+    c.set_queue_settings(SetQueueSettingsParams {
+        queue: QUEUE.into(),
+        max_attempts: None,
+        owner: Some(Some("ops".into())),
+    })
+    .await
+    .expect("set_queue_settings");
+
     // Maintenance: promotion, expired orphans, retention, stale peers and their tombstones.
     admin_exec(
         admin,

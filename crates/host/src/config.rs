@@ -229,7 +229,7 @@ impl HostConfig {
                 problems.push(ConfigProblem::new(
                     prefix.clone(),
                     format!(
-                        "settings for a queue this host does not declare (its queues: {})",
+                        "settings for a queue with no handler, which this host does not produce to either (its queues: {})",
                         if queues.is_empty() {
                             "none".to_owned()
                         } else {
