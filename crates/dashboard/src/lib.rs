@@ -12,11 +12,9 @@
 //! use std::sync::Arc;
 //! use workpump_dashboard::{router, Access, DashboardConfig};
 //!
-//! let config = DashboardConfig {
-//!     access: Access::Token(std::env::var("WORKPUMP_DASHBOARD_TOKEN")?),
-//!     base_path: "/workpump".to_owned(),
-//!     ..DashboardConfig::default()
-//! };
+//! let mut config = DashboardConfig::default();
+//! config.access = Access::Token(std::env::var("WORKPUMP_DASHBOARD_TOKEN")?);
+//! config.base_path = "/workpump".to_owned();
 //! let app = axum::Router::new().nest("/workpump", router(Arc::new(store), config)?);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! axum::serve(listener, app).await?;
