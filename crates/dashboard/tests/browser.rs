@@ -22,7 +22,7 @@ use support::{dashboard, paused, state_of, store, TOKEN};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
-/// `chromedriver` on a free port of the loopback, killed when dropped.
+/// `chromedriver` on a free port of the loopback, killed with its browsers when dropped.
 struct Driver {
     child: Child,
     url: String,
@@ -36,6 +36,9 @@ impl Driver {
         };
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            // Its own process group, so that dropping the driver ends the browsers it
+            // started too, also when the test panics before closing its session.
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -78,6 +81,11 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &format!("-{pid}")])
+                .status();
+        }
         let _ = self.child.start_kill();
     }
 }

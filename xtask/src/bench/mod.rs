@@ -113,7 +113,7 @@ impl Plan {
             ceiling_single_rows: 300_000,
             ceiling_single_secs: 10,
             ops_items: 1_000_000,
-            dashboard_pairs: 3,
+            dashboard_pairs: 5,
         }
     }
 

@@ -496,7 +496,7 @@ impl Report {
         }
         let beside = self.num("drain_with_dashboard_ratio");
         push(
-            "drain_with_dashboard_ratio (beside / alone)",
+            "drain_with_dashboard_ratio (beside / alone, median of pairs)",
             beside,
             "",
             ">= 0.97".into(),
