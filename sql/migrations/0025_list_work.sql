@@ -36,8 +36,8 @@
 -- its page after a few hundred rows; a very selective one (an error text, old dead letters
 -- below a million completed items) may examine the whole budget and return a short page,
 -- even an empty one, with a next_cursor: scan_exhausted is then true and the caller asks
--- again with that cursor to scan further (the command line does this until the page is full
--- or the cursor is NULL).
+-- again with that cursor to scan further (`workpump items list` does this, up to 100 calls,
+-- until the page is full or the cursor is NULL).
 --
 -- Result: the matching items of the page, newest first, with next_cursor and scan_exhausted
 -- NULL, then always exactly one end row whose id is NULL: its next_cursor is the cursor of the

@@ -8,13 +8,17 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use workpump_coordinator::{
     BulkAction, BulkItem, BulkResult, BulkTotals, BulkWorkMatchingParams, BulkWorkParams,
-    GetWorkParams, InstanceId, ListInstancesParams, ListWorkParams, Operations, PauseQueueParams,
-    QueueOverviewParams, ResumeQueueParams, SetQueueSettingsParams, WorkFilter, WorkState,
-    MAX_BULK_BATCH, MAX_PAGE_SIZE,
+    GetWorkParams, InstanceId, ListInstancesParams, ListWorkOutcome, ListWorkParams, Operations,
+    PauseQueueParams, QueueOverviewParams, ResumeQueueParams, SetQueueSettingsParams, WorkFilter,
+    WorkState, MAX_BULK_BATCH, MAX_PAGE_SIZE,
 };
 
 use crate::failure::{ExitCode, Failure};
 use crate::output::Output;
+
+/// The most `list_work` calls one `items list` makes to fill its page (each examines at most
+/// `LIST_SCAN_BUDGET` rows: 100 calls reach a million rows back).
+const MAX_LIST_CALLS: usize = 100;
 
 /// Which items: every criterion given must hold.
 #[derive(Debug, Args, Default, Clone)]
@@ -249,14 +253,30 @@ pub(crate) async fn items(
 ) -> Result<(), Failure> {
     match command {
         ItemsCommand::List(args) => {
-            let page = ops
-                .list_work(ListWorkParams {
-                    filter: args.filter.filter(),
-                    cursor: args.cursor,
-                    page_size: Some(args.limit),
-                })
-                .await
-                .map_err(Failure::from_store)?;
+            // A selective filter may fill a page only after several calls (each examines a
+            // bounded number of rows): go on until the page is full, the store is scanned
+            // to its oldest item, or MAX_LIST_CALLS calls were made.
+            let filter = args.filter.filter();
+            let mut page = ListWorkOutcome::default();
+            let mut cursor = args.cursor;
+            for _ in 0..MAX_LIST_CALLS {
+                let left = args.limit - page.items.len() as u32;
+                let part = ops
+                    .list_work(ListWorkParams {
+                        filter: filter.clone(),
+                        cursor: cursor.clone(),
+                        page_size: Some(left),
+                    })
+                    .await
+                    .map_err(Failure::from_store)?;
+                page.items.extend(part.items);
+                page.next_cursor = part.next_cursor;
+                page.scan_exhausted = part.scan_exhausted;
+                cursor = page.next_cursor.clone();
+                if page.items.len() as u32 >= args.limit || cursor.is_none() {
+                    break;
+                }
+            }
             if out.json() {
                 out.print_json(&page);
                 return Ok(());
@@ -291,8 +311,10 @@ pub(crate) async fn items(
                 ],
                 &rows,
             );
-            if page.scan_exhausted {
-                println!("(the page stopped at the scan budget before it was full)");
+            if page.scan_exhausted && (page.items.len() as u32) < args.limit {
+                println!(
+                    "(the page is short: {MAX_LIST_CALLS} calls examined their rows without filling it; go on with the cursor)"
+                );
             }
             if let Some(next) = page.next_cursor {
                 println!("next page: --cursor {next}");

@@ -6,6 +6,7 @@ use std::process::Output;
 use serde_json::Value;
 use sqlx::PgPool;
 use workpump_coordinator::testing::fresh_database;
+use workpump_coordinator::Operations;
 
 /// Runs `workpump` with `args`, without the caller's DATABASE_URL.
 fn workpump(args: &[&str]) -> Output {
@@ -587,4 +588,51 @@ async fn serve_prints_its_address_serves_the_dashboard_and_stops_on_sigterm() {
         .expect("it stops within 20 s of SIGTERM")
         .expect("its status");
     assert!(status.success(), "{status:?}");
+}
+
+/// A selective filter whose match lies past one call's scan budget: `items list` goes on
+/// calling until it finds it (the API alone returns an empty page and a cursor).
+#[tokio::test]
+async fn items_list_keeps_scanning_until_its_page_is_full() {
+    let fresh = workpump_coordinator::testing::fresh_store().await;
+    let items = workpump_coordinator::testing::every_state(&fresh.coordinator).await;
+    // 25 000 newer completed items in front of the old dead letters (shaped behind the
+    // functions' backs: this only fills the table).
+    sqlx::query(
+        "INSERT INTO workpump.work (queue, state, attempt, max_attempts, run_at, payload, finished_at)
+         SELECT 'emails', 'completed', 1, 3, now(), '{}', now() FROM generate_series(1, 25000)",
+    )
+    .execute(&fresh.pool)
+    .await
+    .expect("fill");
+    let one_call = fresh
+        .coordinator
+        .list_work(workpump_coordinator::ListWorkParams {
+            filter: workpump_coordinator::WorkFilter::new().error_contains("MAILBOX"),
+            cursor: None,
+            page_size: Some(10),
+        })
+        .await
+        .expect("list");
+    assert!(
+        one_call.items.is_empty() && one_call.scan_exhausted,
+        "the match must lie past one call's budget for this test to mean anything"
+    );
+    let found = json_of(
+        fresh.db.url(),
+        &["items", "list", "--error", "MAILBOX", "--limit", "10"],
+        0,
+    );
+    let ids: Vec<i64> = found["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["id"].as_i64().expect("id"))
+        .collect();
+    assert_eq!(ids, vec![items.dead[1]]);
+    assert_eq!(
+        found["next_cursor"],
+        Value::Null,
+        "scanned to the oldest item"
+    );
 }
