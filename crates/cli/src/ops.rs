@@ -72,28 +72,11 @@ impl FilterArgs {
 }
 
 fn parse_state(name: &str) -> Result<WorkState, String> {
-    match name {
-        "available" => Ok(WorkState::Available),
-        "scheduled" => Ok(WorkState::Scheduled),
-        "running" => Ok(WorkState::Running),
-        "completed" => Ok(WorkState::Completed),
-        "dead" => Ok(WorkState::Dead),
-        "cancelled" => Ok(WorkState::Cancelled),
-        _ => Err(format!(
+    WorkState::parse(name).ok_or_else(|| {
+        format!(
             "unknown state {name:?}: one of available, scheduled, running, completed, dead, cancelled"
-        )),
-    }
-}
-
-fn state_name(state: WorkState) -> &'static str {
-    match state {
-        WorkState::Available => "available",
-        WorkState::Scheduled => "scheduled",
-        WorkState::Running => "running",
-        WorkState::Completed => "completed",
-        WorkState::Dead => "dead",
-        WorkState::Cancelled => "cancelled",
-    }
+        )
+    })
 }
 
 /// An RFC 3339 time, or an age (`90s`, `15m`, `2h`, `3d`) counted back from now.
@@ -288,7 +271,7 @@ pub(crate) async fn items(
                     vec![
                         w.id.to_string(),
                         w.queue.clone(),
-                        state_name(w.state).to_owned(),
+                        WorkState::as_str(w.state).to_owned(),
                         format!("{}/{}", w.attempt, w.max_attempts),
                         ts(w.created_at),
                         w.finished_at.map(ts).unwrap_or_default(),
@@ -334,7 +317,7 @@ pub(crate) async fn items(
             let mut rows = vec![
                 vec!["id".to_owned(), w.id.to_string()],
                 vec!["queue".to_owned(), w.queue.clone()],
-                vec!["state".to_owned(), state_name(w.state).to_owned()],
+                vec!["state".to_owned(), WorkState::as_str(w.state).to_owned()],
                 vec![
                     "attempt".to_owned(),
                     format!("{} of {}", w.attempt, w.max_attempts),
@@ -453,7 +436,10 @@ pub(crate) async fn bulk(
                     };
                     vec![
                         i.id.to_string(),
-                        i.state_before.map(state_name).unwrap_or("-").to_owned(),
+                        i.state_before
+                            .map(WorkState::as_str)
+                            .unwrap_or("-")
+                            .to_owned(),
                         result.to_owned(),
                         why,
                     ]

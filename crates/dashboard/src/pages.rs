@@ -25,21 +25,6 @@ const STATES: [WorkState; 6] = [
     WorkState::Cancelled,
 ];
 
-fn state_name(state: WorkState) -> &'static str {
-    match state {
-        WorkState::Available => "available",
-        WorkState::Scheduled => "scheduled",
-        WorkState::Running => "running",
-        WorkState::Completed => "completed",
-        WorkState::Dead => "dead",
-        WorkState::Cancelled => "cancelled",
-    }
-}
-
-fn parse_state(name: &str) -> Option<WorkState> {
-    STATES.into_iter().find(|s| state_name(*s) == name)
-}
-
 /// A notice carried back by a redirect (`?notice=`).
 #[derive(Deserialize, Default)]
 pub(crate) struct Notice {
@@ -165,7 +150,7 @@ impl ItemRow {
         ItemRow {
             id: w.id,
             queue: w.queue.clone(),
-            state: state_name(w.state),
+            state: WorkState::as_str(w.state),
             attempt: format!("{}/{}", w.attempt, w.max_attempts),
             priority: w.priority,
             created: view::ago(w.created_at, now),
@@ -205,7 +190,7 @@ impl ItemsQuery {
             filter = filter.queue(q);
         }
         if let Some(s) = self.state.as_deref().filter(|s| !s.is_empty()) {
-            let state = parse_state(s).ok_or_else(|| {
+            let state = WorkState::parse(s).ok_or_else(|| {
                 format!("unknown state {s:?}: one of available, scheduled, running, completed, dead, cancelled")
             })?;
             filter = filter.state(state);
@@ -289,7 +274,7 @@ pub(crate) async fn items(
         queue: q.queue.clone().unwrap_or_default(),
         state: q.state.clone().unwrap_or_default(),
         error: q.error.clone().unwrap_or_default(),
-        states: STATES.iter().map(|s| state_name(*s)).collect(),
+        states: STATES.iter().map(|s| s.as_str()).collect(),
         next: listed.next_cursor.as_deref().map(|c| q.with_cursor(c)),
         scan_exhausted: listed.scan_exhausted,
     };
@@ -392,7 +377,7 @@ pub(crate) async fn item(
     };
     let (w, now) = (&got.item, got.now);
     let mut fields = vec![
-        ("state", state_name(w.state).to_owned()),
+        ("state", WorkState::as_str(w.state).to_owned()),
         ("attempt", format!("{} of {}", w.attempt, w.max_attempts)),
         ("priority", w.priority.to_string()),
         (
@@ -456,7 +441,7 @@ pub(crate) async fn item(
         }
     }
     if let Some(f) = w.finished_at {
-        timeline.push((f, state_name(w.state).to_owned()));
+        timeline.push((f, WorkState::as_str(w.state).to_owned()));
     }
     timeline.sort_by_key(|(at, _)| *at);
 
@@ -465,7 +450,7 @@ pub(crate) async fn item(
         id,
         queue: w.queue.clone(),
         queue_param: encode(&w.queue),
-        state: state_name(w.state),
+        state: WorkState::as_str(w.state),
         fields,
         payload: view::pretty(&w.payload),
         checkpoint: w.checkpoint.as_ref().map(view::pretty),
@@ -622,14 +607,6 @@ pub(crate) async fn dead(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_state_name_reads_back() {
-        for s in STATES {
-            assert_eq!(parse_state(state_name(s)), Some(s));
-        }
-        assert_eq!(parse_state("finished"), None);
-    }
 
     #[test]
     fn query_values_are_percent_encoded() {
