@@ -553,11 +553,11 @@ fn warn_settings_kept(
     stored: &workpump_coordinator::RegisterQueueOutcome,
 ) {
     let ours = service.map_or_else(
-        || "this host (no [service] configured)".to_owned(),
+        || "this host (no `service` configured)".to_owned(),
         |s| format!("service {s:?}"),
     );
     let theirs = stored.owner.as_deref().map_or_else(
-        || "nobody (set [service] to adopt it)".to_owned(),
+        || "nobody (set `service` to adopt it)".to_owned(),
         |s| format!("service {s:?}"),
     );
     tracing::warn!(
@@ -566,7 +566,8 @@ fn warn_settings_kept(
         kept_max_attempts = stored.max_attempts,
         "queue {queue:?}: {ours} declares max_attempts = {max_attempts}, but the queue's settings \
          belong to {theirs} (max_attempts = {}); keeping theirs. Align the settings, or have an \
-         operator change them or hand the queue over (Operations::set_queue_settings)",
+         operator change them or hand the queue over (`workpump settings`, \
+         Operations::set_queue_settings)",
         stored.max_attempts
     );
 }
