@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
-use workpump_coordinator::{migrate, DEFAULT_SCHEMA};
+use workpump_coordinator::{
+    migrate, PgCoordinator, RegisterQueueParams, WorkCoordinator, DEFAULT_SCHEMA,
+};
 use workpump_testdb::Cluster;
 
 use super::fleet::QUEUE;
@@ -68,9 +70,8 @@ impl Db {
             .await?;
         migrate(&pool, DEFAULT_SCHEMA).await?;
         sqlx::raw_sql(EVIDENCE_SQL).execute(&pool).await?;
-        sqlx::query("SELECT workpump.register_queue($1, 10)")
-            .bind(QUEUE)
-            .execute(&pool)
+        PgCoordinator::new(pool.clone())
+            .register_queue(RegisterQueueParams::new(QUEUE))
             .await?;
         Ok(Db {
             name: name.to_owned(),
