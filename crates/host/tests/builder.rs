@@ -284,6 +284,15 @@ async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_set
     use workpump_coordinator::{
         NewWork, Operations, QueueOverviewParams, RegisterQueueParams, WorkCoordinator,
     };
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
     let fake = FakeCoordinator::new();
     fake.register_queue(RegisterQueueParams::new("shared").owned_by("billing"))
         .await
@@ -333,6 +342,15 @@ async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_set
         (Some("billing"), Some(10)),
         "billing's settings stay"
     );
+    let logged = logs.text();
+    assert!(
+        logged.contains(
+            "queue \"shared\": service \"shop\" declares max_attempts = 7, but the queue's \
+             settings belong to service \"billing\" (max_attempts = 10); keeping theirs"
+        ),
+        "the warning names both services:\n{logged}"
+    );
+    assert_eq!(logged.matches("keeping theirs").count(), 1, "{logged}");
     host.shutdown();
     tokio::time::timeout(Duration::from_secs(10), host.stopped())
         .await
@@ -358,5 +376,26 @@ async fn a_service_name_out_of_range_is_refused_at_start() {
             );
         }
         other => panic!("{other}"),
+    }
+}
+
+/// Log lines written by a test's subscriber.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("logs").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("logs")).into_owned()
     }
 }
