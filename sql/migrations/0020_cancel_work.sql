@@ -17,6 +17,7 @@
 -- WP004 and WP005 carry DETAIL as JSON: {"id": .., "state": .., "reason": ..}.
 --
 -- Arguments: id not NULL (WP002).
+-- It is bulk_work('cancel', ARRAY[id]), with that id's refusal raised as an error.
 -- Fencing: none; the operator is not a claim. The row is locked first (FOR UPDATE), so a
 -- concurrent claim, outcome or sweep either happened before (and the decision sees it) or
 -- waits for this one. A running item's claim is not disturbed: only its flag is set.
@@ -28,36 +29,14 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_state work_state;
-    v_reason text := 'a finished item cannot be cancelled';
+    r record;
 BEGIN
     IF p_id IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'cancel_work: id must not be null';
     END IF;
-
-    SELECT w.state INTO v_state FROM work w WHERE w.id = p_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP004',
-            MESSAGE = format('cancel_work: work item %s not found', p_id),
-            DETAIL = json_build_object('id', p_id)::text;
-    END IF;
-
-    IF v_state IN ('available', 'scheduled') THEN
-        UPDATE work w
-        SET state = 'cancelled',
-            finished_at = now(),
-            errors = w.errors || jsonb_build_array(jsonb_build_object(
-                'attempt', w.attempt, 'at', now(), 'instance', NULL,
-                'kind', 'cancelled', 'error', format('cancelled by an operator while %s', w.state)))
-        WHERE w.id = p_id;
-        RETURN 'cancelled';
-    ELSIF v_state = 'running' THEN
-        UPDATE work w SET cancel_requested = true WHERE w.id = p_id;
-        RETURN 'requested';
-    END IF;
-
-    RAISE EXCEPTION USING ERRCODE = 'WP005',
-        MESSAGE = format('cancel_work: work item %s is %s: %s', p_id, v_state, v_reason),
-        DETAIL = json_build_object('id', p_id, 'state', v_state, 'reason', v_reason)::text;
+    -- bulk_work decides and writes, as for many ids (the rules live there once).
+    SELECT b.result, b.state, b.reason INTO r FROM bulk_work('cancel', ARRAY[p_id]) b;
+    PERFORM bulk_work_refusal('cancel_work', p_id, r.result, r.state, r.reason);
+    RETURN r.result;
 END;
 $$;

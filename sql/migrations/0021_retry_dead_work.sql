@@ -17,6 +17,9 @@
 --                                 -> WP005: retrying would make two.
 -- WP004 and WP005 carry DETAIL as JSON: {"id": .., "state": .., "reason": ..}.
 --
+-- It is bulk_work('retry', ARRAY[id]), with that id's refusal raised as an error; a unique key
+-- taken by a concurrent transaction between the check and the write fails with 40001 (nothing
+-- changed: call again).
 -- Arguments: id not NULL (WP002).
 -- Fencing: none needed; a dead row has no owner, and its old claim token matches nothing
 -- (every fenced write requires state running and the owning instance).
@@ -28,49 +31,14 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_state  work_state;
-    v_queue  text;
-    v_reason text;
+    r record;
 BEGIN
     IF p_id IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'retry_dead_work: id must not be null';
     END IF;
-
-    SELECT w.state, w.queue INTO v_state, v_queue FROM work w WHERE w.id = p_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP004',
-            MESSAGE = format('retry_dead_work: work item %s not found', p_id),
-            DETAIL = json_build_object('id', p_id)::text;
-    END IF;
-    IF v_state <> 'dead' THEN
-        v_reason := 'only a dead letter can be retried';
-        RAISE EXCEPTION USING ERRCODE = 'WP005',
-            MESSAGE = format('retry_dead_work: work item %s is %s: %s', p_id, v_state, v_reason),
-            DETAIL = json_build_object('id', p_id, 'state', v_state, 'reason', v_reason)::text;
-    END IF;
-
-    BEGIN
-        UPDATE work w
-        SET state = 'available',
-            attempt = 0,
-            run_at = now(),
-            finished_at = NULL,
-            cancel_requested = false,
-            renewals = 0,
-            errors = w.errors || jsonb_build_array(jsonb_build_object(
-                'attempt', w.attempt, 'at', now(), 'instance', NULL,
-                'kind', 'retried',
-                'error', format('retried by an operator after %s of %s attempts', w.attempt, w.max_attempts)))
-        WHERE w.id = p_id;
-    EXCEPTION WHEN unique_violation THEN
-        v_reason := 'another unfinished item of its queue holds its unique key';
-        RAISE EXCEPTION USING ERRCODE = 'WP005',
-            MESSAGE = format('retry_dead_work: work item %s is %s: %s', p_id, v_state, v_reason),
-            DETAIL = json_build_object('id', p_id, 'state', v_state, 'reason', v_reason)::text;
-    END;
-
-    PERFORM pg_notify(current_schema() || '.wake', v_queue)
-    WHERE NOT EXISTS (SELECT 1 FROM queues qs WHERE qs.name = v_queue AND qs.paused);
-    RETURN v_queue;
+    -- bulk_work decides, writes and wakes, as for many ids (the rules live there once).
+    SELECT b.result, b.state, b.reason INTO r FROM bulk_work('retry', ARRAY[p_id]) b;
+    PERFORM bulk_work_refusal('retry_dead_work', p_id, r.result, r.state, r.reason);
+    RETURN (SELECT w.queue FROM work w WHERE w.id = p_id);
 END;
 $$;

@@ -10,6 +10,7 @@
 --   available, scheduled or running       -> WP005 (invalid state).
 -- WP004 and WP005 carry DETAIL as JSON: {"id": .., "state": .., "reason": ..}.
 --
+-- It is bulk_work('discard', ARRAY[id]), with that id's refusal raised as an error.
 -- Arguments: id not NULL (WP002).
 -- Fencing: none needed; a finished row has no owner and matches no fenced write.
 -- Clock rule: none.
@@ -20,26 +21,14 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_state  work_state;
-    v_reason text := 'only a finished item can be discarded (cancel it first)';
+    r record;
 BEGIN
     IF p_id IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'discard_work: id must not be null';
     END IF;
-
-    SELECT w.state INTO v_state FROM work w WHERE w.id = p_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP004',
-            MESSAGE = format('discard_work: work item %s not found', p_id),
-            DETAIL = json_build_object('id', p_id)::text;
-    END IF;
-    IF v_state NOT IN ('completed', 'dead', 'cancelled') THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP005',
-            MESSAGE = format('discard_work: work item %s is %s: %s', p_id, v_state, v_reason),
-            DETAIL = json_build_object('id', p_id, 'state', v_state, 'reason', v_reason)::text;
-    END IF;
-
-    DELETE FROM work w WHERE w.id = p_id;
-    RETURN v_state;
+    -- bulk_work decides and deletes, as for many ids (the rules live there once).
+    SELECT b.result, b.state, b.reason INTO r FROM bulk_work('discard', ARRAY[p_id]) b;
+    PERFORM bulk_work_refusal('discard_work', p_id, r.result, r.state, r.reason);
+    RETURN r.state;
 END;
 $$;

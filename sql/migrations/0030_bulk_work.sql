@@ -1,10 +1,12 @@
 -- bulk_work(action, ids) -> setof (id, result, state, reason)
 -- bulk_work_matching(action, filter, all, limit) -> setof (id, result, state, reason, has_more)
+-- (and bulk_work_refusal, below: the single calls' errors)
 --
 -- An operator's action on many items at once, bounded so that no call holds many row locks
 -- for long: bulk_work takes at most 1 000 ids, bulk_work_matching acts on at most `limit`
--- (1..1 000) items; each call is one short transaction. The actions are those of the single
--- calls, with the same rules and the same history entries:
+-- (1..1 000) items; each call is one short transaction. The single calls are bulk_work on one
+-- id (cancel_work, retry_dead_work, discard_work), so the rules and history entries are
+-- written once, here:
 --   'retry'   a dead letter -> available, due now, attempts reset (retry_dead_work);
 --             its queue's claimers are woken unless the queue is paused;
 --   'cancel'  available or scheduled -> cancelled at once; running -> cancel requested
@@ -160,6 +162,31 @@ BEGIN
     SELECT u.id, u.result, u.state, u.reason
     FROM unnest(v_ids, v_results, v_states, v_reasons) WITH ORDINALITY AS u(id, result, state, reason, ord)
     ORDER BY u.ord;
+END;
+$$;
+
+-- bulk_work_refusal(call, id, result, state, reason) -> void
+--
+-- The single calls (cancel_work, retry_dead_work, discard_work) are bulk_work on one id; this
+-- turns that id's refusal into their errors: 'not_found' -> WP004 with DETAIL {"id"},
+-- 'refused' -> WP005 with DETAIL {"id", "state", "reason"}, both naming the call; any other
+-- result returns.
+CREATE FUNCTION bulk_work_refusal(p_call text, p_id bigint, p_result text, p_state work_state,
+                                  p_reason text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_result = 'not_found' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP004',
+            MESSAGE = format('%s: work item %s not found', p_call, p_id),
+            DETAIL = json_build_object('id', p_id)::text;
+    ELSIF p_result = 'refused' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP005',
+            MESSAGE = format('%s: work item %s is %s: %s', p_call, p_id, p_state, p_reason),
+            DETAIL = json_build_object('id', p_id, 'state', p_state, 'reason', p_reason)::text;
+    END IF;
 END;
 $$;
 
