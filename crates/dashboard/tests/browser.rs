@@ -36,9 +36,6 @@ impl Driver {
         };
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
-            // Its own process group, so that dropping the driver ends the browsers it
-            // started too, also when the test panics before closing its session.
-            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -81,9 +78,11 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The browsers it started first (its children: a browser's own helper processes end
+        // with it), also when the test panics before closing its session; then the driver.
         if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &format!("-{pid}")])
+            let _ = std::process::Command::new("pkill")
+                .args(["-KILL", "-P", &pid.to_string()])
                 .status();
         }
         let _ = self.child.start_kill();
