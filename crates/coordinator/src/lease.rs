@@ -38,7 +38,7 @@ fn ms(d: Duration) -> String {
 }
 
 /// Resolved per-item lease settings (per queue in the host config). Build them with
-/// [`LeaseSettings::from_lease`] or [`LeaseConfig::settings`]; check them with
+/// [`LeaseSettings::from_lease`] or `workpump_lease_renewal::LeaseConfig::settings`; check them with
 /// [`LeaseSettings::validate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseSettings {

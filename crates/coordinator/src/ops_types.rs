@@ -183,12 +183,14 @@ impl WorkFilter {
     }
 }
 
-/// The opaque page cursor: `v1.<id>` (the scan goes on below that id).
+/// The opaque page cursor: `v1.<id>` (the scan goes on below that id). The store makes it
+/// (`parse_work_cursor` reads it back); the fake makes it here.
+#[cfg(feature = "testing")]
 pub(crate) fn encode_cursor(id: WorkId) -> String {
     format!("v1.{id}")
 }
 
-/// Reads a cursor made by [`encode_cursor`]; anything else is refused as the store refuses it.
+/// Reads a cursor made by the store (`v1.<id>`); anything else is refused as the store refuses it.
 pub(crate) fn decode_cursor(what: &str, cursor: &str) -> Result<WorkId> {
     let digits = cursor.strip_prefix("v1.").unwrap_or("");
     let ok = !digits.is_empty()
