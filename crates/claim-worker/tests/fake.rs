@@ -10,6 +10,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use workpump_claim_worker::*;
+use workpump_coordinator::testing::Logs;
 use workpump_coordinator::*;
 
 /// A lease tracker with only the local fence (no renewals): enough for loop timing.
@@ -602,26 +603,6 @@ async fn stopped_by_a_limit_is_a_failed_attempt(why: CancelReason, named: &str) 
     );
     shutdown.cancel();
     task.await.unwrap().unwrap();
-}
-
-/// Log lines written while a test runs, for asserting what an operator would read.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
 }
 
 /// A handler queue the store does not know (the host registers its queues at start, so this

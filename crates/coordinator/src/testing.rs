@@ -256,3 +256,26 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
         instance,
     }
 }
+
+/// Log lines written while a test runs, for asserting what an operator would read: a
+/// `std::io::Write` to hand a tracing subscriber (`.with_writer(move || logs.clone())`).
+#[derive(Clone, Default)]
+pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("logs").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("logs")).into_owned()
+    }
+}

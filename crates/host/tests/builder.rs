@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use workpump_coordinator::testing::Logs;
 use workpump_coordinator::FakeCoordinator;
 use workpump_host::{handler_fn, Host, HostError, Job, QueueConfig};
 
@@ -376,26 +377,5 @@ async fn a_service_name_out_of_range_is_refused_at_start() {
             );
         }
         other => panic!("{other}"),
-    }
-}
-
-/// Log lines written by a test's subscriber.
-#[derive(Clone, Default)]
-struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("logs").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("logs")).into_owned()
     }
 }
