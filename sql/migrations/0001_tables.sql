@@ -119,7 +119,13 @@ CREATE TABLE work (
     claim_token      bigint,
     renewals         integer     NOT NULL DEFAULT 0,
     cancel_requested boolean     NOT NULL DEFAULT false,
+    -- The job kind, for queues that carry several (the typed job API's `JobArgs::KIND`);
+    -- NULL for an untyped item, run by its queue's untyped handler.
+    kind             text,
     payload          jsonb       NOT NULL,
+    -- What the enqueuer attached beside the payload: a JSON object, e.g. the W3C trace
+    -- context (`traceparent`, `tracestate`) the handler's span continues. NULL: none.
+    metadata         jsonb,
     checkpoint       jsonb,
     -- Every failed attempt: [{attempt, at, instance, error, kind}], oldest first.
     errors           jsonb       NOT NULL DEFAULT '[]',
@@ -136,6 +142,8 @@ CREATE TABLE work (
     CONSTRAINT work_renewals_non_negative CHECK (renewals >= 0),
     CONSTRAINT work_finished_at_iff_finished CHECK ((finished_at IS NOT NULL) = (state IN ('completed', 'dead', 'cancelled'))),
     CONSTRAINT work_errors_is_array CHECK (jsonb_typeof(errors) = 'array'),
+    CONSTRAINT work_kind_in_range CHECK (kind IS NULL OR length(kind) BETWEEN 1 AND 128),
+    CONSTRAINT work_metadata_is_object CHECK (metadata IS NULL OR jsonb_typeof(metadata) = 'object'),
     -- A waiting item never carries a cancel request: fail_work and release_work end a
     -- cancel-requested item cancelled instead of sending it back, so a cancel is never run.
     CONSTRAINT work_waiting_is_not_cancel_requested CHECK (state NOT IN ('available', 'scheduled') OR NOT cancel_requested)

@@ -25,7 +25,7 @@
 -- something takes it: a row lock needs a transaction id, and an empty poll stays read-only (no
 -- transaction id, no WAL, no commit flush).
 --
--- Result: one row per claimed item with its payload, checkpoint (saved by an earlier attempt),
+-- Result: one row per claimed item with its kind, payload, metadata, checkpoint (saved by an earlier attempt),
 -- attempt, token and expiry; `reclaimed` marks orphans; `pickup_lag`, in seconds, is how long
 -- an available item waited from being due (run_at: its enqueue, its retry time or its
 -- schedule) to this claim, on the database clock, and NULL for a reclaimed orphan (its wait
@@ -68,7 +68,9 @@ RETURNS TABLE (
     max_attempts integer,
     claim_token  bigint,
     lease_expiry timestamptz,
+    kind         text,
     payload      jsonb,
+    metadata     jsonb,
     checkpoint   jsonb,
     created_at   timestamptz,
     reclaimed    boolean,
@@ -238,10 +240,10 @@ BEGIN
                 ORDER BY c.priority, c.run_at, c.id
                 LIMIT v_remaining))
             RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
-                      w.lease_expiry, w.payload, w.checkpoint, w.created_at, w.run_at
+                      w.lease_expiry, w.kind, w.payload, w.metadata, w.checkpoint, w.created_at, w.run_at
         )
         SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
-               c.lease_expiry, c.payload, c.checkpoint, c.created_at, false,
+               c.lease_expiry, c.kind, c.payload, c.metadata, c.checkpoint, c.created_at, false,
                extract(epoch FROM v_now - c.run_at)::double precision, m.has_more
         FROM claimed c CROSS JOIN more m;
         RETURN;
@@ -252,7 +254,7 @@ BEGIN
         -- Orphans alone filled the batch: more may be left.
         RETURN QUERY
         SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
-               r.lease_expiry, r.payload, r.checkpoint, r.created_at, true, NULL::double precision, true
+               r.lease_expiry, r.kind, r.payload, r.metadata, r.checkpoint, r.created_at, true, NULL::double precision, true
         FROM work r
         WHERE r.id = ANY (v_reclaimed);
         RETURN;
@@ -291,16 +293,16 @@ BEGIN
             ORDER BY c.priority, c.run_at, c.id
             LIMIT v_remaining))
         RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
-                  w.lease_expiry, w.payload, w.checkpoint, w.created_at, w.run_at
+                  w.lease_expiry, w.kind, w.payload, w.metadata, w.checkpoint, w.created_at, w.run_at
     )
     SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
-           r.lease_expiry, r.payload, r.checkpoint, r.created_at, true, NULL::double precision,
+           r.lease_expiry, r.kind, r.payload, r.metadata, r.checkpoint, r.created_at, true, NULL::double precision,
            m.has_more
     FROM work r CROSS JOIN more m
     WHERE r.id = ANY (v_reclaimed)
     UNION ALL
     SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
-           c.lease_expiry, c.payload, c.checkpoint, c.created_at, false,
+           c.lease_expiry, c.kind, c.payload, c.metadata, c.checkpoint, c.created_at, false,
            extract(epoch FROM v_now - c.run_at)::double precision, m.has_more
     FROM claimed c CROSS JOIN more m;
 END;

@@ -1,4 +1,5 @@
--- enqueue_work(queues, payloads, priorities, run_after, run_at, unique_keys, max_attempts)
+-- enqueue_work(queues, payloads, priorities, run_after, run_at, unique_keys, max_attempts,
+--              kinds, metadata)
 --   -> setof (ord, id, inserted)
 --
 -- Inserts a batch of work items in one statement: element i of every list describes item i.
@@ -20,6 +21,9 @@
 --                   raises SQLSTATE 40001 (serialization_failure: retry the transaction), and
 --                   nothing of the batch is written.
 --   max_attempts[i] NULL = the queue's max_attempts; else 1..1000
+--   kinds[i]        NULL (an untyped item), or the job kind, 1..128 characters: which of the
+--                   queue's handlers runs it
+--   metadata[i]     NULL, or a JSON object carried beside the payload (the trace context)
 -- Ids are drawn from work_id_seq up front, so each result maps to its input without relying
 -- on the order of RETURNING.
 --
@@ -39,7 +43,9 @@ CREATE FUNCTION enqueue_work(
     p_run_after    interval[],
     p_run_at       timestamptz[],
     p_unique_keys  text[],
-    p_max_attempts integer[]
+    p_max_attempts integer[],
+    p_kinds        text[],
+    p_metadata     jsonb[]
 )
 RETURNS TABLE (ord integer, id bigint, inserted boolean)
 LANGUAGE plpgsql VOLATILE
@@ -64,9 +70,10 @@ BEGIN
     END IF;
     IF cardinality(p_payloads) IS DISTINCT FROM v_n OR cardinality(p_priorities) IS DISTINCT FROM v_n
        OR cardinality(p_run_after) IS DISTINCT FROM v_n OR cardinality(p_run_at) IS DISTINCT FROM v_n
-       OR cardinality(p_unique_keys) IS DISTINCT FROM v_n OR cardinality(p_max_attempts) IS DISTINCT FROM v_n THEN
+       OR cardinality(p_unique_keys) IS DISTINCT FROM v_n OR cardinality(p_max_attempts) IS DISTINCT FROM v_n
+       OR cardinality(p_kinds) IS DISTINCT FROM v_n OR cardinality(p_metadata) IS DISTINCT FROM v_n THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
-            MESSAGE = 'enqueue_work: queues, payloads, priorities, run_after, run_at, unique_keys and max_attempts must have the same length';
+            MESSAGE = 'enqueue_work: queues, payloads, priorities, run_after, run_at, unique_keys, max_attempts, kinds and metadata must have the same length';
     END IF;
 
     SELECT t.q INTO v_unknown
@@ -79,28 +86,32 @@ BEGIN
     END IF;
 
     SELECT t.i INTO v_bad
-    FROM unnest(p_payloads, p_run_after, p_run_at, p_max_attempts) WITH ORDINALITY AS t(p, ra, rat, ma, i)
+    FROM unnest(p_payloads, p_run_after, p_run_at, p_max_attempts, p_kinds, p_metadata)
+         WITH ORDINALITY AS t(p, ra, rat, ma, k, md, i)
     WHERE t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL) OR t.ra < interval '0'
-       OR t.ma < 1 OR t.ma > 1000
+       OR t.ma < 1 OR t.ma > 1000 OR length(t.k) NOT BETWEEN 1 AND 128
+       OR (t.md IS NOT NULL AND jsonb_typeof(t.md) <> 'object')
     ORDER BY t.i LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('enqueue_work: item %s is invalid (payload must not be null; run_after and run_at '
-                             'exclude each other; run_after must not be negative; max_attempts must be 1..1000)', v_bad);
+                             'exclude each other; run_after must not be negative; max_attempts must be 1..1000; '
+                             'a kind has 1..128 characters; metadata is a JSON object)', v_bad);
     END IF;
 
     v_ids := ARRAY(SELECT nextval('work_id_seq') FROM generate_series(1, v_n));
 
-    INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key)
+    INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind, metadata)
     SELECT v_ids[t.i], t.q,
            CASE WHEN t.due <= v_now THEN 'available'::work_state ELSE 'scheduled'::work_state END,
-           coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due, t.p, t.ukey
+           coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due, t.p, t.ukey, t.k, t.md
     FROM (
         SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
                          WHEN u.ra IS NOT NULL THEN v_now + u.ra
                          ELSE v_now END AS due
-        FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts)
-             WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, i)
+        FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts,
+                    p_kinds, p_metadata)
+             WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, k, md, i)
     ) t
     JOIN queues q ON q.name = t.q
     ORDER BY t.i

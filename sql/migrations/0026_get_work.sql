@@ -1,6 +1,6 @@
 -- get_work(id) -> one row: the whole work item
 --
--- The operator's view of one item: every column of the row — payload, checkpoint, the error
+-- The operator's view of one item: every column of the row — kind, payload, metadata, checkpoint, the error
 -- history (every failed attempt, lease expiry, cancel and operator retry, oldest first, as
 -- {attempt, at, instance, kind, error}), timings (created_at, run_at, finished_at), the lease
 -- (owner, expiry, claim token, renewals), cancel_requested, unique key — and the store's now()
@@ -25,7 +25,9 @@ RETURNS TABLE (
     claim_token      bigint,
     renewals         integer,
     cancel_requested boolean,
+    kind             text,
     payload          jsonb,
+    metadata         jsonb,
     checkpoint       jsonb,
     errors           jsonb,
     unique_key       text,
@@ -42,7 +44,8 @@ BEGIN
     RETURN QUERY
     SELECT w.id, w.queue, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
            w.created_at, w.finished_at, w.instance_id, w.lease_expiry, w.claim_token,
-           w.renewals, w.cancel_requested, w.payload, w.checkpoint, w.errors, w.unique_key,
+           w.renewals, w.cancel_requested, w.kind, w.payload, w.metadata, w.checkpoint, w.errors,
+           w.unique_key,
            now()
     FROM work w WHERE w.id = p_id;
     IF NOT FOUND THEN

@@ -207,6 +207,8 @@ pub(crate) struct JobContext {
     pub(crate) fence: Fence,
     pub(crate) instance: InstanceId,
     pub(crate) queue: String,
+    pub(crate) kind: Option<String>,
+    pub(crate) metadata: Option<Value>,
     pub(crate) attempt: i32,
     pub(crate) max_attempts: i32,
     pub(crate) created_at: DateTime<Utc>,
@@ -252,6 +254,16 @@ impl<T> Job<T> {
     /// The queue.
     pub fn queue(&self) -> &str {
         &self.ctx.queue
+    }
+
+    /// The item's job kind (`None` for an untyped item).
+    pub fn kind(&self) -> Option<&str> {
+        self.ctx.kind.as_deref()
+    }
+
+    /// The metadata object the enqueuer attached (the W3C trace context lives here), if any.
+    pub fn metadata(&self) -> Option<&Value> {
+        self.ctx.metadata.as_ref()
     }
 
     /// This attempt's number, 1 for the first.

@@ -48,6 +48,7 @@ mod handler;
 pub mod metrics;
 mod outcome;
 mod recorder;
+mod trace;
 mod wait;
 mod worker;
 
@@ -57,5 +58,6 @@ pub use config::{
     DEFAULT_POLL_MAX_MS, MAX_CONCURRENCY,
 };
 pub use handler::{handler_fn, FnHandler, Handler, Job, JobError, JobResult, JobTransaction};
+pub use trace::ATTEMPT_SPAN;
 pub use wait::{wait_after, Gate};
 pub use worker::{ClaimStatus, ClaimWorker, Handlers, Waker};

@@ -15,12 +15,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use workpump_coordinator::{
-    CancelReason, ClaimWorkParams, ClaimedWork, Error, Fence, Identity, InstanceId, LeaseTracker,
-    ListenEvent, ListenParams, PgCoordinator, TrackedLease, WorkCoordinator, Worker, WorkerError,
+    CancelReason, ClaimWorkParams, ClaimedWork, Error, Fence, Identity, InstanceId, JobArgs,
+    LeaseTracker, ListenEvent, ListenParams, PgCoordinator, TrackedLease, WorkCoordinator, Worker,
+    WorkerError,
 };
 
 use crate::config::{ClaimConfig, QueueSettings};
-use crate::handler::{ErasedHandler, Handler, JobContext, Typed};
+use crate::handler::{ErasedHandler, Handler, JobContext, JobError, Typed};
 use crate::metrics;
 use crate::outcome::{decide, Ended};
 use crate::recorder::{Outcome, Recorder};
@@ -36,9 +37,54 @@ use poll::claim_loop;
 
 /// The handlers of the queues one worker serves, with their settings. Clones share the
 /// handlers (the host hands one to whichever claim worker fills its claim slot).
+///
+/// A queue has at most one untyped handler ([`add`](Self::add): it runs the queue's items
+/// that carry no kind) and one handler per job kind ([`add_job`](Self::add_job)); the kinds of
+/// one queue share its claim loop and its concurrency. An item whose kind has no handler here
+/// (a kind this build does not know, or an untyped item in a queue of typed handlers only)
+/// fails its attempt with a message naming the kind, and is retried with the queue's backoff,
+/// so an instance that knows the kind can take it during a rolling deploy; once its attempts
+/// are used up it is a dead letter.
 #[derive(Clone, Default)]
 pub struct Handlers {
-    queues: BTreeMap<String, (Arc<dyn ErasedHandler>, QueueSettings)>,
+    queues: BTreeMap<String, QueueHandlers>,
+}
+
+/// One queue's handlers and settings.
+#[derive(Clone)]
+struct QueueHandlers {
+    untyped: Option<Arc<dyn ErasedHandler>>,
+    kinds: BTreeMap<String, Arc<dyn ErasedHandler>>,
+    settings: QueueSettings,
+}
+
+impl QueueHandlers {
+    /// The handler of an item of `kind`, or why there is none.
+    fn get(&self, queue: &str, kind: Option<&str>) -> Result<&Arc<dyn ErasedHandler>, String> {
+        let known = || {
+            let kinds: Vec<&str> = self.kinds.keys().map(String::as_str).collect();
+            if kinds.is_empty() {
+                "none".to_owned()
+            } else {
+                kinds.join(", ")
+            }
+        };
+        match kind {
+            Some(kind) => self.kinds.get(kind).ok_or_else(|| {
+                format!(
+                    "no handler for job kind {kind:?} in queue {queue:?} on this instance (its kinds: {}{}); retried, so an instance that knows the kind can run it",
+                    known(),
+                    if self.untyped.is_some() { ", and untyped items" } else { "" }
+                )
+            }),
+            None => self.untyped.as_ref().ok_or_else(|| {
+                format!(
+                    "an item without a job kind in queue {queue:?}, whose handlers on this instance serve only the kinds {}; retried, so an instance with an untyped handler can run it",
+                    known()
+                )
+            }),
+        }
+    }
 }
 
 impl Handlers {
@@ -47,7 +93,8 @@ impl Handlers {
         Self::default()
     }
 
-    /// Registers `handler` for `queue` (replacing an earlier one for the same queue).
+    /// Registers `handler` as `queue`'s untyped handler, for its items without a kind
+    /// (replacing an earlier one); `settings` become the queue's.
     pub fn add<H: Handler>(
         &mut self,
         queue: impl Into<String>,
@@ -56,14 +103,54 @@ impl Handlers {
     ) -> Result<&mut Self, Error> {
         let queue = queue.into();
         workpump_coordinator::validate_queue_name(&queue)?;
-        self.queues
-            .insert(queue, (Arc::new(Typed(handler)), settings));
+        self.queue(queue, settings).untyped = Some(Arc::new(Typed(handler)));
         Ok(self)
+    }
+
+    /// Registers `handler` for the job kind of its payload type, `H::Payload::KIND`, in that
+    /// kind's queue (`JobArgs::QUEUE`), replacing an earlier one for the kind; `settings`
+    /// become the queue's.
+    pub fn add_job<H>(&mut self, handler: H, settings: QueueSettings) -> Result<&mut Self, Error>
+    where
+        H: Handler,
+        H::Payload: JobArgs,
+    {
+        let queue = <H::Payload as JobArgs>::QUEUE;
+        let kind = <H::Payload as JobArgs>::KIND;
+        workpump_coordinator::validate_queue_name(queue)?;
+        workpump_coordinator::validate_kind(kind)?;
+        self.queue(queue.to_owned(), settings)
+            .kinds
+            .insert(kind.to_owned(), Arc::new(Typed(handler)));
+        Ok(self)
+    }
+
+    fn queue(&mut self, queue: String, settings: QueueSettings) -> &mut QueueHandlers {
+        let entry = self.queues.entry(queue).or_insert_with(|| QueueHandlers {
+            untyped: None,
+            kinds: BTreeMap::new(),
+            settings,
+        });
+        entry.settings = settings;
+        entry
     }
 
     /// The queues, in name order.
     pub fn queues(&self) -> impl Iterator<Item = (&str, &QueueSettings)> {
-        self.queues.iter().map(|(q, (_, s))| (q.as_str(), s))
+        self.queues.iter().map(|(q, h)| (q.as_str(), &h.settings))
+    }
+
+    /// The job kinds `queue` has handlers for, in name order.
+    pub fn kinds(&self, queue: &str) -> impl Iterator<Item = &str> {
+        self.queues
+            .get(queue)
+            .into_iter()
+            .flat_map(|h| h.kinds.keys().map(String::as_str))
+    }
+
+    /// Whether `queue` has an untyped handler.
+    pub fn has_untyped(&self, queue: &str) -> bool {
+        self.queues.get(queue).is_some_and(|h| h.untyped.is_some())
     }
 
     /// Whether there are none.
@@ -141,7 +228,7 @@ pub struct ClaimStatus {
 
 struct QueueRuntime {
     name: String,
-    handler: Arc<dyn ErasedHandler>,
+    handlers: QueueHandlers,
     settings: QueueSettings,
     wake: Arc<Notify>,
 }
@@ -161,11 +248,11 @@ impl ClaimWorker {
         let queues: Vec<Arc<QueueRuntime>> = handlers
             .queues
             .into_iter()
-            .map(|(name, (handler, settings))| {
+            .map(|(name, handlers)| {
                 Arc::new(QueueRuntime {
                     name,
-                    handler,
-                    settings,
+                    settings: handlers.settings,
+                    handlers,
                     wake: Arc::new(Notify::new()),
                 })
             })

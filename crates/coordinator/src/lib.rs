@@ -41,6 +41,7 @@
 mod coordinator;
 mod error;
 mod identity;
+mod job;
 mod lease;
 mod liveness;
 mod operations;
@@ -64,6 +65,7 @@ pub use error::{Error, LockHolder, Result};
 #[cfg(feature = "testing")]
 pub use fake::{Call, FakeCoordinator, Method};
 pub use identity::{Generation, Identity};
+pub use job::{IntoWork, JobArgs};
 pub use lease::{
     CancelReason, LeaseSettings, LeaseTracker, TrackedLease, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
 };
@@ -81,7 +83,7 @@ pub use pg::{
 #[cfg(feature = "testing")]
 pub use recorded_metrics::RecordedMetrics;
 pub use types::*;
-pub use validate::{validate_queue_name, validate_schema_name};
+pub use validate::{validate_kind, validate_queue_name, validate_schema_name};
 pub use worker::{ConfigProblem, Worker, WorkerError};
 
 /// Attempts an item gets unless its queue or the item says otherwise.
@@ -98,6 +100,8 @@ pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const MAX_PAYLOAD_DEPTH: usize = 127;
 /// The longest unique key, in bytes.
 pub const MAX_UNIQUE_KEY_BYTES: usize = 512;
+/// The longest job kind, in characters.
+pub const MAX_KIND_CHARS: usize = 128;
 /// The longest lease (and renewal extension) accepted.
 pub const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
 /// The furthest into the future an item may be scheduled (by delay or by time).

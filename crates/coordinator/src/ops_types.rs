@@ -354,8 +354,12 @@ pub struct WorkDetail {
     pub renewals: i32,
     /// An operator asked to cancel it.
     pub cancel_requested: bool,
+    /// Its job kind (`None`: untyped).
+    pub kind: Option<String>,
     /// Its payload.
     pub payload: Value,
+    /// The metadata object its enqueuer attached (the trace context), if any.
+    pub metadata: Option<Value>,
     /// The checkpoint an attempt saved.
     pub checkpoint: Option<Value>,
     /// Every entry of its history, oldest first.

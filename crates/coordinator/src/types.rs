@@ -189,6 +189,14 @@ pub struct NewWork {
     pub unique_key: Option<String>,
     /// Attempts before it becomes a dead letter. **Default: the queue's.**
     pub max_attempts: Option<i32>,
+    /// The job kind: which of the queue's handlers runs it (1 to [`crate::MAX_KIND_BYTES`]
+    /// bytes, no NUL). `None` is an untyped item, run by the queue's untyped handler. The
+    /// typed API ([`JobArgs`](crate::JobArgs)) sets it to `JobArgs::KIND`. **Default: none.**
+    pub kind: Option<String>,
+    /// A JSON object carried beside the payload, which the handler's span reads: the W3C
+    /// trace context (`traceparent`, `tracestate`) the host captures at enqueue lives here.
+    /// Same limits as the payload. **Default: none.**
+    pub metadata: Option<Value>,
 }
 
 impl NewWork {
@@ -201,7 +209,21 @@ impl NewWork {
             schedule: Schedule::Now,
             unique_key: None,
             max_attempts: None,
+            kind: None,
+            metadata: None,
         }
+    }
+
+    /// Sets the job kind (see [`NewWork::kind`](NewWork#structfield.kind)).
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
+    }
+
+    /// Sets the metadata object (see [`NewWork::metadata`](NewWork#structfield.metadata)).
+    pub fn metadata(mut self, metadata: Value) -> Self {
+        self.metadata = Some(metadata);
+        self
     }
 
     /// Sets the priority (lower runs first).
@@ -281,8 +303,12 @@ pub struct ClaimedWork {
     pub fence: Fence,
     /// Its queue.
     pub queue: String,
+    /// Its job kind (`None`: untyped).
+    pub kind: Option<String>,
     /// Its payload.
     pub payload: Value,
+    /// The metadata object its enqueuer attached (the trace context), if any.
+    pub metadata: Option<Value>,
     /// Its priority.
     pub priority: i16,
     /// This attempt's number (1 for the first).

@@ -10,8 +10,8 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::types::*;
 use crate::{
-    MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH, MAX_LEASE, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH,
-    MAX_SCHEDULE_AHEAD, MAX_UNIQUE_KEY_BYTES,
+    MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH, MAX_KIND_CHARS, MAX_LEASE, MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_DEPTH, MAX_SCHEDULE_AHEAD, MAX_UNIQUE_KEY_BYTES,
 };
 
 /// Checks a queue name: 1 to 128 characters from `A-Z a-z 0-9 _ . : -`, starting with a
@@ -29,6 +29,20 @@ pub fn validate_queue_name(name: &str) -> Result<()> {
         Err(invalid(format!(
             "queue name {:?} must be 1 to 128 characters from A-Z a-z 0-9 _ . : -, starting with a letter or digit",
             truncate(name, 64)
+        )))
+    }
+}
+
+/// Checks a job kind: 1 to [`MAX_KIND_CHARS`] characters, no control characters (NUL
+/// included).
+pub fn validate_kind(kind: &str) -> Result<()> {
+    let n = kind.chars().count();
+    if (1..=MAX_KIND_CHARS).contains(&n) && !kind.chars().any(char::is_control) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "job kind {:?} must be 1 to {MAX_KIND_CHARS} characters without control characters",
+            truncate(kind, 64)
         )))
     }
 }
@@ -72,8 +86,17 @@ pub(crate) fn validate_owner(what: &str, owner: Option<&str>) -> Result<()> {
     }
 }
 
-/// An enqueue batch, checked item by item; payloads come back as JSON text, ready to send.
-pub(crate) fn validate_enqueue(p: &EnqueueWorkParams) -> Result<Vec<String>> {
+/// An enqueue batch's JSON, as text ready to send.
+#[derive(Debug)]
+pub(crate) struct EnqueueTexts {
+    /// Each item's payload.
+    pub(crate) payloads: Vec<String>,
+    /// Each item's metadata object, if it has one.
+    pub(crate) metadata: Vec<Option<String>>,
+}
+
+/// An enqueue batch, checked item by item; payloads and metadata come back as JSON text.
+pub(crate) fn validate_enqueue(p: &EnqueueWorkParams) -> Result<EnqueueTexts> {
     if p.items.is_empty() {
         return Err(invalid("enqueue needs at least one item".into()));
     }
@@ -83,11 +106,27 @@ pub(crate) fn validate_enqueue(p: &EnqueueWorkParams) -> Result<Vec<String>> {
             p.items.len()
         )));
     }
-    let mut texts = Vec::with_capacity(p.items.len());
+    let mut texts = EnqueueTexts {
+        payloads: Vec::with_capacity(p.items.len()),
+        metadata: Vec::with_capacity(p.items.len()),
+    };
     for (i, item) in p.items.iter().enumerate() {
         let at = |msg: String| invalid(format!("item {i}: {msg}"));
         validate_queue_name(&item.queue).map_err(|e| at(reason(e)))?;
-        texts.push(payload_text(&item.payload).map_err(at)?);
+        texts
+            .payloads
+            .push(payload_text(&item.payload).map_err(at)?);
+        if let Some(kind) = &item.kind {
+            validate_kind(kind).map_err(|e| at(reason(e)))?;
+        }
+        texts.metadata.push(match &item.metadata {
+            None => None,
+            Some(m @ Value::Object(_)) => Some(
+                payload_text(m)
+                    .map_err(|e| at(format!("metadata: {}", e.replacen("payload", "it", 1))))?,
+            ),
+            Some(_) => return Err(at("metadata must be a JSON object".into())),
+        });
         match item.schedule {
             Schedule::Now => {}
             Schedule::After(d) => {

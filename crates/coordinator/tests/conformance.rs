@@ -127,7 +127,7 @@ impl Harness for PgHarness {
         .await
         .expect("move the lease");
         let rows = sqlx::query(
-            "SELECT id, claim_token, queue, payload, priority, attempt, max_attempts, checkpoint,
+            "SELECT id, claim_token, queue, kind, payload, metadata, priority, attempt, max_attempts, checkpoint,
                     lease_expiry, created_at, reclaimed, pickup_lag, has_more
              FROM workpump.claim_work($1, $2, $3, $4)",
         )
@@ -151,7 +151,9 @@ impl Harness for PgHarness {
                         token: r.get("claim_token"),
                     },
                     queue: r.get("queue"),
+                    kind: r.get("kind"),
                     payload: r.get("payload"),
+                    metadata: r.get("metadata"),
                     priority: r.get("priority"),
                     attempt: r.get("attempt"),
                     max_attempts: r.get("max_attempts"),

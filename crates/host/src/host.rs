@@ -10,13 +10,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use workpump_claim_worker::{ClaimStatus, Gate, Handler, Handlers, QueueSettings};
 use workpump_coordinator::{
-    validate_queue_name, DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome,
-    EnqueueWorkParams, Identity, InstanceId, LeaseTracker, NewWork, PgCoordinator,
-    RegisterQueueParams, WorkCoordinator, Worker,
+    validate_queue_name, DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome, Enqueued,
+    Identity, InstanceId, IntoWork, LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams,
+    WorkCoordinator, Worker,
 };
 use workpump_heartbeat_worker::HeartbeatStatus;
 use workpump_maintenance::MaintenanceStatus;
 
+use crate::client::Client;
 use crate::config::HostConfig;
 use crate::context::{
     default_claim, default_heartbeat, default_lease, default_maintenance, Factory, LeaseFactory,
@@ -68,7 +69,8 @@ type AddHandler =
 pub struct HostBuilder {
     config: HostConfig,
     store: Option<Store>,
-    handlers: Vec<(String, AddHandler)>,
+    /// Each handler with its queue and, for a typed one, its kind.
+    handlers: Vec<(String, Option<&'static str>, AddHandler)>,
     /// Queues declared without a handler ([`HostBuilder::produces`]).
     produced: Vec<String>,
     /// The slots' factories; `None`: the host's default (the built-in worker).
@@ -118,15 +120,60 @@ impl HostBuilder {
         self
     }
 
-    /// Registers `handler` for `queue`. The queue's settings (`[queues.<name>]` and the
-    /// defaults) are read from the configuration when the host starts.
+    /// Registers `handler` as `queue`'s untyped handler: it runs the queue's items that carry
+    /// no job kind (those enqueued as a [`NewWork`] without one). The queue's settings
+    /// (`[queues.<name>]` and the defaults) are read from the configuration when the host
+    /// starts. A queue may have an untyped handler beside typed ones ([`job`](Self::job)).
     pub fn handler<H: Handler>(mut self, queue: impl Into<String>, handler: H) -> Self {
         let queue = queue.into();
         let name = queue.clone();
         self.handlers.push((
             queue,
+            None,
             Box::new(move |handlers: &mut Handlers, settings| {
                 handlers.add(name, handler, settings).map(drop)
+            }),
+        ));
+        self
+    }
+
+    /// Registers `handler` for the job kind of its payload type (a [`JobArgs`](crate::JobArgs)):
+    /// it runs the items of that kind in the kind's queue (`JobArgs::QUEUE`). Several kinds
+    /// share their queue's claim loop, concurrency and settings (`[queues.<name>]`).
+    ///
+    /// ```no_run
+    /// use serde::{Deserialize, Serialize};
+    /// use workpump_host::{handler_fn, Host, Job, JobArgs};
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct SendEmail { to: String }
+    /// impl JobArgs for SendEmail { const KIND: &'static str = "send_email"; }
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Resize { image: String }
+    /// impl JobArgs for Resize { const KIND: &'static str = "resize"; }
+    ///
+    /// let builder = Host::builder()
+    ///     .job(handler_fn(|job: Job<SendEmail>| async move {
+    ///         println!("to {}", job.payload().to);
+    ///         Ok(())
+    ///     }))
+    ///     .job(handler_fn(|job: Job<Resize>| async move {
+    ///         println!("resizing {}", job.payload().image);
+    ///         Ok(())
+    ///     }));
+    /// ```
+    pub fn job<H>(mut self, handler: H) -> Self
+    where
+        H: Handler,
+        H::Payload: crate::JobArgs,
+    {
+        use crate::JobArgs;
+        self.handlers.push((
+            H::Payload::QUEUE.to_owned(),
+            Some(H::Payload::KIND),
+            Box::new(move |handlers: &mut Handlers, settings| {
+                handlers.add_job(handler, settings).map(drop)
             }),
         ));
         self
@@ -323,15 +370,29 @@ impl HostBuilder {
         };
         let mut handlers = Handlers::new();
         let mut queue_names: Vec<String> = Vec::new();
+        let mut registered: Vec<(String, Option<&str>)> = Vec::new();
         let mut handler_errors = Vec::new();
-        for (queue, add) in adds {
-            if queue_names.contains(&queue) {
-                handler_errors.push(format!("queue {queue:?} has more than one handler"));
+        for (queue, kind, add) in adds {
+            if registered.contains(&(queue.clone(), kind)) {
+                handler_errors.push(match kind {
+                    None => format!("queue {queue:?} has more than one untyped handler"),
+                    Some(kind) => {
+                        format!("job kind {kind:?} of queue {queue:?} has more than one handler")
+                    }
+                });
                 continue;
             }
             match add(&mut handlers, config.queue_settings(&queue)) {
-                Ok(()) => queue_names.push(queue),
-                Err(e) => handler_errors.push(e.to_string()),
+                Ok(()) => {
+                    registered.push((queue.clone(), kind));
+                    if !queue_names.contains(&queue) {
+                        queue_names.push(queue);
+                    }
+                }
+                Err(e) => handler_errors.push(match kind {
+                    None => e.to_string(),
+                    Some(kind) => format!("job kind {kind:?}: {e}"),
+                }),
             }
         }
         let mut declared = queue_names.clone();
@@ -466,8 +527,13 @@ async fn start(
     let shutdown = CancellationToken::new();
     let (schema_ready_tx, schema_ready) = watch::channel(false);
     let (done_tx, done) = watch::channel(None);
+    let client = match &pg {
+        Some(pg) => Client::from_pg(pg.clone()),
+        None => Client::new(coordinator.clone()),
+    };
     let inner = Arc::new(Inner {
         coordinator: coordinator.clone(),
+        client,
         pg: pg.clone(),
         identity: identity.clone(),
         wake: reports.wake,
@@ -696,6 +762,8 @@ async fn run_host(
 
 struct Inner {
     coordinator: Arc<dyn WorkCoordinator>,
+    /// Enqueues for [`HostHandle::enqueue`] and its kin.
+    client: Client,
     pg: Option<PgCoordinator>,
     identity: Identity,
     /// Wakes the claim loops for local enqueues, when the claim slot reported it.
@@ -748,16 +816,82 @@ impl HostHandle {
         self.stopped().await
     }
 
-    /// Enqueues work and wakes this host's claim loops for it at once (other hosts are woken
-    /// by NOTIFY). Right after [`start`](HostBuilder::start) it first waits for the schema
-    /// gate (the migrations and the queue registration run in the background), unless the
-    /// host stops meanwhile. For an enqueue inside your own transaction use
-    /// [`pg`](Self::pg)`.enqueue_with(&mut tx, ..)` once [`Health::schema_ready`](crate::Health)
-    /// is true.
+    /// Enqueues one item — a job's arguments ([`JobArgs`](crate::JobArgs), with its kind's
+    /// defaults) or a [`NewWork`] — and wakes this host's claim loop for it at once (other
+    /// hosts are woken by NOTIFY). Right after [`start`](HostBuilder::start) it first waits
+    /// for the schema gate (the migrations and the queue registration run in the
+    /// background), unless the host stops meanwhile. See [`Client`] for what it does and the
+    /// trace context it carries; a producer that handles nothing can use a [`Client`] alone.
     pub async fn enqueue(
         &self,
-        items: Vec<NewWork>,
-    ) -> Result<EnqueueWorkOutcome, workpump_coordinator::Error> {
+        job: impl IntoWork,
+    ) -> Result<Enqueued, workpump_coordinator::Error> {
+        let outcome = self.enqueue_many([job]).await?;
+        outcome.items.into_iter().next().ok_or_else(|| {
+            workpump_coordinator::Error::database("enqueueing 1 item", "the store answered no item")
+        })
+    }
+
+    /// Enqueues a batch in one round trip, all or nothing (kinds and queues may be mixed),
+    /// and wakes this host's claim loops for their queues; see [`enqueue`](Self::enqueue).
+    pub async fn enqueue_many<I>(
+        &self,
+        items: I,
+    ) -> Result<EnqueueWorkOutcome, workpump_coordinator::Error>
+    where
+        I: IntoIterator,
+        I::Item: IntoWork,
+    {
+        let items = items
+            .into_iter()
+            .map(IntoWork::into_work)
+            .collect::<Result<Vec<NewWork>, _>>()?;
+        self.schema_gate().await;
+        let queues: BTreeSet<String> = items.iter().map(|i| i.queue.clone()).collect();
+        let out = self.inner.client.enqueue_many(items).await?;
+        if let Some(wake) = &self.inner.wake {
+            for q in &queues {
+                wake(q);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Enqueues one item on `conn`, inside the caller's transaction: it commits, or rolls
+    /// back, with the caller's own writes, and claimers (this host's too) are woken by NOTIFY
+    /// when it commits. Waits for the schema gate like [`enqueue`](Self::enqueue). Needs the
+    /// PostgreSQL store.
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        job: impl IntoWork,
+    ) -> Result<Enqueued, workpump_coordinator::Error> {
+        self.schema_gate().await;
+        self.inner.client.enqueue_in(conn, job).await
+    }
+
+    /// [`enqueue_many`](Self::enqueue_many) on `conn`, inside the caller's transaction (see
+    /// [`enqueue_in`](Self::enqueue_in)).
+    pub async fn enqueue_many_in<I>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        items: I,
+    ) -> Result<EnqueueWorkOutcome, workpump_coordinator::Error>
+    where
+        I: IntoIterator,
+        I::Item: IntoWork,
+    {
+        self.schema_gate().await;
+        self.inner.client.enqueue_many_in(conn, items).await
+    }
+
+    /// A [`Client`] of this host's store: enqueues only, for code that needs no handle.
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// Waits until the schema is migrated and the queues registered, or the host stops.
+    async fn schema_gate(&self) {
         let mut ready = self.inner.schema_ready.clone();
         if !*ready.borrow_and_update() {
             tokio::select! {
@@ -765,18 +899,6 @@ impl HostHandle {
                 _ = self.inner.shutdown.cancelled() => {}
             }
         }
-        let queues: BTreeSet<String> = items.iter().map(|i| i.queue.clone()).collect();
-        let out = self
-            .inner
-            .coordinator
-            .enqueue_work(EnqueueWorkParams { items })
-            .await?;
-        if let Some(wake) = &self.inner.wake {
-            for q in &queues {
-                wake(q);
-            }
-        }
-        Ok(out)
     }
 
     /// The coordinator the host runs on.

@@ -2,18 +2,23 @@
 //! to one store, supervises them, exposes metrics and health, and drains them on shutdown.
 //!
 //! ```no_run
-//! use serde::Deserialize;
-//! use workpump_host::{handler_fn, Host, HostConfig, Job, JobError, NewWork};
+//! use serde::{Deserialize, Serialize};
+//! use workpump_host::{handler_fn, Host, HostConfig, Job, JobArgs, JobError};
 //!
-//! #[derive(Deserialize)]
-//! struct Email { to: String }
+//! #[derive(Serialize, Deserialize)]
+//! struct SendEmail { to: String }
+//!
+//! impl JobArgs for SendEmail {
+//!     const KIND: &'static str = "send_email";
+//!     const QUEUE: &'static str = "emails";
+//! }
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let host = Host::builder()
 //!         .config(HostConfig::load(None)?) // defaults, WORKPUMP_* environment
 //!         .database_url("postgres://app@localhost/app")
-//!         .handler("emails", handler_fn(|job: Job<Email>| async move {
+//!         .job(handler_fn(|job: Job<SendEmail>| async move {
 //!             if job.payload().to.is_empty() {
 //!                 return Err(JobError::dead_letter("no recipient"));
 //!             }
@@ -21,8 +26,7 @@
 //!         }))
 //!         .start()
 //!         .await?;
-//!     host.enqueue(vec![NewWork::new("emails", serde_json::json!({"to": "a@b.c"}))])
-//!         .await?;
+//!     host.enqueue(SendEmail { to: "a@b.c".into() }).await?;
 //!     host.run_until_signal().await?; // SIGINT/SIGTERM: drain, then return
 //!     Ok(())
 //! }
@@ -108,14 +112,17 @@
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+mod client;
 mod config;
 mod context;
 mod host;
 pub mod metrics;
 mod supervise;
+mod trace;
 
 use std::fmt;
 
+pub use client::Client;
 pub use config::{HostConfig, MetricsConfig, QueueConfig};
 pub use context::WorkerContext;
 pub use host::{Host, HostBuilder, HostHandle};
@@ -123,11 +130,12 @@ pub use supervise::{GaveUp, SupervisionConfig};
 
 pub use workpump_claim_worker::{
     handler_fn, Backoff, ClaimConfig, Handler, Handlers, Job, JobError, JobResult, JobTransaction,
-    QueueSettings,
+    QueueSettings, ATTEMPT_SPAN,
 };
 pub use workpump_coordinator::{
-    self as coordinator, CancelReason, Fence, InstanceId, Liveness, NewWork, Operations,
-    PgCoordinator, Schedule, WorkCoordinator, WorkId, Worker,
+    self as coordinator, CancelReason, EnqueueWorkOutcome, Enqueued, Fence, InstanceId, IntoWork,
+    JobArgs, Liveness, NewWork, Operations, PgCoordinator, Schedule, WorkCoordinator, WorkId,
+    Worker,
 };
 pub use workpump_heartbeat_worker::{HeartbeatConfig, LivenessMode};
 pub use workpump_lease_renewal::LeaseConfig;

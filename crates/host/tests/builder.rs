@@ -43,7 +43,7 @@ async fn settings_changed_after_a_handler_was_added_still_apply_to_it() {
 }
 
 #[tokio::test]
-async fn two_handlers_for_one_queue_are_refused() {
+async fn two_untyped_handlers_for_one_queue_are_refused() {
     let err = Host::builder()
         .coordinator(Arc::new(FakeCoordinator::new()))
         .handler("q", noop())
@@ -53,7 +53,8 @@ async fn two_handlers_for_one_queue_are_refused() {
         .err()
         .expect("refused");
     assert!(
-        err.to_string().contains("\"q\" has more than one handler"),
+        err.to_string()
+            .contains("queue \"q\" has more than one untyped handler"),
         "{err}"
     );
 }
@@ -321,7 +322,7 @@ async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_set
         .await
         .expect("ready in time")
         .expect("ready");
-    host.enqueue(vec![NewWork::new("orders", serde_json::json!({"id": 1}))])
+    host.enqueue_many(vec![NewWork::new("orders", serde_json::json!({"id": 1}))])
         .await
         .expect("an enqueue to a produced queue is accepted");
     let overview = fake

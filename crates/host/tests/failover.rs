@@ -34,6 +34,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {
+    let _ = tracing_subscriber::fmt().with_env_filter("info").try_init();
     if std::env::var("DATABASE_URL").is_ok_and(|url| !url.is_empty()) {
         eprintln!("skipped: DATABASE_URL is set, and this test manages servers of its own");
         return;
@@ -82,7 +83,9 @@ async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {
     let before: Vec<NewWork> = (0..50)
         .map(|n| NewWork::new("emails", json!({ "n": n })))
         .collect();
-    host.enqueue(before).await.expect("enqueue on the primary");
+    host.enqueue_many(before)
+        .await
+        .expect("enqueue on the primary");
     let old_primary = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(&primary.url(&db))
@@ -103,7 +106,7 @@ async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {
         let after: Vec<NewWork> = (50..100)
             .map(|n| NewWork::new("emails", json!({ "n": n })))
             .collect();
-        match host.enqueue(after).await {
+        match host.enqueue_many(after).await {
             Ok(out) => break out,
             Err(e) => assert!(Instant::now() < deadline, "enqueue still fails: {e}"),
         }

@@ -88,7 +88,7 @@ async fn several_hosts_in_one_process_share_the_work_and_record_each_outcome_onc
     let items: Vec<NewWork> = (0..300)
         .map(|n| NewWork::new(if n % 2 == 0 { "alpha" } else { "beta" }, json!({ "n": n })))
         .collect();
-    a.enqueue(items).await.expect("enqueue");
+    a.enqueue_many(items).await.expect("enqueue");
     wait_until(
         Duration::from_secs(30),
         "all 300 items completed",
@@ -161,7 +161,7 @@ async fn enqueue_right_after_start_on_a_fresh_database_waits_for_the_migrations(
         .await
         .expect("start");
     let out = host
-        .enqueue(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
+        .enqueue_many(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
         .await
         .expect("the enqueue waits for the schema instead of failing");
     assert_eq!(out.items.len(), 1);
@@ -205,7 +205,7 @@ async fn a_host_on_a_multi_host_url_whose_first_host_is_down_works_on_the_second
         .start()
         .await
         .expect("start");
-    host.enqueue(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
+    host.enqueue_many(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
         .await
         .expect("enqueue");
     wait_ready(&host).await;
@@ -305,7 +305,7 @@ async fn a_host_that_does_not_claim_is_ready_once_its_store_is_migrated_and_reac
         );
     }
     let out = a
-        .enqueue(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
+        .enqueue_many(vec![NewWork::new("emails", json!({ "to": "a@b.c" }))])
         .await
         .expect("enqueue");
     let pool = db.pool().await.expect("pool");
@@ -375,13 +375,9 @@ async fn a_host_with_its_heartbeat_switched_off_is_never_ready_and_claims_nothin
         .expect("host B starts");
     wait_ready(&b).await;
     let items = 60;
-    b.enqueue(
-        (0..items)
-            .map(|i| NewWork::new("alpha", json!({ "i": i })))
-            .collect(),
-    )
-    .await
-    .expect("enqueue");
+    b.enqueue_many((0..items).map(|i| NewWork::new("alpha", json!({ "i": i }))))
+        .await
+        .expect("enqueue");
     wait_until(Duration::from_secs(30), "every item completed", || async {
         count_state(&pool, "completed").await == items
     })
@@ -483,7 +479,7 @@ async fn a_worker_that_panics_is_restarted_and_the_host_keeps_processing() {
 
     // Work enqueued meanwhile is done meanwhile.
     let items = (0..50).map(|n| NewWork::new("work", json!({ "n": n })));
-    host.enqueue(items.collect()).await.expect("enqueue");
+    host.enqueue_many(items).await.expect("enqueue");
     wait_until(Duration::from_secs(15), "50 items completed", || async {
         count_state(&pool, "completed").await == 50
     })
@@ -626,7 +622,7 @@ async fn an_evicted_host_cancels_its_handlers_records_nothing_for_them_and_regis
     wait_ready(&host).await;
     let before = host.instance();
     let items = (0..3).map(|n| NewWork::new("held", json!({ "n": n })));
-    host.enqueue(items.collect()).await.expect("enqueue");
+    host.enqueue_many(items).await.expect("enqueue");
     wait_until(Duration::from_secs(10), "3 handlers run", || async {
         started.load(Ordering::SeqCst) == 3
     })
@@ -757,7 +753,7 @@ async fn drain_with_a_handler_in_flight() -> (String, i32) {
         .start()
         .await
         .expect("start");
-    host.enqueue(vec![NewWork::new("held", json!({}))])
+    host.enqueue_many(vec![NewWork::new("held", json!({}))])
         .await
         .expect("enqueue");
     wait_until(Duration::from_secs(10), "the handler runs", || async {

@@ -110,7 +110,7 @@ async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_wor
         let kind = ["quick", "fail", "slow"][n % 3];
         NewWork::new("work", json!({ "kind": kind }))
     });
-    host.enqueue(items.collect()).await.expect("enqueue");
+    host.enqueue_many(items).await.expect("enqueue");
     wait_until(Duration::from_secs(20), "30 items completed", || async {
         count_state(&pool, "completed").await == 30
     })

@@ -304,7 +304,7 @@ async fn a_replaced_heartbeat_worker_beats_for_the_host_and_no_peer_evicts_it() 
     stays_registered(&pool, &host).await;
 
     let items = (0..20).map(|n| NewWork::new("work", json!({ "n": n })));
-    host.enqueue(items.collect()).await.expect("enqueue");
+    host.enqueue_many(items).await.expect("enqueue");
     wait_until(Duration::from_secs(15), "20 items completed", || async {
         count_state(&pool, "completed").await == 20
     })
@@ -342,7 +342,7 @@ async fn a_replaced_claim_worker_serves_the_registered_handlers_as_the_host() {
     let instance = host.instance();
 
     let items = (0..20).map(|n| NewWork::new("work", json!({ "n": n })));
-    host.enqueue(items.collect()).await.expect("enqueue");
+    host.enqueue_many(items).await.expect("enqueue");
     wait_until(
         Duration::from_secs(15),
         "the registered handler completed the 20 items",
@@ -352,7 +352,7 @@ async fn a_replaced_claim_worker_serves_the_registered_handlers_as_the_host() {
     stays_registered(&pool, &host).await;
     // And work that arrives later, after several cutoffs, is still claimed as the host.
     let items = (20..40).map(|n| NewWork::new("work", json!({ "n": n })));
-    host.enqueue(items.collect()).await.expect("enqueue");
+    host.enqueue_many(items).await.expect("enqueue");
     wait_until(Duration::from_secs(15), "40 items completed", || async {
         count_state(&pool, "completed").await == 40
     })
@@ -418,7 +418,7 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
         .await
         .expect("start");
     wait_ready(&host).await;
-    host.enqueue(vec![NewWork::new("long", json!({}))])
+    host.enqueue_many(vec![NewWork::new("long", json!({}))])
         .await
         .expect("enqueue");
     wait_until(Duration::from_secs(10), "the handler runs", || async {
@@ -487,7 +487,7 @@ async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
         .expect("start");
     wait_ready(&host).await;
     let items = (0..20).map(|n| NewWork::new("work", json!({ "n": n })));
-    host.enqueue(items.collect()).await.expect("enqueue");
+    host.enqueue_many(items).await.expect("enqueue");
     wait_until(Duration::from_secs(15), "20 items completed", || async {
         count_state(&pool, "completed").await == 20
     })
@@ -664,7 +664,7 @@ async fn a_replaced_claim_worker_that_reports_its_wake_is_woken_by_a_local_enque
     .await;
 
     // Through the host: the reported wake polls at once and claims both.
-    host.enqueue(vec![NewWork::new("work", json!({ "n": 2 }))])
+    host.enqueue_many(vec![NewWork::new("work", json!({ "n": 2 }))])
         .await
         .expect("enqueue through the host");
     wait_until(

@@ -68,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     if enqueue {
         let out = host
-            .enqueue(vec![NewWork::new(
+            .enqueue_many(vec![NewWork::new(
                 QUEUE,
                 json!({ "table": "orders", "rows": 60_000, "unit": 5_000 }),
             )

@@ -17,6 +17,8 @@ pub(super) async fn run_item(
 ) {
     let shared = &run.shared;
     let fence = item.fence;
+    let span = crate::trace::attempt_span(&item, instance);
+    let attempt = (item.attempt, item.max_attempts);
     let lease = shared
         .leases
         .track(instance, fence, sent_at, q.settings.lease, &run.root);
@@ -38,7 +40,7 @@ pub(super) async fn run_item(
     } else if lease.token().is_cancelled() {
         None
     } else {
-        execute(&run, &q, item, instance, &lease).await
+        execute(&run, &q, item, instance, &lease, &span).await
     };
 
     if let Some(outcome) = outcome {
@@ -55,6 +57,7 @@ pub(super) async fn run_item(
             }
         };
         count(&q.name, outcome_label(&outcome, &recorded));
+        span.in_scope(|| log_outcome(&q.name, fence, attempt, &outcome, &recorded));
     }
 
     lease.dispose();
@@ -73,13 +76,17 @@ async fn execute(
     item: ClaimedWork,
     instance: InstanceId,
     lease: &Arc<dyn TrackedLease>,
+    span: &tracing::Span,
 ) -> Option<Outcome> {
     let shared = &run.shared;
     let attempt = item.attempt;
+    let handler = q.handlers.get(&q.name, item.kind.as_deref());
     let ctx = Arc::new(JobContext {
         fence: item.fence,
         instance,
         queue: q.name.clone(),
+        kind: item.kind,
+        metadata: item.metadata,
         attempt,
         max_attempts: item.max_attempts,
         created_at: item.created_at,
@@ -90,7 +97,15 @@ async fn execute(
         completed_in_transaction: Default::default(),
     });
     let started = Instant::now();
-    let handler = AssertUnwindSafe(q.handler.call(item.payload, ctx.clone())).catch_unwind();
+    let handler = async {
+        match handler {
+            Ok(handler) => handler.call(item.payload, ctx.clone()).await,
+            // No handler for its kind here: a failed attempt naming the kind, retried.
+            Err(missing) => Ok(Err(JobError::retry(missing))),
+        }
+    };
+    let handler =
+        AssertUnwindSafe(tracing::Instrument::instrument(handler, span.clone())).catch_unwind();
     tokio::pin!(handler);
     let guard = lease.guard();
     tokio::pin!(guard);
@@ -127,13 +142,8 @@ async fn execute(
             Ended::Abandoned
         }
         Some(Err(panic)) => {
-            let message = panic_message(&panic);
-            tracing::warn!(
-                "handler of {:?} panicked on item {}: {message}",
-                q.name,
-                ctx.fence.id
-            );
-            Ended::Panicked(message)
+            // Logged with the outcome it leads to (a failed attempt naming the panic).
+            Ended::Panicked(panic_message(&panic))
         }
         Some(Ok(Err(decode))) => Ended::Undecodable(decode),
         Some(Ok(Ok(Ok(())))) => {
@@ -168,6 +178,32 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "a non-string panic payload".to_owned()
+    }
+}
+
+/// A failed attempt is a warning, a dead letter an error, each with the error recorded.
+/// Logged inside the attempt's span, so its fields (kind, trace) come along.
+fn log_outcome(
+    queue: &str,
+    fence: Fence,
+    (attempt, max_attempts): (i32, i32),
+    outcome: &Outcome,
+    recorded: &crate::recorder::Recorded,
+) {
+    use workpump_coordinator::WorkState::*;
+    let id = fence.id;
+    match (outcome, recorded) {
+        (Outcome::Fail { error, .. }, Ok(Some(Available | Scheduled))) => tracing::warn!(
+            "item {id} of queue {queue:?} failed attempt {attempt} of {max_attempts}; it will be retried: {error}"
+        ),
+        (Outcome::Fail { error, .. }, Ok(Some(Dead))) => tracing::error!(
+            "item {id} of queue {queue:?} is a dead letter after attempt {attempt} of {max_attempts}: {error}"
+        ),
+        (Outcome::Fail { error, .. }, Ok(Some(Cancelled))) => {
+            tracing::info!("item {id} of queue {queue:?} was cancelled: {error}")
+        }
+        // An outcome the store could not take is logged by the recorder, once per batch.
+        _ => {}
     }
 }
 

@@ -147,3 +147,83 @@ pub async fn scheduled_items_are_scheduled_and_priorities_kept(h: &dyn Harness) 
     let b = row(h, ids[1]).await;
     assert_eq!((b.state, b.max_attempts), (WorkState::Available, 2));
 }
+
+/// An item's kind and metadata go in with it and come back with every claim and in the
+/// operator's view; a kind out of range or metadata that is not an object is refused, naming
+/// the item, and nothing of the batch is written.
+pub async fn kinds_and_metadata_reach_the_claim_and_bad_ones_are_refused(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let c = h.coordinator();
+    let trace = json!({ "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" });
+    let out = c
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![
+                NewWork::new("q", json!({"to": "a@b.c"}))
+                    .kind("send_email")
+                    .metadata(trace.clone()),
+                NewWork::new("q", json!(2)),
+            ],
+        })
+        .await
+        .expect("enqueue");
+    let me = instance(h).await;
+    let claimed = claim(h, me, &["q"], 2).await.items;
+    let typed = claimed
+        .iter()
+        .find(|w| w.fence.id == out.items[0].id)
+        .expect("the typed item is claimed");
+    assert_eq!(typed.kind.as_deref(), Some("send_email"));
+    assert_eq!(typed.metadata.as_ref(), Some(&trace));
+    let untyped = claimed
+        .iter()
+        .find(|w| w.fence.id == out.items[1].id)
+        .expect("the untyped item is claimed");
+    assert_eq!(
+        (untyped.kind.as_deref(), untyped.metadata.as_ref()),
+        (None, None)
+    );
+    let detail = h
+        .operations()
+        .get_work(crate::GetWorkParams {
+            id: out.items[0].id,
+        })
+        .await
+        .expect("get_work")
+        .item;
+    assert_eq!(detail.kind.as_deref(), Some("send_email"));
+    assert_eq!(detail.metadata, Some(trace));
+
+    let before = h.work_count().await;
+    for (bad, words) in [
+        (NewWork::new("q", json!(1)).kind(""), "job kind"),
+        (
+            NewWork::new("q", json!(1)).kind("k".repeat(129)),
+            "job kind",
+        ),
+        (NewWork::new("q", json!(1)).kind("new\nline"), "job kind"),
+        (
+            NewWork::new("q", json!(1)).metadata(json!([1])),
+            "metadata must be a JSON object",
+        ),
+        (
+            NewWork::new("q", json!(1)).metadata(json!({"a": "nul \u{0}"})),
+            "metadata",
+        ),
+    ] {
+        let err = c
+            .enqueue_work(EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!(0)), bad],
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidArgument(m) if m.contains("item 1") && m.contains(words)),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        h.work_count().await,
+        before,
+        "nothing of a refused batch was written"
+    );
+}

@@ -98,6 +98,7 @@ macro_rules! conformance_suite {
             enqueue_refuses_unknown_queues_oversized_batches_and_invalid_payloads_and_writes_nothing,
             a_unique_key_returns_the_existing_item_while_it_is_unfinished,
             scheduled_items_are_scheduled_and_priorities_kept,
+            kinds_and_metadata_reach_the_claim_and_bad_ones_are_refused,
             // maintenance.rs
             server_status_reports_the_notification_queue_usage,
             maintenance_due_flags_exactly_the_steps_that_have_work,

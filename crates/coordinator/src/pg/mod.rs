@@ -430,8 +430,9 @@ impl PgCoordinator {
         conn: &mut PgConnection,
         params: EnqueueWorkParams,
     ) -> Result<EnqueueWorkOutcome> {
-        let payloads = validate::validate_enqueue(&params)?;
+        let texts = validate::validate_enqueue(&params)?;
         let n = params.items.len();
+        let mut kinds = Vec::with_capacity(n);
         let mut queues = Vec::with_capacity(n);
         let mut priorities = Vec::with_capacity(n);
         let mut run_after: Vec<Option<PgInterval>> = Vec::with_capacity(n);
@@ -450,15 +451,18 @@ impl PgCoordinator {
             run_at.push(at);
             unique_keys.push(item.unique_key);
             max_attempts.push(item.max_attempts);
+            kinds.push(item.kind);
         }
         let rows: Vec<(i32, Option<i64>, bool)> = sqlx::query_as(&self.stmts.enqueue_work)
             .bind(&queues)
-            .bind(&payloads)
+            .bind(&texts.payloads)
             .bind(&priorities)
             .bind(&run_after)
             .bind(&run_at)
             .bind(&unique_keys)
             .bind(&max_attempts)
+            .bind(&kinds)
+            .bind(&texts.metadata)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
@@ -694,7 +698,9 @@ impl WorkCoordinator for PgCoordinator {
                     token: r.claim_token,
                 },
                 queue: r.queue,
+                kind: r.kind,
                 payload: r.payload,
+                metadata: r.metadata,
                 priority: r.priority,
                 attempt: r.attempt,
                 max_attempts: r.max_attempts,
@@ -1215,7 +1221,9 @@ impl Operations for PgCoordinator {
                 claim_token: r.claim_token,
                 renewals: r.renewals,
                 cancel_requested: r.cancel_requested,
+                kind: r.kind,
                 payload: r.payload,
+                metadata: r.metadata,
                 checkpoint: r.checkpoint,
                 history: r
                     .errors
@@ -1469,7 +1477,9 @@ struct DetailRow {
     claim_token: Option<i64>,
     renewals: i32,
     cancel_requested: bool,
+    kind: Option<String>,
     payload: Value,
+    metadata: Option<Value>,
     checkpoint: Option<Value>,
     errors: Value,
     unique_key: Option<String>,
@@ -1571,7 +1581,9 @@ struct ClaimRow {
     max_attempts: i32,
     claim_token: i64,
     lease_expiry: DateTime<Utc>,
+    kind: Option<String>,
     payload: Value,
+    metadata: Option<Value>,
     checkpoint: Option<Value>,
     created_at: DateTime<Utc>,
     reclaimed: bool,

@@ -1,0 +1,405 @@
+//! Typed jobs end to end on PostgreSQL: kinds sharing a queue and its concurrency, a kind
+//! nobody handles, enqueue alone, in bulk and in the caller's transaction, a producer-only
+//! client, and the logs of failed attempts and dead letters.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use workpump_coordinator::testing::Logs;
+use workpump_coordinator::{Error, GetWorkParams, Operations, WorkState};
+use workpump_host::{
+    handler_fn, Client, Host, HostError, HostHandle, Job, JobArgs, JobError, NewWork, QueueConfig,
+};
+
+use support::{count_state, database, fast_config, wait_until};
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct SendEmail {
+    to: String,
+}
+
+impl JobArgs for SendEmail {
+    const KIND: &'static str = "send_email";
+    const QUEUE: &'static str = "mixed";
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Resize {
+    image: String,
+    width: u32,
+}
+
+impl JobArgs for Resize {
+    const KIND: &'static str = "resize";
+    const QUEUE: &'static str = "mixed";
+    const PRIORITY: i16 = -5;
+    const MAX_ATTEMPTS: Option<i32> = Some(2);
+}
+
+/// A kind whose every attempt fails, in a queue of its own.
+#[derive(Serialize, Deserialize)]
+struct Flaky {
+    n: u32,
+}
+
+impl JobArgs for Flaky {
+    const KIND: &'static str = "flaky";
+    const QUEUE: &'static str = "flaky";
+    const MAX_ATTEMPTS: Option<i32> = Some(2);
+}
+
+/// Handlers running now, and the most that ever ran at once.
+#[derive(Default)]
+struct Gauge {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl Gauge {
+    async fn hold(&self, d: Duration) {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(d).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+type Ran = Arc<Mutex<Vec<String>>>;
+
+async fn start(url: &str, ran: &Ran, gauge: &Arc<Gauge>) -> HostHandle {
+    let mut config = fast_config();
+    config.queues.insert(
+        "mixed".into(),
+        QueueConfig {
+            concurrency: Some(2),
+            ..QueueConfig::default()
+        },
+    );
+    config.queues.insert(
+        "flaky".into(),
+        QueueConfig {
+            backoff_base_ms: Some(10),
+            backoff_cap_ms: Some(20),
+            ..QueueConfig::default()
+        },
+    );
+    let (r1, g1) = (ran.clone(), gauge.clone());
+    let (r2, g2) = (ran.clone(), gauge.clone());
+    Host::builder()
+        .config(config)
+        .database_url(url)
+        .job(handler_fn(move |job: Job<SendEmail>| {
+            let (ran, gauge) = (r1.clone(), g1.clone());
+            async move {
+                assert_eq!(job.kind(), Some("send_email"));
+                gauge.hold(Duration::from_millis(20)).await;
+                ran.lock()
+                    .expect("ran")
+                    .push(format!("email {}", job.payload().to));
+                Ok(())
+            }
+        }))
+        .job(handler_fn(move |job: Job<Resize>| {
+            let (ran, gauge) = (r2.clone(), g2.clone());
+            async move {
+                gauge.hold(Duration::from_millis(20)).await;
+                ran.lock()
+                    .expect("ran")
+                    .push(format!("resize {}", job.payload().image));
+                Ok(())
+            }
+        }))
+        .job(handler_fn(|job: Job<Flaky>| async move {
+            Err(JobError::retry(format!("flaky {} broke", job.payload().n)))
+        }))
+        .start()
+        .await
+        .expect("the host starts")
+}
+
+#[tokio::test]
+async fn kinds_share_their_queue_and_its_concurrency_and_each_runs_its_own_handler() {
+    let (db, pool) = database().await;
+    let (ran, gauge): (Ran, Arc<Gauge>) = Default::default();
+    let host = start(db.url(), &ran, &gauge).await;
+
+    let emails = (0..12).map(|i| {
+        SendEmail {
+            to: format!("{i}@b.c"),
+        }
+        .to_work()
+    });
+    let resizes = (0..12).map(|i| {
+        Resize {
+            image: format!("{i}.png"),
+            width: 100,
+        }
+        .to_work()
+    });
+    let batch: Vec<NewWork> = emails
+        .chain(resizes)
+        .collect::<Result<_, _>>()
+        .expect("the arguments serialise");
+    let out = host.enqueue_many(batch).await.expect("one mixed batch");
+    assert_eq!(out.items.len(), 24);
+    let single = host
+        .enqueue(SendEmail {
+            to: "alone@b.c".into(),
+        })
+        .await
+        .expect("one typed item");
+    assert!(single.inserted);
+
+    wait_until(Duration::from_secs(20), "all 25 items complete", || async {
+        count_state(&pool, "completed").await == 25
+    })
+    .await;
+    let ran = ran.lock().expect("ran").clone();
+    assert_eq!(ran.iter().filter(|r| r.starts_with("email ")).count(), 13);
+    assert_eq!(ran.iter().filter(|r| r.starts_with("resize ")).count(), 12);
+    assert!(ran.contains(&"email alone@b.c".to_owned()));
+    // One queue, one limit of 2 for both kinds; reached, never passed.
+    assert_eq!(gauge.max.load(Ordering::SeqCst), 2);
+
+    // The kind's defaults went into the store with the item.
+    let resize = host
+        .pg()
+        .expect("pg")
+        .get_work(GetWorkParams {
+            id: out.items[12].id,
+        })
+        .await
+        .expect("get_work")
+        .item;
+    assert_eq!(resize.kind.as_deref(), Some("resize"));
+    assert_eq!((resize.priority, resize.max_attempts), (-5, 2));
+    assert_eq!(resize.payload, json!({ "image": "0.png", "width": 100 }));
+
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn an_item_of_a_kind_nobody_handles_fails_naming_the_kind_and_dead_letters_at_its_limit() {
+    let (db, pool) = database().await;
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let (ran, gauge): (Ran, Arc<Gauge>) = Default::default();
+    let host = start(db.url(), &ran, &gauge).await;
+    let unknown = host
+        .enqueue(NewWork::new("mixed", json!({})).kind("fax").max_attempts(2))
+        .await
+        .expect("an item of an unknown kind is accepted (another release may handle it)");
+    let untyped = host
+        .enqueue(NewWork::new("mixed", json!({})).max_attempts(1))
+        .await
+        .expect("an untyped item");
+    let flaky = host.enqueue(Flaky { n: 7 }).await.expect("flaky");
+
+    wait_until(
+        Duration::from_secs(20),
+        "all three are dead letters",
+        || async { count_state(&pool, "dead").await == 3 },
+    )
+    .await;
+    let pg = host.pg().expect("pg").clone();
+    let history = |id| {
+        let pg = pg.clone();
+        async move {
+            let item = pg
+                .get_work(GetWorkParams { id })
+                .await
+                .expect("get_work")
+                .item;
+            assert_eq!(item.state, WorkState::Dead);
+            item.history
+                .iter()
+                .map(|h| h.error.clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    let errors = history(unknown.id).await;
+    assert_eq!(errors.len(), 2, "both attempts failed: {errors:?}");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("no handler for job kind \"fax\"")
+                && e.contains("resize, send_email")),
+        "{errors:?}"
+    );
+    let errors = history(untyped.id).await;
+    assert!(
+        errors[0].contains("an item without a job kind in queue \"mixed\""),
+        "{errors:?}"
+    );
+    assert_eq!(history(flaky.id).await.len(), 2);
+
+    // Every failed attempt is a warning and every dead letter an error, with the error and
+    // inside the attempt's span.
+    let text = logs.text();
+    let lines = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(
+        lines(&format!(
+            "item {} of queue \"flaky\" failed attempt 1 of 2; it will be retried: flaky 7 broke",
+            flaky.id
+        )),
+        1,
+        "{text}"
+    );
+    let dead = text
+        .lines()
+        .find(|l| {
+            l.contains(&format!(
+                "item {} of queue \"flaky\" is a dead letter after attempt 2 of 2: flaky 7 broke",
+                flaky.id
+            ))
+        })
+        .unwrap_or_else(|| panic!("no dead-letter line: {text}"));
+    assert!(dead.contains("ERROR"), "{dead}");
+    assert!(
+        dead.contains("workpump.job") && dead.contains("kind=\"flaky\""),
+        "{dead}"
+    );
+    assert_eq!(
+        lines(&format!(
+            "item {} of queue \"mixed\" is a dead letter",
+            unknown.id
+        )),
+        1
+    );
+
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn enqueue_in_the_callers_transaction_commits_or_rolls_back_with_it_and_a_client_only_produces(
+) {
+    let (db, pool) = database().await;
+    let (ran, gauge): (Ran, Arc<Gauge>) = Default::default();
+    let host = start(db.url(), &ran, &gauge).await;
+    host.ready().await.expect("ready");
+
+    let mut tx = pool.begin().await.expect("begin");
+    host.enqueue_in(
+        &mut tx,
+        SendEmail {
+            to: "rolled@b.c".into(),
+        },
+    )
+    .await
+    .expect("enqueue in the transaction");
+    tx.rollback().await.expect("rollback");
+
+    // A producer with no handler and no worker: a client on its own pool.
+    let client = Client::connect(db.url()).expect("a client");
+    let mut tx = pool.begin().await.expect("begin");
+    let out = client
+        .enqueue_many_in(
+            &mut tx,
+            [
+                SendEmail {
+                    to: "kept@b.c".into(),
+                },
+                SendEmail {
+                    to: "also@b.c".into(),
+                },
+            ],
+        )
+        .await
+        .expect("a batch in the transaction");
+    assert_eq!(out.items.len(), 2);
+    tx.commit().await.expect("commit");
+    client
+        .enqueue(Resize {
+            image: "c.png".into(),
+            width: 1,
+        })
+        .await
+        .expect("a client enqueues alone");
+
+    wait_until(
+        Duration::from_secs(20),
+        "the committed items run",
+        || async { count_state(&pool, "completed").await == 3 },
+    )
+    .await;
+    let ran = ran.lock().expect("ran").clone();
+    assert!(!ran.contains(&"email rolled@b.c".to_owned()), "{ran:?}");
+    assert!(ran.contains(&"email kept@b.c".to_owned()) && ran.contains(&"resize c.png".to_owned()));
+
+    // A client registers nothing: an unknown queue is refused, naming it, and nothing is
+    // written; so is a kind out of range.
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    let err = client
+        .enqueue(NewWork::new("nobody-declared-this", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::UnknownQueue(q) if q == "nobody-declared-this"),
+        "{err}"
+    );
+    let err = client
+        .enqueue(NewWork::new("mixed", json!({})).kind(""))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("job kind"), "{err}");
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(before, after);
+    let queues: Vec<String> = sqlx::query_scalar("SELECT name FROM workpump.queues ORDER BY name")
+        .fetch_all(&pool)
+        .await
+        .expect("queues");
+    assert_eq!(queues, ["flaky", "mixed"], "the client declared no queue");
+
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn two_handlers_for_one_kind_are_refused_at_start() {
+    let err = Host::builder()
+        .database_url("postgres://nobody@127.0.0.1:1/none")
+        .job(handler_fn(|_: Job<SendEmail>| async { Ok(()) }))
+        .job(handler_fn(|_: Job<SendEmail>| async { Ok(()) }))
+        .handler(
+            "mixed",
+            handler_fn(|_: Job<serde_json::Value>| async { Ok(()) }),
+        )
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    let HostError::Config(problems) = &err else {
+        panic!("a configuration error: {err}");
+    };
+    let text = err.to_string();
+    assert_eq!(problems.len(), 1, "{text}");
+    assert!(
+        text.contains("job kind \"send_email\" of queue \"mixed\" has more than one handler"),
+        "{text}"
+    );
+}
