@@ -166,10 +166,8 @@ async fn a_changed_definition_goes_on_after_the_last_fire_time_without_duplicate
     let switched = fake.now();
     // A rolling deploy: an old and a new instance side by side, then the new one alone.
     let d = Duration::from_millis(3_000);
-    tokio::join!(
-        run_for(&worker(&fake, vec![old.clone()]), d),
-        run_for(&worker(&fake, vec![new.clone()]), d)
-    );
+    let (old_instance, new_instance) = (worker(&fake, vec![old.clone()]), worker(&fake, vec![new.clone()]));
+    tokio::join!(run_for(&old_instance, d), run_for(&new_instance, d));
     let overlap_end = fake.now();
     run_for(&worker(&fake, vec![new.clone()]), Duration::from_millis(4_000)).await;
     let got = keys(&fake);
