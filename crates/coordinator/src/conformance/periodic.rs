@@ -115,9 +115,11 @@ pub async fn fire_times_are_claimed_forward_only_even_after_the_item_completed(h
     let me = instance(h).await;
     let now = state(h, "s").await.db_now;
     let (t1, t2) = (now - Delta::seconds(20), now - Delta::seconds(10));
+    // The next fire times the caller passes lie ahead, so neither is overtaken.
+    let ahead = Some(now + Delta::minutes(10));
     let work = NewWork::new("q", json!(1)).unique_key("tick");
     let first = fired(
-        &fire(h, "s", "every 10 s", t1, Some(t2), work.clone())
+        &fire(h, "s", "every 10 s", t1, ahead, work.clone())
             .await
             .expect("first"),
     );
@@ -128,7 +130,7 @@ pub async fn fire_times_are_claimed_forward_only_even_after_the_item_completed(h
         .await
         .all_recorded()
         .expect("complete");
-    let again = fire(h, "s", "every 10 s", t1, Some(t2), work.clone())
+    let again = fire(h, "s", "every 10 s", t1, ahead, work.clone())
         .await
         .expect("again");
     assert_eq!(again.result, FireResult::AlreadyFired);
@@ -136,12 +138,12 @@ pub async fn fire_times_are_claimed_forward_only_even_after_the_item_completed(h
     assert_eq!(h.work_count().await, 1, "the completed fire time ran once");
 
     let second = fired(
-        &fire(h, "s", "every 10 s", t2, Some(t2 + Delta::seconds(10)), work.clone())
+        &fire(h, "s", "every 10 s", t2, ahead, work.clone())
             .await
             .expect("second"),
     );
     assert_ne!(second.id, first.id);
-    let earlier = fire(h, "s", "every 10 s", t1, Some(t2), work)
+    let earlier = fire(h, "s", "every 10 s", t1, ahead, work)
         .await
         .expect("earlier");
     assert_eq!(earlier.result, FireResult::AlreadyFired);
@@ -184,12 +186,12 @@ pub async fn a_changed_definition_claims_only_later_fire_times_and_is_recorded(h
     let work = NewWork::new("q", json!("x"));
     let old_t = now - Delta::seconds(30);
     fired(
-        &fire(h, "s", "every 30 s", old_t, Some(now), work.clone())
+        &fire(h, "s", "every 30 s", old_t, Some(now + Delta::minutes(10)), work.clone())
             .await
             .expect("old definition"),
     );
     let new_t = now - Delta::seconds(5);
-    let out = fire(h, "s", "every 5 s", new_t, Some(now + Delta::seconds(1)), work.clone())
+    let out = fire(h, "s", "every 5 s", new_t, Some(now + Delta::minutes(10)), work.clone())
         .await
         .expect("new definition");
     fired(&out);
