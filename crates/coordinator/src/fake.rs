@@ -1734,7 +1734,10 @@ impl WorkCoordinator for FakeCoordinator {
         if fire.next_fire_at.is_some_and(|next| next <= now) {
             return Ok(state(stored, FireResult::Overtaken));
         }
-        if stored.as_ref().is_some_and(|(_, last)| *last >= fire.fire_at) {
+        if stored
+            .as_ref()
+            .is_some_and(|(_, last)| *last >= fire.fire_at)
+        {
             return Ok(state(stored, FireResult::AlreadyFired));
         }
         // The claim and the enqueue under one lock: both happen, or (an unknown queue)

@@ -73,11 +73,11 @@ pub use liveness::{
     STORE_FLOOR,
 };
 pub use operations::Operations;
+pub use ops_types::*;
 pub use periodic::{
     FirePeriodicOutcome, FirePeriodicParams, FireResult, PeriodicFire,
     MAX_PERIODIC_FINGERPRINT_CHARS, MAX_PERIODIC_NAME_CHARS,
 };
-pub use ops_types::*;
 pub use pg::{
     grants_sql, migrate, migrate_with, migration_status, DatabaseUrl, FencedTransaction,
     MigrateOptions, MigrationState, MigrationStatus, PgCoordinator, TargetSessionAttrs,

@@ -667,7 +667,10 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         fingerprint: "every 60000 ms".into(),
         fire,
     };
-    let state = c.fire_periodic(periodic(None)).await.expect("fire_periodic (state)");
+    let state = c
+        .fire_periodic(periodic(None))
+        .await
+        .expect("fire_periodic (state)");
     let fired = c
         .fire_periodic(periodic(Some(PeriodicFire {
             fire_at: state.db_now - chrono::Duration::seconds(1),

@@ -268,7 +268,9 @@ impl HostConfig {
         for (name, p) in &self.periodic {
             let prefix = format!("periodic.{name}");
             match p.to_job(name, &prefix) {
-                Ok(job) => problems.extend(periodic_queue_problem(&prefix, &job.work().queue, &queues)),
+                Ok(job) => {
+                    problems.extend(periodic_queue_problem(&prefix, &job.work().queue, &queues))
+                }
                 Err(found) => problems.extend(found),
             }
         }

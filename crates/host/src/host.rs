@@ -413,11 +413,9 @@ impl HostBuilder {
                 continue;
             }
             if from_code {
-                if let Some(p) = crate::config::periodic_queue_problem(
-                    &setting,
-                    &job.work().queue,
-                    &names,
-                ) {
+                if let Some(p) =
+                    crate::config::periodic_queue_problem(&setting, &job.work().queue, &names)
+                {
                     problems.push(p);
                     continue;
                 }

@@ -21,9 +21,13 @@ const QUEUE: &str = "ticks";
 const NAME: &str = "tick";
 
 fn job(interval: Duration, misfire: Misfire) -> PeriodicJob {
-    PeriodicJob::every(NAME, interval, NewWork::new(QUEUE, json!({"from": "periodic"})))
-        .expect("a valid job")
-        .misfire(misfire)
+    PeriodicJob::every(
+        NAME,
+        interval,
+        NewWork::new(QUEUE, json!({"from": "periodic"})),
+    )
+    .expect("a valid job")
+    .misfire(misfire)
 }
 
 async fn host(url: &str, job: PeriodicJob) -> HostHandle {
@@ -102,7 +106,10 @@ async fn fired_after(pool: &PgPool, after: DateTime<Utc>) -> usize {
 
 fn assert_each_once(items: &BTreeMap<String, i64>) {
     let doubled: Vec<_> = items.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(doubled.is_empty(), "fire times enqueued more than once: {doubled:?}");
+    assert!(
+        doubled.is_empty(),
+        "fire times enqueued more than once: {doubled:?}"
+    );
 }
 
 #[tokio::test]
@@ -116,9 +123,11 @@ async fn three_hosts_with_a_one_second_schedule_enqueue_each_fire_time_exactly_o
     ];
     let start = db_now(&pool).await;
     let end = start + chrono::Duration::seconds(20);
-    wait_until(Duration::from_secs(60), "20 s of the database's clock", || async {
-        db_now(&pool).await >= end
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "20 s of the database's clock",
+        || async { db_now(&pool).await >= end },
+    )
     .await;
     stop(&hosts).await;
     let items = items_by_key(&pool).await;
@@ -133,19 +142,29 @@ async fn three_hosts_with_a_one_second_schedule_enqueue_each_fire_time_exactly_o
         "about one item a second for 20 s: {}",
         items.len()
     );
-    assert!(first <= start + chrono::Duration::seconds(2), "started at once: {first}");
+    assert!(
+        first <= start + chrono::Duration::seconds(2),
+        "started at once: {first}"
+    );
 }
 
 /// Runs two hosts until two items exist, stops them across at least three fire times of a
 /// 2 s schedule, starts two again early in a period, and returns the fire-time keys missed
 /// while stopped and the keys in the store.
-async fn stop_the_fleet_across_fire_times(misfire: Misfire) -> (Vec<String>, BTreeMap<String, i64>) {
+async fn stop_the_fleet_across_fire_times(
+    misfire: Misfire,
+) -> (Vec<String>, BTreeMap<String, i64>) {
     let (db, pool) = database().await;
     let job = job(Duration::from_secs(2), misfire);
-    let fleet = vec![host(db.url(), job.clone()).await, host(db.url(), job.clone()).await];
-    wait_until(Duration::from_secs(30), "two fire times enqueued", || async {
-        items_by_key(&pool).await.len() >= 2
-    })
+    let fleet = vec![
+        host(db.url(), job.clone()).await,
+        host(db.url(), job.clone()).await,
+    ];
+    wait_until(
+        Duration::from_secs(30),
+        "two fire times enqueued",
+        || async { items_by_key(&pool).await.len() >= 2 },
+    )
     .await;
     stop(&fleet).await;
     let last = items_by_key(&pool)
@@ -169,10 +188,15 @@ async fn stop_the_fleet_across_fire_times(misfire: Misfire) -> (Vec<String>, BTr
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let fleet = vec![host(db.url(), job.clone()).await, host(db.url(), job.clone()).await];
-    wait_until(Duration::from_secs(30), "two fire times after the restart", || async {
-        fired_after(&pool, restarted).await >= 2
-    })
+    let fleet = vec![
+        host(db.url(), job.clone()).await,
+        host(db.url(), job.clone()).await,
+    ];
+    wait_until(
+        Duration::from_secs(30),
+        "two fire times after the restart",
+        || async { fired_after(&pool, restarted).await >= 2 },
+    )
     .await;
     stop(&fleet).await;
     let missed = keys_between(&job, last, restarted);
@@ -202,9 +226,11 @@ async fn a_changed_schedule_takes_effect_without_duplicates_through_a_rolling_de
     let old = job(Duration::from_secs(2), Misfire::RunOnce);
     let new = job(Duration::from_secs(1), Misfire::RunOnce);
     let a = host(db.url(), old.clone()).await;
-    wait_until(Duration::from_secs(30), "two fire times of the old schedule", || async {
-        items_by_key(&pool).await.len() >= 2
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "two fire times of the old schedule",
+        || async { items_by_key(&pool).await.len() >= 2 },
+    )
     .await;
     // The rolling deploy: a new instance beside the old one, then the old one stops.
     let b = host(db.url(), new.clone()).await;
@@ -215,9 +241,11 @@ async fn a_changed_schedule_takes_effect_without_duplicates_through_a_rolling_de
     .await;
     stop(std::slice::from_ref(&a)).await;
     let old_gone = db_now(&pool).await;
-    wait_until(Duration::from_secs(30), "the new schedule alone", || async {
-        fired_after(&pool, old_gone).await >= 3
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "the new schedule alone",
+        || async { fired_after(&pool, old_gone).await >= 3 },
+    )
     .await;
     stop(std::slice::from_ref(&b)).await;
 
@@ -230,7 +258,10 @@ async fn a_changed_schedule_takes_effect_without_duplicates_through_a_rolling_de
         .filter(|t| **t <= deployed)
         .all(|t| t.timestamp_millis() % 2_000 == 0));
     // After it: every second, none missing, from the first fire time after the deploy.
-    let first_new = *times.iter().find(|t| **t > deployed).expect("new fire times");
+    let first_new = *times
+        .iter()
+        .find(|t| **t > deployed)
+        .expect("new fire times");
     let last = *times.last().expect("items");
     let want = keys_between(&new, first_new - chrono::Duration::milliseconds(1), last);
     let got: Vec<String> = items
@@ -239,7 +270,9 @@ async fn a_changed_schedule_takes_effect_without_duplicates_through_a_rolling_de
         .cloned()
         .collect();
     assert_eq!(got, want);
-    assert!(times.iter().any(|t| *t > deployed && t.timestamp_millis() % 2_000 != 0));
+    assert!(times
+        .iter()
+        .any(|t| *t > deployed && t.timestamp_millis() % 2_000 != 0));
     let fingerprint: String =
         sqlx::query_scalar("SELECT fingerprint FROM workpump.periodic_schedules WHERE name = $1")
             .bind(NAME)
@@ -247,4 +280,90 @@ async fn a_changed_schedule_takes_effect_without_duplicates_through_a_rolling_de
             .await
             .expect("the schedule's row");
     assert_eq!(fingerprint, new.fingerprint());
+}
+
+#[tokio::test]
+async fn a_bad_periodic_declaration_is_refused_at_start_naming_the_setting() {
+    let mut config = fast_config();
+    config.periodic.insert(
+        "bad-cron".into(),
+        workpump_host::PeriodicConfig {
+            queue: Some(QUEUE.into()),
+            cron: Some("0 25 * * *".into()),
+            ..Default::default()
+        },
+    );
+    config.periodic.insert(
+        "bad-zone".into(),
+        workpump_host::PeriodicConfig {
+            queue: Some(QUEUE.into()),
+            cron: Some("0 3 * * *".into()),
+            timezone: Some("Europe/Atlantis".into()),
+            ..Default::default()
+        },
+    );
+    config.periodic.insert(
+        "elsewhere".into(),
+        workpump_host::PeriodicConfig {
+            queue: Some("nobody-declares-this".into()),
+            interval_ms: Some(60_000),
+            ..Default::default()
+        },
+    );
+    config.periodic.insert(
+        NAME.into(),
+        workpump_host::PeriodicConfig {
+            queue: Some(QUEUE.into()),
+            interval_ms: Some(60_000),
+            ..Default::default()
+        },
+    );
+    let err = Host::builder()
+        .config(config)
+        .database_url("postgres://nobody@127.0.0.1:1/never")
+        .handler(
+            QUEUE,
+            handler_fn(|_job: Job<serde_json::Value>| async move { Ok(()) }),
+        )
+        // The same name in code and in [periodic.tick].
+        .periodic(job(Duration::from_secs(1), Misfire::Skip))
+        // A queue this host does not declare.
+        .periodic(
+            PeriodicJob::every(
+                "orphan",
+                Duration::from_secs(5),
+                NewWork::new("other", json!({})),
+            )
+            .expect("valid"),
+        )
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    let workpump_host::HostError::Config(problems) = err else {
+        panic!("a configuration error, got {err}");
+    };
+    let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    let has = |prefix: &str, needle: &str| {
+        assert!(
+            text.iter()
+                .any(|t| t.starts_with(prefix) && t.contains(needle)),
+            "no problem {prefix} … {needle} in {text:#?}"
+        )
+    };
+    has("periodic.bad-cron.cron: ", "cron expression \"0 25 * * *\"");
+    has(
+        "periodic.bad-zone.timezone: ",
+        "unknown time zone \"Europe/Atlantis\"",
+    );
+    has(
+        "periodic.elsewhere.queue: ",
+        "\"nobody-declares-this\" is not declared by this host",
+    );
+    has("periodic.tick: ", "declared more than once");
+    has(
+        "periodic(\"orphan\").queue: ",
+        "\"other\" is not declared by this host",
+    );
+    assert_eq!(problems.len(), 5, "{text:#?}");
 }

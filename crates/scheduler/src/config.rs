@@ -96,9 +96,8 @@ impl PeriodicConfig {
                 return Err(problems);
             }
             (Some(expr), None) => PeriodicJob::cron(name, expr, work).map_err(|e| (e, "cron")),
-            (None, Some(ms)) => {
-                PeriodicJob::every(name, Duration::from_millis(ms), work).map_err(|e| (e, "interval_ms"))
-            }
+            (None, Some(ms)) => PeriodicJob::every(name, Duration::from_millis(ms), work)
+                .map_err(|e| (e, "interval_ms")),
         };
         let job = job.and_then(|job| match &self.timezone {
             Some(zone) => job.time_zone(zone).map_err(|e| (e, "timezone")),

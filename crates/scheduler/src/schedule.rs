@@ -197,7 +197,7 @@ impl PeriodicJob {
         if interval < MIN_INTERVAL || interval > MAX_INTERVAL {
             return Err(problem("must be between 1 s and 366 days"));
         }
-        if interval.subsec_nanos() % 1_000_000 != 0 {
+        if !interval.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(problem("must be whole milliseconds"));
         }
         Ok(PeriodicJob {
@@ -324,7 +324,10 @@ pub fn fire_key(name: &str, fire_at: DateTime<Utc>) -> String {
 
 fn checked_name(name: String) -> Result<String, ScheduleError> {
     let ok = name.len() <= MAX_PERIODIC_NAME_CHARS
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'));

@@ -13,7 +13,9 @@ use workpump_coordinator::{
     FakeCoordinator, Method, NewWork, RegisterQueueParams, WorkCoordinator, Worker,
 };
 
-use crate::{fire_key, Misfire, PeriodicConfig, PeriodicJob, Plans, SchedulerConfig, SchedulerWorker};
+use crate::{
+    fire_key, Misfire, PeriodicConfig, PeriodicJob, Plans, SchedulerConfig, SchedulerWorker,
+};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -74,7 +76,11 @@ async fn an_interval_job_enqueues_each_fire_time_once_and_on_time() {
     let fake = store().await;
     let job = every("tick", SECOND, Misfire::Skip);
     let start = fake.now();
-    run_for(&worker(&fake, vec![job.clone()]), Duration::from_millis(10_500)).await;
+    run_for(
+        &worker(&fake, vec![job.clone()]),
+        Duration::from_millis(10_500),
+    )
+    .await;
     let want = expected(&job, start, fake.now());
     assert!((10..=11).contains(&want.len()), "{want:?}");
     let got = keys(&fake);
@@ -122,11 +128,19 @@ async fn stop_across_fire_times(misfire: Misfire) -> Stopped {
     let fake = store().await;
     let job = every("tick", SECOND, misfire);
     let start = fake.now();
-    run_for(&worker(&fake, vec![job.clone()]), Duration::from_millis(3_500)).await;
+    run_for(
+        &worker(&fake, vec![job.clone()]),
+        Duration::from_millis(3_500),
+    )
+    .await;
     let stopped = fake.now();
     tokio::time::advance(Duration::from_secs(10)).await;
     let restarted = fake.now();
-    run_for(&worker(&fake, vec![job.clone()]), Duration::from_millis(3_000)).await;
+    run_for(
+        &worker(&fake, vec![job.clone()]),
+        Duration::from_millis(3_000),
+    )
+    .await;
     let got = keys(&fake);
     assert!(got.values().all(|n| *n == 1), "{got:?}");
     Stopped {
@@ -162,14 +176,25 @@ async fn a_changed_definition_goes_on_after_the_last_fire_time_without_duplicate
     let old = every("tick", 2 * SECOND, Misfire::RunOnce);
     let new = every("tick", SECOND, Misfire::RunOnce);
     let start = fake.now();
-    run_for(&worker(&fake, vec![old.clone()]), Duration::from_millis(6_500)).await;
+    run_for(
+        &worker(&fake, vec![old.clone()]),
+        Duration::from_millis(6_500),
+    )
+    .await;
     let switched = fake.now();
     // A rolling deploy: an old and a new instance side by side, then the new one alone.
     let d = Duration::from_millis(3_000);
-    let (old_instance, new_instance) = (worker(&fake, vec![old.clone()]), worker(&fake, vec![new.clone()]));
+    let (old_instance, new_instance) = (
+        worker(&fake, vec![old.clone()]),
+        worker(&fake, vec![new.clone()]),
+    );
     tokio::join!(run_for(&old_instance, d), run_for(&new_instance, d));
     let overlap_end = fake.now();
-    run_for(&worker(&fake, vec![new.clone()]), Duration::from_millis(4_000)).await;
+    run_for(
+        &worker(&fake, vec![new.clone()]),
+        Duration::from_millis(4_000),
+    )
+    .await;
     let got = keys(&fake);
     assert!(got.values().all(|n| *n == 1), "no fire time twice: {got:?}");
     let mut want = expected(&old, start, switched);
@@ -262,7 +287,10 @@ fn cron_fire_times_follow_the_time_zone_across_daylight_saving_time() {
     // runs once, at the first (00:30 UTC).
     let before_autumn = Utc.with_ymd_and_hms(2026, 10, 24, 12, 0, 0).unwrap();
     let autumn = job.next_after(before_autumn).expect("a fire time");
-    assert_eq!(autumn, Utc.with_ymd_and_hms(2026, 10, 25, 0, 30, 0).unwrap());
+    assert_eq!(
+        autumn,
+        Utc.with_ymd_and_hms(2026, 10, 25, 0, 30, 0).unwrap()
+    );
     assert_eq!(
         job.next_after(autumn),
         Some(Utc.with_ymd_and_hms(2026, 10, 26, 1, 30, 0).unwrap())
@@ -273,14 +301,20 @@ fn cron_fire_times_follow_the_time_zone_across_daylight_saving_time() {
 fn bad_declarations_are_refused_naming_the_problem() {
     let work = || NewWork::new("q", json!({}));
     let e = PeriodicJob::cron("j", "61 * * * *", work()).unwrap_err();
-    assert!(e.to_string().contains("cron expression \"61 * * * *\""), "{e}");
+    assert!(
+        e.to_string().contains("cron expression \"61 * * * *\""),
+        "{e}"
+    );
     let e = PeriodicJob::cron("j", "0 0 30 2 *", work()).unwrap_err();
     assert!(e.to_string().contains("no future fire time"), "{e}");
     let e = PeriodicJob::cron("j", "@daily", work())
         .expect("a nickname")
         .time_zone("Mars/Olympus")
         .unwrap_err();
-    assert!(e.to_string().contains("unknown time zone \"Mars/Olympus\""), "{e}");
+    assert!(
+        e.to_string().contains("unknown time zone \"Mars/Olympus\""),
+        "{e}"
+    );
     let e = PeriodicJob::every("j", Duration::from_millis(500), work()).unwrap_err();
     assert!(e.to_string().contains("between 1 s and 366 days"), "{e}");
     let e = PeriodicJob::every("j", SECOND, work())

@@ -216,7 +216,11 @@ impl SchedulerWorker {
             Err(e @ Error::Unsupported { .. }) => return Err(e),
             Err(e) => {
                 report.failed += 1;
-                warn!(schedule = job.name(), "periodic job {:?}: {e}; retrying", job.name());
+                warn!(
+                    schedule = job.name(),
+                    "periodic job {:?}: {e}; retrying",
+                    job.name()
+                );
                 plan.wake_at = Some(Instant::now() + self.config.retry());
                 return Ok(());
             }
@@ -245,7 +249,10 @@ impl SchedulerWorker {
                         .filter(|latest| *latest > after)
                 });
                 if let Some(latest) = latest {
-                    last = self.missed(job, &fingerprint, latest, report).await?.or(last);
+                    last = self
+                        .missed(job, &fingerprint, latest, report)
+                        .await?
+                        .or(last);
                 }
             }
         }
@@ -304,9 +311,7 @@ impl SchedulerWorker {
                 match self.call(job, fingerprint, Some(latest)).await {
                     Ok(out) => {
                         match out.result {
-                            FireResult::Fired(_) => {
-                                self.enqueued(job, Some(latest), &out, report)
-                            }
+                            FireResult::Fired(_) => self.enqueued(job, Some(latest), &out, report),
                             FireResult::AlreadyFired => report.already_fired += 1,
                             // The next fire time came while asking: it is planned next.
                             _ => {}
@@ -365,16 +370,18 @@ impl SchedulerWorker {
             }),
         };
         let timeout = Duration::from_millis(self.config.call_timeout_ms);
-        let result = match tokio::time::timeout(timeout, self.coordinator.fire_periodic(params))
-            .await
+        let result =
+            match tokio::time::timeout(timeout, self.coordinator.fire_periodic(params)).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::database(
+                    format!("firing periodic job {:?}", job.name()),
+                    format!("no answer within {timeout:?}"),
+                )),
+            };
+        if result
+            .as_ref()
+            .is_err_and(|e| !matches!(e, Error::Unsupported { .. }))
         {
-            Ok(result) => result,
-            Err(_) => Err(Error::database(
-                format!("firing periodic job {:?}", job.name()),
-                format!("no answer within {timeout:?}"),
-            )),
-        };
-        if result.as_ref().is_err_and(|e| !matches!(e, Error::Unsupported { .. })) {
             ::metrics::counter!(m::CALL_FAILURES_TOTAL, m::SCHEDULE => job.name().to_owned())
                 .increment(1);
         }

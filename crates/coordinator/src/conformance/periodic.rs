@@ -158,20 +158,36 @@ pub async fn a_fire_time_not_yet_due_or_overtaken_claims_nothing(h: &dyn Harness
     let now = state(h, "s").await.db_now;
     let work = NewWork::new("q", json!(1));
     let ahead = now + Delta::hours(1);
-    let out = fire(h, "s", "hourly", ahead, Some(ahead + Delta::hours(1)), work.clone())
-        .await
-        .expect("not due");
+    let out = fire(
+        h,
+        "s",
+        "hourly",
+        ahead,
+        Some(ahead + Delta::hours(1)),
+        work.clone(),
+    )
+    .await
+    .expect("not due");
     assert_eq!(out.result, FireResult::NotDue);
     assert!(out.db_now < ahead);
     let missed = now - Delta::hours(2);
-    let out = fire(h, "s", "hourly", missed, Some(now - Delta::hours(1)), work.clone())
-        .await
-        .expect("overtaken");
+    let out = fire(
+        h,
+        "s",
+        "hourly",
+        missed,
+        Some(now - Delta::hours(1)),
+        work.clone(),
+    )
+    .await
+    .expect("overtaken");
     assert_eq!(out.result, FireResult::Overtaken);
     assert_eq!(out.last_fire_at, None);
     assert_eq!(h.work_count().await, 0);
     // Without a next fire time nothing can overtake it.
-    let out = fire(h, "s", "once", missed, None, work).await.expect("last");
+    let out = fire(h, "s", "once", missed, None, work)
+        .await
+        .expect("last");
     fired(&out);
     assert_eq!(h.work_count().await, 1);
 }
@@ -186,14 +202,28 @@ pub async fn a_changed_definition_claims_only_later_fire_times_and_is_recorded(h
     let work = NewWork::new("q", json!("x"));
     let old_t = now - Delta::seconds(30);
     fired(
-        &fire(h, "s", "every 30 s", old_t, Some(now + Delta::minutes(10)), work.clone())
-            .await
-            .expect("old definition"),
+        &fire(
+            h,
+            "s",
+            "every 30 s",
+            old_t,
+            Some(now + Delta::minutes(10)),
+            work.clone(),
+        )
+        .await
+        .expect("old definition"),
     );
     let new_t = now - Delta::seconds(5);
-    let out = fire(h, "s", "every 5 s", new_t, Some(now + Delta::minutes(10)), work.clone())
-        .await
-        .expect("new definition");
+    let out = fire(
+        h,
+        "s",
+        "every 5 s",
+        new_t,
+        Some(now + Delta::minutes(10)),
+        work.clone(),
+    )
+    .await
+    .expect("new definition");
     fired(&out);
     assert_eq!(out.fingerprint.as_deref(), Some("every 5 s"));
     // The old definition comes back with a fire time between the two: refused.
@@ -235,9 +265,15 @@ pub async fn fire_periodic_refuses_bad_arguments_and_an_unknown_queue_leaves_it_
     let err = fire(h, "s", "fp", t, None, NewWork::new("nope", json!(1)))
         .await
         .unwrap_err();
-    assert!(matches!(&err, Error::UnknownQueue(q) if q == "nope"), "{err}");
+    assert!(
+        matches!(&err, Error::UnknownQueue(q) if q == "nope"),
+        "{err}"
+    );
     let after = state(h, "s").await;
-    assert_eq!(after.last_fire_at, None, "the claim rolled back with the enqueue");
+    assert_eq!(
+        after.last_fire_at, None,
+        "the claim rolled back with the enqueue"
+    );
     assert_eq!(h.work_count().await, 0);
     // The same fire time can still be claimed once the item is right.
     fired(&fire(h, "s", "fp", t, None, work).await.expect("retry"));
