@@ -32,6 +32,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".evicted_instances TO :"r
 --                   DO UPDATE) and forgets old ones (DELETE); queue_overview reads it.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".queue_failures TO :"runtime";
 
+--   periodic_schedules: fire_periodic claims a fire time (INSERT ... ON CONFLICT DO UPDATE)
+--                       and reads a schedule's state.
+GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".periodic_schedules TO :"runtime";
+
 --   liveness_floor: read by every liveness call (the floor of the cutoffs); only the owner
 --                   may change it.
 GRANT SELECT ON TABLE :"schema".liveness_floor TO :"runtime";

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::periodic::{FirePeriodicOutcome, FirePeriodicParams};
 use crate::types::*;
 
 /// Everything the workers and the host that runs them ask of the store, and nothing else:
@@ -120,6 +121,22 @@ pub trait WorkCoordinator: Send + Sync + 'static {
 
     /// Opens a listener for wake signals on a dedicated connection.
     async fn listen(&self, params: ListenParams) -> Result<Box<dyn WakeListener>>;
+
+    /// Claims one fire time of a periodic job for the whole fleet and enqueues its item in
+    /// the same transaction, or reads the schedule's state; see the SQL function
+    /// `fire_periodic` and [`FirePeriodicParams`]. A fire time is claimed at most once,
+    /// only once the store's clock reached it and before it reached the next one, and only
+    /// when it is later than the schedule's last fire time; the item is enqueued exactly as
+    /// given. The scheduler worker is its only caller.
+    ///
+    /// Added after the trait's first methods: the default body answers
+    /// [`crate::Error::Unsupported`], and the scheduler then schedules nothing.
+    async fn fire_periodic(&self, params: FirePeriodicParams) -> Result<FirePeriodicOutcome> {
+        let _ = params;
+        Err(crate::Error::Unsupported {
+            method: "fire_periodic",
+        })
+    }
 }
 
 /// A dedicated session that holds an instance's alive-lock. Dropping it ends the session,

@@ -22,6 +22,7 @@ use crate::coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 use crate::error::{Error, Result};
 use crate::operations::Operations;
 use crate::ops_types::*;
+use crate::periodic::*;
 use crate::types::*;
 use crate::validate::{self, sanitize_text};
 
@@ -62,6 +63,7 @@ pub enum Method {
     BulkWork,
     BulkWorkMatching,
     SetQueueSettings,
+    FirePeriodic,
 }
 
 /// One call the fake received.
@@ -126,6 +128,8 @@ struct State {
     /// Attempts recorded failed or rejected by `fail_work`: queue and minute (as
     /// `queue_failures`, one entry per attempt), for `queue_overview`.
     failures: Vec<(String, DateTime<Utc>)>,
+    /// `periodic_schedules`: per schedule name, the fingerprint and the last fire time.
+    periodic: HashMap<String, (String, DateTime<Utc>)>,
 }
 
 /// The floor of every liveness cutoff, as in `liveness_floor`.
@@ -617,6 +621,90 @@ impl FakeCoordinator {
     }
 }
 
+impl State {
+    /// `enqueue_work`'s insert, on the locked store (so `fire_periodic` enqueues under the
+    /// same lock as its claim): the answers, and the queues to wake.
+    fn insert_work(
+        &mut self,
+        now: DateTime<Utc>,
+        items: Vec<NewWork>,
+    ) -> Result<(Vec<Enqueued>, Vec<String>)> {
+        let st = self;
+        let params = EnqueueWorkParams { items };
+        if let Some(unknown) = params
+            .items
+            .iter()
+            .find(|i| !st.queues.contains_key(&i.queue))
+        {
+            return Err(Error::UnknownQueue(unknown.queue.clone()));
+        }
+        let mut out = Vec::with_capacity(params.items.len());
+        let mut woken = Vec::new();
+        for item in params.items {
+            if let Some(key) = &item.unique_key {
+                let existing = st.work.values().find(|r| {
+                    r.queue == item.queue
+                        && r.unique_key.as_deref() == Some(key)
+                        && matches!(
+                            r.state,
+                            WorkState::Available | WorkState::Scheduled | WorkState::Running
+                        )
+                });
+                if let Some(r) = existing {
+                    out.push(Enqueued {
+                        id: r.id,
+                        inserted: false,
+                    });
+                    continue;
+                }
+            }
+            let run_at = match item.schedule {
+                Schedule::Now => now,
+                Schedule::After(d) => now + store_delay(d),
+                Schedule::At(t) => t,
+            };
+            let max_attempts = item
+                .max_attempts
+                .unwrap_or_else(|| st.queues[&item.queue].max_attempts);
+            let id = st.next_id;
+            st.next_id += 1;
+            let state = if run_at <= now {
+                woken.push(item.queue.clone());
+                WorkState::Available
+            } else {
+                WorkState::Scheduled
+            };
+            st.work.insert(
+                id,
+                Row {
+                    id,
+                    queue: item.queue,
+                    state,
+                    priority: item.priority,
+                    attempt: 0,
+                    max_attempts,
+                    run_at,
+                    instance: None,
+                    lease_expiry: None,
+                    claim_token: None,
+                    renewals: 0,
+                    cancel_requested: false,
+                    kind: item.kind,
+                    payload: item.payload,
+                    metadata: item.metadata,
+                    checkpoint: None,
+                    errors: Vec::new(),
+                    unique_key: item.unique_key,
+                    created_at: now,
+                    finished_at: None,
+                },
+            );
+            out.push(Enqueued { id, inserted: true });
+        }
+        Ok((out, woken))
+    }
+}
+
 fn snapshot(r: &Row) -> WorkRow {
     WorkRow {
         id: r.id,
@@ -1017,76 +1105,7 @@ impl WorkCoordinator for FakeCoordinator {
         validate::validate_enqueue(&params)?;
         let now = self.now();
         let mut st = self.state();
-        if let Some(unknown) = params
-            .items
-            .iter()
-            .find(|i| !st.queues.contains_key(&i.queue))
-        {
-            return Err(Error::UnknownQueue(unknown.queue.clone()));
-        }
-        let mut out = Vec::with_capacity(params.items.len());
-        let mut woken = Vec::new();
-        for item in params.items {
-            if let Some(key) = &item.unique_key {
-                let existing = st.work.values().find(|r| {
-                    r.queue == item.queue
-                        && r.unique_key.as_deref() == Some(key)
-                        && matches!(
-                            r.state,
-                            WorkState::Available | WorkState::Scheduled | WorkState::Running
-                        )
-                });
-                if let Some(r) = existing {
-                    out.push(Enqueued {
-                        id: r.id,
-                        inserted: false,
-                    });
-                    continue;
-                }
-            }
-            let run_at = match item.schedule {
-                Schedule::Now => now,
-                Schedule::After(d) => now + store_delay(d),
-                Schedule::At(t) => t,
-            };
-            let max_attempts = item
-                .max_attempts
-                .unwrap_or_else(|| st.queues[&item.queue].max_attempts);
-            let id = st.next_id;
-            st.next_id += 1;
-            let state = if run_at <= now {
-                woken.push(item.queue.clone());
-                WorkState::Available
-            } else {
-                WorkState::Scheduled
-            };
-            st.work.insert(
-                id,
-                Row {
-                    id,
-                    queue: item.queue,
-                    state,
-                    priority: item.priority,
-                    attempt: 0,
-                    max_attempts,
-                    run_at,
-                    instance: None,
-                    lease_expiry: None,
-                    claim_token: None,
-                    renewals: 0,
-                    cancel_requested: false,
-                    kind: item.kind,
-                    payload: item.payload,
-                    metadata: item.metadata,
-                    checkpoint: None,
-                    errors: Vec::new(),
-                    unique_key: item.unique_key,
-                    created_at: now,
-                    finished_at: None,
-                },
-            );
-            out.push(Enqueued { id, inserted: true });
-        }
+        let (out, mut woken) = st.insert_work(now, params.items)?;
         drop(st);
         woken.sort();
         woken.dedup();
@@ -1689,6 +1708,56 @@ impl WorkCoordinator for FakeCoordinator {
             control,
             state: ListenState::Fresh,
         }))
+    }
+
+    async fn fire_periodic(&self, params: FirePeriodicParams) -> Result<FirePeriodicOutcome> {
+        self.enter(Method::FirePeriodic, usize::from(params.fire.is_some()))
+            .await?;
+        params.validate()?;
+        if let Some(fire) = &params.fire {
+            validate::validate_enqueue(&EnqueueWorkParams {
+                items: vec![fire.work.clone()],
+            })?;
+        }
+        let now = self.now();
+        let mut st = self.state();
+        let stored = st.periodic.get(&params.name).cloned();
+        let state = |stored: Option<(String, DateTime<Utc>)>, result| {
+            let (fingerprint, last) = stored.unzip();
+            FirePeriodicOutcome {
+                result,
+                last_fire_at: last,
+                fingerprint,
+                db_now: now,
+            }
+        };
+        let Some(fire) = params.fire else {
+            return Ok(state(stored, FireResult::State));
+        };
+        if fire.fire_at > now {
+            return Ok(state(stored, FireResult::NotDue));
+        }
+        if fire.next_fire_at.is_some_and(|next| next <= now) {
+            return Ok(state(stored, FireResult::Overtaken));
+        }
+        if stored
+            .as_ref()
+            .is_some_and(|(_, last)| *last >= fire.fire_at)
+        {
+            return Ok(state(stored, FireResult::AlreadyFired));
+        }
+        // The claim and the enqueue under one lock: both happen, or (an unknown queue)
+        // neither.
+        let (out, mut woken) = st.insert_work(now, vec![fire.work])?;
+        let claimed = (params.fingerprint, fire.fire_at);
+        st.periodic.insert(params.name, claimed.clone());
+        drop(st);
+        woken.dedup();
+        for q in woken {
+            let _ = self.inner.wake.send(q);
+        }
+        let enqueued = out[0];
+        Ok(state(Some(claimed), FireResult::Fired(enqueued)))
     }
 }
 

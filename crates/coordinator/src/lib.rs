@@ -4,7 +4,7 @@
 //! the workers or the host running them call (`claim_work`, `renew_leases`,
 //! `record_heartbeat`, `cleanup_stale_instances`, the fenced outcomes `complete_work` /
 //! `fail_work` / `release_work` / `checkpoint_work`, `register_queue`, `enqueue_work`, the
-//! maintenance steps, the alive-lock helpers) — beside it the [`Operations`] trait, the
+//! maintenance steps, the alive-lock helpers, `fire_periodic` for periodic jobs) — beside it the [`Operations`] trait, the
 //! operator's calls (`list_work`, `get_work`, `queue_overview`, `list_instances`,
 //! `cancel_work`, `retry_dead_work`, `discard_work`, `bulk_work`, `bulk_work_matching`,
 //! `pause_queue`, `resume_queue`, `set_queue_settings`, `is_instance_alive`),
@@ -46,6 +46,7 @@ mod lease;
 mod liveness;
 mod operations;
 mod ops_types;
+mod periodic;
 mod pg;
 mod types;
 mod validate;
@@ -75,6 +76,10 @@ pub use liveness::{
 };
 pub use operations::Operations;
 pub use ops_types::*;
+pub use periodic::{
+    FirePeriodicOutcome, FirePeriodicParams, FireResult, PeriodicFire,
+    MAX_PERIODIC_FINGERPRINT_CHARS, MAX_PERIODIC_NAME_CHARS,
+};
 pub use pg::{
     grants_sql, migrate, migrate_with, migration_status, DatabaseUrl, FencedTransaction,
     MigrateOptions, MigrationState, MigrationStatus, PgCoordinator, TargetSessionAttrs,

@@ -661,6 +661,26 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .expect("queue_depth");
     assert!(depth.depths.iter().any(|d| d.queue == QUEUE), "{depth:?}");
 
+    // A periodic job's fire time: read the state, then claim and enqueue in one transaction.
+    let periodic = |fire: Option<PeriodicFire>| FirePeriodicParams {
+        name: "nightly".into(),
+        fingerprint: "every 60000 ms".into(),
+        fire,
+    };
+    let state = c
+        .fire_periodic(periodic(None))
+        .await
+        .expect("fire_periodic (state)");
+    let fired = c
+        .fire_periodic(periodic(Some(PeriodicFire {
+            fire_at: state.db_now - chrono::Duration::seconds(1),
+            next_fire_at: None,
+            work: NewWork::new(QUEUE, json!("periodic")),
+        })))
+        .await
+        .expect("fire_periodic");
+    assert!(matches!(fired.result, FireResult::Fired(_)), "{fired:?}");
+
     // The end of a drain.
     c.deregister_instance(DeregisterInstanceParams { instance: me })
         .await

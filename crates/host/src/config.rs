@@ -17,6 +17,7 @@ use workpump_coordinator::{
 use workpump_heartbeat_worker::HeartbeatConfig;
 use workpump_lease_renewal::LeaseConfig;
 use workpump_maintenance::MaintenanceConfig;
+use workpump_scheduler::{PeriodicConfig, SchedulerConfig};
 
 use crate::supervise::SupervisionConfig;
 use crate::HostError;
@@ -88,6 +89,13 @@ pub struct HostConfig {
     pub metrics: MetricsConfig,
     /// Per-queue settings (`[queues.<name>]`); a queue without an entry uses the defaults.
     pub queues: BTreeMap<String, QueueConfig>,
+    /// The worker that enqueues the periodic jobs' items (`[scheduler]`).
+    pub scheduler: SchedulerConfig,
+    /// Periodic jobs declared in configuration (`[periodic.<name>]`: `queue`, `payload`,
+    /// `cron` or `interval_ms`, `timezone`, `misfire`, `priority`, `max_attempts`), besides
+    /// those declared in code with [`HostBuilder::periodic`](crate::HostBuilder::periodic).
+    /// Each one's queue must be one the host declares. docs/periodic.md.
+    pub periodic: BTreeMap<String, PeriodicConfig>,
 }
 
 impl Default for HostConfig {
@@ -109,6 +117,8 @@ impl Default for HostConfig {
             supervision: SupervisionConfig::default(),
             metrics: MetricsConfig::default(),
             queues: BTreeMap::new(),
+            scheduler: SchedulerConfig::default(),
+            periodic: BTreeMap::new(),
         }
     }
 }
@@ -254,7 +264,26 @@ impl HostConfig {
             let prefix = format!("queues.{queue}");
             problems.extend(self.queue_settings(queue).validate(&prefix));
         }
+        problems.extend(self.scheduler.validate("scheduler"));
+        for (name, p) in &self.periodic {
+            let prefix = format!("periodic.{name}");
+            match p.to_job(name, &prefix) {
+                Ok(job) => {
+                    problems.extend(periodic_queue_problem(&prefix, &job.work().queue, &queues))
+                }
+                Err(found) => problems.extend(found),
+            }
+        }
         problems
+    }
+
+    /// The periodic jobs declared in `[periodic.<name>]`, those that are valid (the invalid
+    /// ones are [`validate`](Self::validate)'s problems).
+    pub fn periodic_jobs(&self) -> Vec<workpump_scheduler::PeriodicJob> {
+        self.periodic
+            .iter()
+            .filter_map(|(name, p)| p.to_job(name, &format!("periodic.{name}")).ok())
+            .collect()
     }
 
     /// The resolved settings of `queue`.
@@ -318,6 +347,29 @@ impl HostConfig {
             })
             .unwrap_or_else(|| "unknown".to_owned())
     }
+}
+
+/// A periodic job whose queue the host does not declare: refused, naming the host's queues.
+pub(crate) fn periodic_queue_problem(
+    prefix: &str,
+    queue: &str,
+    declared: &[&str],
+) -> Option<ConfigProblem> {
+    if declared.contains(&queue) {
+        return None;
+    }
+    Some(ConfigProblem::new(
+        format!("{prefix}.queue"),
+        format!(
+            "queue {queue:?} is not declared by this host (give it a handler, or declare it \
+             with HostBuilder::produces); its queues: {}",
+            if declared.is_empty() {
+                "none".to_owned()
+            } else {
+                declared.join(", ")
+            }
+        ),
+    ))
 }
 
 /// The cutoff keys that moved from `[heartbeat]` and `[maintenance]` to `[liveness]`: a

@@ -1,7 +1,8 @@
 //! [`WorkerContext`]: what every worker of a host is built from, and the host's default
 //! factories.
 //!
-//! Design. A host has four worker slots: lease renewal, claim, heartbeat, maintenance. Each
+//! Design. A host has five worker slots: lease renewal, claim, heartbeat, maintenance and
+//! the scheduler (built only when there are periodic jobs or a factory for it). Each
 //! slot is filled by a *factory*, a function from `&WorkerContext` to the worker. `start()`
 //! builds one `WorkerContext` once the configuration is validated and the store is open, and
 //! calls every slot's factory with it: the user's, when one was set with
@@ -58,6 +59,7 @@ use workpump_coordinator::{
 use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
 use workpump_lease_renewal::LeaseRenewalWorker;
 use workpump_maintenance::{MaintenanceStatus, MaintenanceWorker};
+use workpump_scheduler::{PeriodicJob, SchedulerWorker};
 
 use crate::config::HostConfig;
 
@@ -75,6 +77,8 @@ pub struct WorkerContext {
     host_name: String,
     handlers: Handlers,
     config: HostConfig,
+    /// The periodic jobs, declared in code and in `[periodic.<name>]`.
+    periodic: Vec<PeriodicJob>,
     /// What the factories reported; the host takes it once every slot is built.
     reports: Mutex<Reports>,
 }
@@ -96,6 +100,7 @@ impl WorkerContext {
             host_name,
             handlers,
             config,
+            periodic: Vec::new(),
             reports: Mutex::default(),
         }
     }
@@ -162,6 +167,13 @@ impl WorkerContext {
         &self.config
     }
 
+    /// The periodic jobs the scheduler slot runs: those declared with
+    /// [`HostBuilder::periodic`](crate::HostBuilder::periodic), then those of
+    /// `[periodic.<name>]`, validated (names unique, queues declared by this host).
+    pub fn periodic_jobs(&self) -> Vec<PeriodicJob> {
+        self.periodic.clone()
+    }
+
     /// The claim worker's configuration: `[claim]` with its drain timeout set to the host's
     /// [`shutdown_timeout`](Self::shutdown_timeout), as the default claim factory builds it.
     pub fn claim_config(&self) -> ClaimConfig {
@@ -218,6 +230,10 @@ impl WorkerContext {
 
     fn reports(&self) -> std::sync::MutexGuard<'_, Reports> {
         self.reports.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn set_periodic_jobs(&mut self, jobs: Vec<PeriodicJob>) {
+        self.periodic = jobs;
     }
 
     pub(crate) fn set_lease_tracker(&mut self, tracker: Arc<dyn LeaseTracker>) {
@@ -300,4 +316,14 @@ pub(crate) fn default_maintenance(ctx: &WorkerContext) -> Arc<dyn Worker> {
     .with_judge(ctx.identity());
     ctx.report_maintenance_status(worker.subscribe_status());
     Arc::new(worker)
+}
+
+/// The scheduler slot's default: enqueues the periodic jobs' items (`[scheduler]`), one per
+/// fire time across the fleet.
+pub(crate) fn default_scheduler(ctx: &WorkerContext) -> Arc<dyn Worker> {
+    Arc::new(SchedulerWorker::new(
+        ctx.coordinator(),
+        ctx.periodic_jobs(),
+        ctx.config().scheduler.clone(),
+    ))
 }

@@ -16,12 +16,13 @@ use workpump_coordinator::{
 };
 use workpump_heartbeat_worker::HeartbeatStatus;
 use workpump_maintenance::MaintenanceStatus;
+use workpump_scheduler::PeriodicJob;
 
 use crate::client::Client;
 use crate::config::HostConfig;
 use crate::context::{
-    default_claim, default_heartbeat, default_lease, default_maintenance, Factory, LeaseFactory,
-    Wake, WorkerContext,
+    default_claim, default_heartbeat, default_lease, default_maintenance, default_scheduler,
+    Factory, LeaseFactory, Wake, WorkerContext,
 };
 use crate::supervise::{supervise, GaveUp};
 use crate::{metrics, HostError};
@@ -78,6 +79,9 @@ pub struct HostBuilder {
     heartbeat: Option<Factory>,
     lease: Option<LeaseFactory>,
     maintenance: Option<Factory>,
+    scheduler: Option<Factory>,
+    /// Periodic jobs declared in code ([`HostBuilder::periodic`]).
+    periodic: Vec<PeriodicJob>,
 }
 
 impl HostBuilder {
@@ -187,6 +191,42 @@ impl HostBuilder {
     /// it declares the queue first. A queue that also has a handler is declared once.
     pub fn produces(mut self, queue: impl Into<String>) -> Self {
         self.produced.push(queue.into());
+        self
+    }
+
+    /// Declares a periodic job: every instance of the service may enqueue its items, and
+    /// across the fleet exactly one item is enqueued per fire time (the SQL function
+    /// `fire_periodic`; docs/periodic.md). Its queue must be one the host declares (a
+    /// handler, or [`produces`](Self::produces)), and its name unique among the jobs declared
+    /// here and in `[periodic.<name>]`; `start` refuses the host otherwise.
+    ///
+    /// ```no_run
+    /// use workpump_host::coordinator::NewWork;
+    /// use workpump_host::{Host, Misfire, PeriodicJob};
+    ///
+    /// # fn example() -> Result<(), workpump_host::ScheduleError> {
+    /// let builder = Host::builder().produces("reports").periodic(
+    ///     PeriodicJob::cron("nightly-report", "0 3 * * *", NewWork::new("reports", serde_json::json!({})))?
+    ///         .time_zone("Europe/Paris")?
+    ///         .misfire(Misfire::RunOnce),
+    /// );
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn periodic(mut self, job: PeriodicJob) -> Self {
+        self.periodic.push(job);
+        self
+    }
+
+    /// Fills the scheduler slot with your own worker, built by `factory` from the
+    /// [`WorkerContext`] (see [`claim_worker`](Self::claim_worker)); it runs the jobs of
+    /// [`WorkerContext::periodic_jobs`]. Without a factory, the host builds the built-in
+    /// `SchedulerWorker` when there is at least one periodic job.
+    pub fn scheduler_worker(
+        mut self,
+        factory: impl FnOnce(&WorkerContext) -> Arc<dyn Worker> + Send + 'static,
+    ) -> Self {
+        self.scheduler = Some(Box::new(factory));
         self
     }
 
@@ -362,6 +402,8 @@ impl HostBuilder {
             heartbeat,
             lease,
             maintenance,
+            scheduler,
+            periodic,
         } = self;
         let store = match (store, config.database_url.take()) {
             (Some(store), _) => Some(store),
@@ -403,16 +445,58 @@ impl HostBuilder {
                 declared.push(queue);
             }
         }
+        // Periodic jobs: code first, then `[periodic.<name>]`; names unique, queues declared
+        // (a configured job's queue is `HostConfig::validate`'s to check).
+        let mut problems: Vec<workpump_coordinator::ConfigProblem> = handler_errors
+            .into_iter()
+            .map(|e| workpump_coordinator::ConfigProblem::new("handler", e))
+            .collect();
+        let mut jobs: Vec<PeriodicJob> = Vec::new();
+        let in_code = periodic
+            .into_iter()
+            .map(|j| (format!("periodic({:?})", j.name()), true, j));
+        let configured = config
+            .periodic_jobs()
+            .into_iter()
+            .map(|j| (format!("periodic.{}", j.name()), false, j));
+        let names: Vec<&str> = declared.iter().map(String::as_str).collect();
+        for (setting, from_code, job) in in_code.chain(configured) {
+            if jobs.iter().any(|j| j.name() == job.name()) {
+                problems.push(workpump_coordinator::ConfigProblem::new(
+                    setting,
+                    format!(
+                        "periodic job {:?} is declared more than once (HostBuilder::periodic, \
+                         [periodic.{}]); its name is its fleet-wide identity, so it must be unique",
+                        job.name(),
+                        job.name()
+                    ),
+                ));
+                continue;
+            }
+            if from_code {
+                if let Some(p) =
+                    crate::config::periodic_queue_problem(&setting, &job.work().queue, &names)
+                {
+                    problems.push(p);
+                    continue;
+                }
+            }
+            jobs.push(job);
+        }
         start(
             config,
             store,
             handlers,
             declared,
-            handler_errors,
-            claim,
-            heartbeat,
-            lease,
-            maintenance,
+            problems,
+            Slots {
+                claim,
+                heartbeat,
+                lease,
+                maintenance,
+                scheduler,
+            },
+            jobs,
         )
         .await
     }
@@ -445,22 +529,33 @@ fn database_url_problem(url: &str) -> Option<workpump_coordinator::ConfigProblem
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The worker slots' factories; `None`: the host's default (the built-in worker).
+struct Slots {
+    claim: Option<Factory>,
+    heartbeat: Option<Factory>,
+    lease: Option<LeaseFactory>,
+    maintenance: Option<Factory>,
+    scheduler: Option<Factory>,
+}
+
 async fn start(
     config: HostConfig,
     store: Option<Store>,
     handlers: Handlers,
     queue_names: Vec<String>,
-    handler_errors: Vec<String>,
-    claim: Option<Factory>,
-    heartbeat: Option<Factory>,
-    lease: Option<LeaseFactory>,
-    maintenance: Option<Factory>,
+    builder_problems: Vec<workpump_coordinator::ConfigProblem>,
+    slots: Slots,
+    periodic: Vec<PeriodicJob>,
 ) -> Result<HostHandle, HostError> {
+    let Slots {
+        claim,
+        heartbeat,
+        lease,
+        maintenance,
+        scheduler,
+    } = slots;
     let mut problems = config.validate(queue_names.iter().map(String::as_str));
-    for e in handler_errors {
-        problems.push(workpump_coordinator::ConfigProblem::new("handler", e));
-    }
+    problems.extend(builder_problems);
     if let Some(Store::Url(url)) = &store {
         problems.extend(database_url_problem(url));
     }
@@ -515,6 +610,14 @@ async fn start(
     let claim = claim.unwrap_or_else(|| Box::new(default_claim))(&ctx);
     let heartbeat = heartbeat.unwrap_or_else(|| Box::new(default_heartbeat))(&ctx);
     let maintenance = maintenance.unwrap_or_else(|| Box::new(default_maintenance))(&ctx);
+    // The scheduler only when there is something to schedule (or a factory of the user's).
+    let has_periodic = !periodic.is_empty();
+    ctx.set_periodic_jobs(periodic);
+    let scheduler = match scheduler {
+        Some(factory) => Some(factory(&ctx)),
+        None if has_periodic => Some(default_scheduler(&ctx)),
+        None => None,
+    };
     // What health and enqueue read: only what the factories reported, defaults included.
     let reports = ctx.into_reports();
     if reports.heartbeat_status.is_none() {
@@ -552,12 +655,16 @@ async fn start(
     let claim_token = shutdown.child_token();
     let rest_token = CancellationToken::new();
     let mut workers = Vec::new();
-    for (worker, token) in [
+    // The scheduler produces work: it stops with claiming, when a drain begins.
+    let slots = [
         (claim, claim_token.clone()),
         (lease_worker, rest_token.clone()),
         (heartbeat, rest_token.clone()),
         (maintenance, rest_token.clone()),
-    ] {
+    ]
+    .into_iter()
+    .chain(scheduler.map(|s| (s, claim_token.clone())));
+    for (worker, token) in slots {
         let (running_tx, running_rx) = watch::channel(false);
         inner
             .workers

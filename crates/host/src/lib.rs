@@ -43,7 +43,10 @@
 //!   alive and reaps dead peers (the only worker that beats: the claim worker claims only once
 //!   the instance is registered);
 //! - the maintenance worker (`workpump-maintenance`): the backstop sweep, promotion of
-//!   scheduled work, retention, queue-depth and pickup-lag metrics.
+//!   scheduled work, retention, queue-depth and pickup-lag metrics;
+//! - the scheduler (`workpump-scheduler`), when periodic jobs are declared
+//!   ([`HostBuilder::periodic`], `[periodic.<name>]`): one item per fire time across the
+//!   fleet (docs/periodic.md).
 //!
 //! Every metric, with its type, unit and labels, is listed in `docs/metrics.md`; the
 //! [`metrics`] module installs the Prometheus exporter with explicit histogram buckets and
@@ -58,7 +61,8 @@
 //! built-in workers are the default factories; [`HostBuilder::claim_worker`],
 //! [`heartbeat_worker`](HostBuilder::heartbeat_worker),
 //! [`lease_worker`](HostBuilder::lease_worker) and
-//! [`maintenance_worker`](HostBuilder::maintenance_worker) put yours in their place, built from
+//! [`maintenance_worker`](HostBuilder::maintenance_worker) (and
+//! [`scheduler_worker`](HostBuilder::scheduler_worker)) put yours in their place, built from
 //! the same context, so it runs as the host's instance beside the others:
 //!
 //! ```no_run
@@ -140,6 +144,9 @@ pub use workpump_coordinator::{
 pub use workpump_heartbeat_worker::{HeartbeatConfig, LivenessMode};
 pub use workpump_lease_renewal::LeaseConfig;
 pub use workpump_maintenance::MaintenanceConfig;
+pub use workpump_scheduler::{
+    Misfire, PeriodicConfig, PeriodicJob, ScheduleError, SchedulerConfig,
+};
 
 /// Why a host did not start, or stopped.
 #[derive(Debug, thiserror::Error)]

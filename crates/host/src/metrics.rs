@@ -57,6 +57,7 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = {
     use workpump_heartbeat_worker::metrics as heartbeat;
     use workpump_lease_renewal::metrics as lease;
     use workpump_maintenance::metrics as maintenance;
+    use workpump_scheduler::metrics as scheduler;
     &[
         (claim::CLAIM_DURATION, STORE_CALL),
         (claim::PICKUP_LAG, PICKUP),
@@ -70,6 +71,7 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = {
         (heartbeat::CALL_DURATION_SECONDS, STORE_CALL),
         (maintenance::STEP_DURATION_SECONDS, STORE_CALL),
         (maintenance::SWEEP_DURATION_SECONDS, SWEEP),
+        (scheduler::FIRE_LAG_SECONDS, PICKUP),
     ]
 };
 
@@ -105,6 +107,7 @@ pub fn describe() {
     workpump_lease_renewal::metrics::describe();
     workpump_heartbeat_worker::metrics::describe();
     workpump_maintenance::metrics::describe();
+    workpump_scheduler::metrics::describe();
     describe_own();
 }
 
@@ -162,7 +165,7 @@ pub struct MetricDescription {
 /// Every workpump metric, as each crate's `describe` states it: by package, in the order
 /// described. `docs/metrics.md` lists the same metrics (a test keeps them equal).
 pub fn catalog() -> Vec<MetricDescription> {
-    let crates: [(&'static str, fn()); 5] = [
+    let crates: [(&'static str, fn()); 6] = [
         (
             "workpump-claim-worker",
             workpump_claim_worker::metrics::describe,
@@ -179,6 +182,7 @@ pub fn catalog() -> Vec<MetricDescription> {
             "workpump-maintenance",
             workpump_maintenance::metrics::describe,
         ),
+        ("workpump-scheduler", workpump_scheduler::metrics::describe),
         ("workpump-host", describe_own),
     ];
     let mut all = Vec::new();

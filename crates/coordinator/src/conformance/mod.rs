@@ -11,7 +11,7 @@
 //! The cases live in one module per concern — `claim.rs`, `renewal.rs`, `liveness.rs`
 //! (instances, heartbeats, sweeps, the alive-lock), `outcomes.rs`, `enqueue.rs`,
 //! `maintenance.rs`, `operations.rs` (the operator's actions), `inspect.rs` (the operator's
-//! reads) — with the shared short forms of
+//! reads), `periodic.rs` (`fire_periodic`) — with the shared short forms of
 //! the calls in `helpers.rs` and the [`Harness`] in `harness.rs`; this file lists them.
 
 mod claim;
@@ -23,6 +23,7 @@ mod liveness;
 mod maintenance;
 mod operations;
 mod outcomes;
+mod periodic;
 mod renewal;
 
 pub use claim::*;
@@ -34,6 +35,7 @@ pub use liveness::*;
 pub use maintenance::*;
 pub use operations::*;
 pub use outcomes::*;
+pub use periodic::*;
 pub use renewal::*;
 
 /// Generates one `#[tokio::test]` per conformance case. `$make` is an async fn returning
@@ -131,6 +133,12 @@ macro_rules! conformance_suite {
             get_work_returns_the_whole_item_with_every_attempt,
             queue_overview_counts_states_lag_rates_and_settings,
             list_instances_reports_beats_locks_and_leases_per_queue,
+            // periodic.rs
+            concurrent_callers_enqueue_one_item_per_fire_time,
+            fire_times_are_claimed_forward_only_even_after_the_item_completed,
+            a_fire_time_not_yet_due_or_overtaken_claims_nothing,
+            a_changed_definition_claims_only_later_fire_times_and_is_recorded,
+            fire_periodic_refuses_bad_arguments_and_an_unknown_queue_leaves_it_unclaimed,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -23,6 +23,7 @@ use crate::coordinator::{WakeListener, WorkCoordinator};
 use crate::error::{Error, Result};
 use crate::operations::Operations;
 use crate::ops_types::*;
+use crate::periodic::*;
 use crate::types::*;
 use crate::validate::{self, micros, sanitize_text};
 use failover::Failover;
@@ -206,6 +207,7 @@ struct Statements {
     bulk_work: String,
     bulk_work_matching: String,
     set_queue_settings: String,
+    fire_periodic: String,
     migrate_lock: String,
     migrate_lock_timeout: String,
     migrate_lock_timeout_reset: String,
@@ -261,6 +263,7 @@ impl Statements {
             bulk_work: s(query_file!("bulk_work")),
             bulk_work_matching: s(query_file!("bulk_work_matching")),
             set_queue_settings: s(query_file!("set_queue_settings")),
+            fire_periodic: s(query_file!("fire_periodic")),
             migrate_lock: s(query_file!("migrate_lock")),
             migrate_lock_timeout: s(query_file!("migrate_lock_timeout")),
             migrate_lock_timeout_reset: s(query_file!("migrate_lock_timeout_reset")),
@@ -1096,6 +1099,69 @@ impl WorkCoordinator for PgCoordinator {
         )
         .await?;
         Ok(Box::new(listener))
+    }
+
+    async fn fire_periodic(&self, params: FirePeriodicParams) -> Result<FirePeriodicOutcome> {
+        params.validate()?;
+        let ctx = || format!("firing periodic schedule {:?}", params.name);
+        self.route().await?;
+        // Producers' traffic (it enqueues): the main pool. The claim and the enqueue are one
+        // transaction, so a fire time is enqueued exactly once or not at all.
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| self.db_error(ctx(), e))?;
+        let (fire_at, next_fire_at) = match &params.fire {
+            Some(f) => (Some(f.fire_at), f.next_fire_at),
+            None => (None, None),
+        };
+        let (result, last_fire_at, fingerprint, db_now): (
+            String,
+            Option<DateTime<Utc>>,
+            Option<String>,
+            DateTime<Utc>,
+        ) = sqlx::query_as(&self.stmts.fire_periodic)
+            .bind(&params.name)
+            .bind(&params.fingerprint)
+            .bind(fire_at)
+            .bind(next_fire_at)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| self.db_error(ctx(), e))?;
+        let result = match (result.as_str(), params.fire) {
+            ("fired", Some(fire)) => {
+                let out = self
+                    .enqueue_with(
+                        &mut tx,
+                        EnqueueWorkParams {
+                            items: vec![fire.work],
+                        },
+                    )
+                    .await?;
+                let enqueued = out.items.first().copied().ok_or_else(|| {
+                    Error::database(ctx(), "enqueue_work answered no item for the fire time")
+                })?;
+                FireResult::Fired(enqueued)
+            }
+            ("state", _) => FireResult::State,
+            ("not_due", _) => FireResult::NotDue,
+            ("overtaken", _) => FireResult::Overtaken,
+            ("already_fired", _) => FireResult::AlreadyFired,
+            (other, _) => {
+                return Err(Error::database(
+                    ctx(),
+                    format!("fire_periodic answered {other:?}"),
+                ))
+            }
+        };
+        tx.commit().await.map_err(|e| self.db_error(ctx(), e))?;
+        Ok(FirePeriodicOutcome {
+            result,
+            last_fire_at,
+            fingerprint,
+            db_now,
+        })
     }
 }
 
