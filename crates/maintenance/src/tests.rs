@@ -387,6 +387,13 @@ async fn a_failed_depth_sample_waits_for_the_next_interval() {
 async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
     let recorder = RecordedMetrics::default();
     let _guard = recorder.set_local();
+    let logs = workpump_coordinator::testing::Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
     let fake = store();
     queue(&fake, "q", 1).await;
     queue(&fake, "other", 1).await;
@@ -446,6 +453,14 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
         }
     );
     assert!(!fake.instance_registered(gone));
+    // The dead letter is an error in the log, naming its queue and why.
+    let text = logs.text();
+    let dead: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(dead.len(), 1, "{text}");
+    assert!(
+        dead[0].contains("1 items of queue \"other\" became dead letters: the lease of their last attempt expired"),
+        "{text}"
+    );
     for id in due {
         assert_eq!(
             fake.work_row(id).map(|r| r.state),

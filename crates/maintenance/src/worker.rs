@@ -645,6 +645,17 @@ impl MaintenanceWorker {
                     for q in &out.dead {
                         metrics::counter!(m::DEAD_LETTERED_ITEMS_TOTAL, m::QUEUE => q.queue.clone())
                             .increment(q.items);
+                        // Every dead letter is an error in the log (the claim worker logs
+                        // those its handlers' failures make, one by one, with the error).
+                        tracing::error!(
+                            worker = NAME,
+                            queue = %q.queue,
+                            "{} items of queue {:?} became dead letters: the lease of their last \
+                             attempt expired (the handler hung past its lease, or its instance \
+                             died) with no attempts left",
+                            q.items,
+                            q.queue
+                        );
                     }
                     for q in &out.cancelled {
                         metrics::counter!(m::CANCELLED_ITEMS_TOTAL, m::QUEUE => q.queue.clone())
