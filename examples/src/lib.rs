@@ -13,3 +13,10 @@
 //! - `workpump-worker`: the payload-driven worker process.
 //!
 //! The tests in `tests/` start `workpump-worker` processes and kill or stop them.
+
+/// The repository's README, whose Rust code blocks rustdoc compiles as this crate's doctests:
+/// its quick start cannot fall behind the API. They live here, in a crate that is never
+/// published, because a published crate cannot include a file outside its own directory.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
