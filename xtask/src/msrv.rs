@@ -15,7 +15,7 @@
 use std::env;
 use std::ffi::OsString;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use serde_json::Value;
@@ -250,15 +250,10 @@ pub(crate) fn run(Args { no_build }: Args) -> Outcome {
         )
         .into());
     }
-    // Its own target directory: the MSRV toolchain's artifacts never evict the usual ones.
-    let target = env::var_os("CARGO_TARGET_DIR")
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("msrv");
+    // The usual target directory: cargo keeps each toolchain's artifacts apart (their hashes
+    // include the compiler's version), so neither evicts the other and a rerun is cheap.
     let status = Command::new("rustup")
         .current_dir(&root)
-        .env("CARGO_TARGET_DIR", &target)
         .env_remove("RUSTC")
         .env_remove("CARGO")
         .env_remove("RUSTUP_TOOLCHAIN")
