@@ -236,9 +236,18 @@ pub(crate) fn run(Args { no_build }: Args) -> Outcome {
         return Ok(ExitCode::SUCCESS);
     }
     let toolchain = msrv.to_string();
-    let install = Command::new("rustup")
-        .args(["toolchain", "install", &toolchain, "--profile", "minimal"])
-        .status();
+    // Installed already: no network needed.
+    let installed = Command::new("rustup")
+        .args(["run", &toolchain, "rustc", "--version"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    let install = if installed {
+        Ok(std::process::ExitStatus::default())
+    } else {
+        Command::new("rustup")
+            .args(["toolchain", "install", &toolchain, "--profile", "minimal"])
+            .status()
+    };
     if !install.as_ref().is_ok_and(|status| status.success()) {
         return Err(format!(
             "cannot install Rust {toolchain} with rustup ({}): the MSRV is not built; \
