@@ -10,7 +10,9 @@ mod bench;
 mod chaos;
 mod demo;
 mod harness;
+mod migrations;
 mod monitoring;
+mod msrv;
 mod pg;
 mod test;
 
@@ -22,7 +24,7 @@ type Outcome = Result<ExitCode, Box<dyn Error>>;
 #[command(
     name = "cargo xtask",
     bin_name = "cargo xtask",
-    about = "workpump's chores: the demo, the tests, the benchmark, the fault suite, a throwaway PostgreSQL",
+    about = "workpump's chores: the demo, the tests, the benchmark, the fault suite, a throwaway PostgreSQL, release checks",
     after_help = "With DATABASE_URL set, tests and the demo use that server and start no cluster."
 )]
 struct Cli {
@@ -40,9 +42,15 @@ enum Command {
     Chaos(chaos::Args),
     /// Start a throwaway PostgreSQL and show workpump at work
     Demo(demo::Args),
+    /// Released migrations: `check` fails when one was edited or removed; `release` records
+    /// the migrations not released yet (sql/released-migrations.sha384)
+    Migrations(migrations::Args),
     /// Check the Prometheus alert rules in monitoring/ with promtool (`check rules`, `test
     /// rules`); fails when promtool is missing
     Monitoring(monitoring::Args),
+    /// Check the declared minimum Rust version: no locked dependency needs a newer one, this
+    /// toolchain is not older, and the workspace builds with it (installed with rustup)
+    Msrv(msrv::Args),
     /// The throwaway PostgreSQL by hand
     Pg(pg::Args),
     /// Start the test cluster, then `cargo nextest run --workspace ARGS` and, without ARGS,
@@ -57,7 +65,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Chaos(args) => chaos::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Migrations(args) => migrations::run(args),
         Command::Monitoring(args) => monitoring::run(args),
+        Command::Msrv(args) => msrv::run(args),
         Command::Pg(args) => pg::run(args),
         Command::Test(args) => test::run(args),
     };

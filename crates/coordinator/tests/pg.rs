@@ -79,6 +79,41 @@ async fn migrations_run_twice_are_a_no_op_and_concurrent_migrations_are_safe() {
     assert!(!path.contains("workpump"), "{path}");
 }
 
+/// A rolling upgrade: the new release migrated the store, and an instance of the previous
+/// release (re)starts beside it, running its own `migrate` (`migrate = true`). It must find
+/// nothing to do, not refuse the migration it does not know.
+#[tokio::test]
+async fn an_older_build_migrates_nothing_against_a_schema_a_newer_build_migrated() {
+    let (_db, pool) = fresh().await;
+    migrate(&pool, DEFAULT_SCHEMA).await.expect("migrate");
+    // What the next release's migration leaves in sqlx's history (its checksum is the
+    // newer build's business: this build cannot check a migration it does not ship).
+    sqlx::query(
+        "INSERT INTO workpump._sqlx_migrations \
+             (version, description, success, checksum, execution_time) \
+         VALUES (99999, 'from a newer release', true, '\\x00', 1)",
+    )
+    .execute(&pool)
+    .await
+    .expect("a newer release's migration");
+
+    migrate(&pool, DEFAULT_SCHEMA)
+        .await
+        .expect("an older build beside a newer schema migrates nothing");
+    let status = migration_status(&pool, DEFAULT_SCHEMA)
+        .await
+        .expect("status");
+    let newer = status.iter().find(|m| m.version == 99999).expect("listed");
+    assert_eq!(newer.state, MigrationState::Unknown);
+    assert!(
+        status
+            .iter()
+            .filter(|m| m.version != 99999)
+            .all(|m| m.state == MigrationState::Applied),
+        "{status:?}"
+    );
+}
+
 #[tokio::test]
 async fn constraints_make_impossible_states_impossible() {
     let (_db, pool, c) = migrated().await;

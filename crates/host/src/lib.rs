@@ -110,12 +110,6 @@
 //!
 //! Arrows: coordinator ← workers ← host; nothing depends on the host.
 
-/// The repository's README, whose Rust code blocks rustdoc compiles as this crate's doctests:
-/// its quick start cannot fall behind the API.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;
-
 mod client;
 mod config;
 mod context;

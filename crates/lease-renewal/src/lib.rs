@@ -77,7 +77,7 @@
 //! }
 //! ```
 //!
-#![doc = include_str!("../README.md")]
+#![doc = include_str!("../TIMING.md")]
 
 mod handle;
 pub mod metrics;

@@ -60,15 +60,14 @@ type Recorded = (i64, String, DateTime<Utc>, bool, Vec<u8>);
 pub async fn migration_status(pool: &PgPool, schema: &str) -> Result<Vec<MigrationStatus>> {
     validate_schema_name(schema)?;
     let ctx = || format!("reading the migrations of schema {schema:?}");
-    let recorded: bool = sqlx::query_scalar(include_str!(
-        "../../../../sql/queries/migration_table_exists.sql"
-    ))
-    .bind(schema)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| db_error(ctx(), e))?;
+    let recorded: bool =
+        sqlx::query_scalar(include_str!("../../sql/queries/migration_table_exists.sql"))
+            .bind(schema)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| db_error(ctx(), e))?;
     let applied: Vec<Recorded> = if recorded {
-        let sql = include_str!("../../../../sql/queries/migration_status.sql")
+        let sql = include_str!("../../sql/queries/migration_status.sql")
             .replace("{schema}", &quote_ident(schema));
         sqlx::query_as(&sql)
             .fetch_all(pool)
@@ -125,7 +124,7 @@ pub fn grants_sql(schema: &str, runtime: &str) -> Result<String> {
             "the runtime role's name must be 1 to 63 bytes without NUL, got {runtime:?}"
         )));
     }
-    Ok(include_str!("../../../../sql/grants.sql")
+    Ok(include_str!("../../sql/grants.sql")
         .replace(":\"schema\"", &quote_ident(schema))
         .replace(":\"runtime\"", &quote_ident(runtime)))
 }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 const SEARCH_AGAIN_AFTER: Duration = Duration::from_millis(200);
 
 /// The statement that asks a session what its server is.
-const SESSION_ATTRS: &str = include_str!("../../../../sql/queries/session_attrs.sql");
+const SESSION_ATTRS: &str = include_str!("../../sql/queries/session_attrs.sql");
 
 /// The host a coordinator uses, and the search for a new one.
 ///

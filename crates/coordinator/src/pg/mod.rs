@@ -34,7 +34,17 @@ pub use url::{DatabaseUrl, TargetSessionAttrs, DEFAULT_CONNECT_TIMEOUT};
 /// The schema that holds workpump's objects unless told otherwise.
 pub const DEFAULT_SCHEMA: &str = "workpump";
 
-static MIGRATOR: Migrator = sqlx::migrate!("../../sql/migrations");
+/// The migrations, embedded. The crate's `sql` is a symbolic link to the workspace's `sql/`, so
+/// the paths here and in `include_str!` stay inside the crate and `cargo package` ships the files.
+///
+/// `ignore_missing`: a migration applied by a newer release is not an error. During a rolling
+/// upgrade an instance of the previous release may (re)start after the new one migrated; its
+/// `migrate` must find nothing to do rather than refuse (docs/upgrading.md). A changed
+/// migration is still refused.
+static MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("sql/migrations")
+};
 
 /// How long [`migrate`] waits for the migration lock. **60 s.**
 pub const DEFAULT_MIGRATE_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
@@ -220,7 +230,7 @@ struct Statements {
 
 macro_rules! query_file {
     ($name:literal) => {
-        include_str!(concat!("../../../../sql/queries/", $name, ".sql"))
+        include_str!(concat!("../../sql/queries/", $name, ".sql"))
     };
 }
 
