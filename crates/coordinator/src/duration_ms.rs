@@ -49,7 +49,7 @@ pub struct ParseDurationError {
 }
 
 /// Parses a duration string into milliseconds: digits alone (milliseconds), or one or more
-/// `<integer><unit>` parts (`ms`, `s`, `m`, `h`, `d`), optionally separated by spaces, e.g.
+/// `<integer><unit>` parts (`ms`, `s`, `m`, `h`, `d`), spaces allowed between them, e.g.
 /// `"1m30s"` → 90 000.
 pub fn parse(input: &str) -> Result<u64, ParseDurationError> {
     let fail = |reason: String| ParseDurationError {
@@ -74,6 +74,7 @@ pub fn parse(input: &str) -> Result<u64, ParseDurationError> {
         }
         let (number, after) = rest.split_at(digits);
         let number: u64 = number.parse().map_err(|_| fail("too large".to_owned()))?;
+        let after = after.trim_start();
         let unit_len = after.bytes().take_while(u8::is_ascii_alphabetic).count();
         let (unit, after) = after.split_at(unit_len);
         let per_unit: u64 = match unit {
@@ -201,6 +202,7 @@ mod tests {
             ("2d", 172_800_000),
             ("1m30s", 90_000),
             ("1h 2m 3s 4ms", 3_723_004),
+            ("5 m", 300_000),
             (" 45s ", 45_000),
             ("1500", 1_500),
             ("0s", 0),

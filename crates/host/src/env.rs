@@ -255,7 +255,7 @@ mod tests {
         let f = layer(&[
             ("WORKPUMP_QUEUES__BILLING__NAME", "billing.emails-v2:eu"),
             ("WORKPUMP_QUEUES__BILLING__CONCURRENCY", "4"),
-            ("WORKPUMP_QUEUES__billing__LEASE_MS", "2m"),
+            ("WORKPUMP_QUEUES__BILLING__LEASE_MS", "2m"),
             ("WORKPUMP_QUEUES__UNUSED__NAME", "only.a.name"),
         ]);
         let queues = f.find_value("queues").unwrap().into_dict().unwrap();
@@ -264,7 +264,7 @@ mod tests {
         assert_eq!(q["concurrency"].to_u128(), Some(4));
         assert_eq!(q["lease_ms"].as_str(), Some("2m"));
         assert!(!q.contains_key("name"));
-        // The alias `billing` (lower case) is a queue of its own: no NAME maps it.
+        // Aliases keep their case too: `billing` is a queue of its own, no NAME maps it.
         let f = layer(&[
             ("WORKPUMP_QUEUES__BILLING__NAME", "billing.emails-v2"),
             ("WORKPUMP_QUEUES__billing__LEASE_MS", "2m"),

@@ -108,7 +108,11 @@ async fn queue_names_in_variables_keep_their_case_and_an_alias_names_any_queue()
         "{message}"
     );
     let source = std::error::Error::source(&err).expect("the figment error is the source");
-    assert!(source.downcast_ref::<figment::Error>().is_some());
+    let HostError::ConfigLoad(figment_error) = &err else {
+        panic!("not a load error: {err:?}");
+    };
+    assert_eq!(source.to_string(), figment_error.to_string());
+    assert!(source.to_string().contains("does not name a queue"));
 
     // A duration that reads as none is refused naming the variable and the accepted forms.
     std::env::set_var("WORKPUMP_QUEUES__BILLING__NAME", "billing.emails-v2:eu");
