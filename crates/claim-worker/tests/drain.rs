@@ -15,7 +15,7 @@ use workpump_coordinator::*;
 use workpump_lease_renewal::{LeaseConfig, LeaseRenewalWorker};
 
 /// What the handler saw: when its token fired (from the start of the drain) and why.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Seen {
     cancelled_at: Option<Duration>,
     reason: Option<CancelReason>,
@@ -223,10 +223,9 @@ async fn a_handler_that_finishes_during_the_soft_stop_completes_and_its_token_ne
     let began = Instant::now();
     let took = env.drain().await;
 
-    let seen = env.seen.lock().unwrap();
+    let seen = env.seen.lock().unwrap().clone();
     assert!(seen.finished, "{seen:?}");
     assert_eq!(seen.cancelled_at, None, "the token never fired: {seen:?}");
-    drop(seen);
     // The drain ended when the handler did (8 s after it started), not at the soft timeout.
     assert!(
         took >= Duration::from_millis(7_900) && took < Duration::from_millis(8_500),
@@ -248,12 +247,11 @@ async fn a_handler_still_running_at_the_end_of_the_soft_stop_is_cancelled_as_dra
     let mut env = running(10_000, 5_000, Handler::UntilCancelled).await;
     let took = env.drain().await;
 
-    let seen = env.seen.lock().unwrap();
+    let seen = env.seen.lock().unwrap().clone();
     assert!(!seen.finished);
     // Cancelled exactly at the soft timeout, with the drain as its reason.
     assert_eq!(seen.cancelled_at, Some(Duration::from_secs(10)), "{seen:?}");
     assert_eq!(seen.reason, Some(CancelReason::Shutdown));
-    drop(seen);
     assert!(took < Duration::from_millis(10_500), "{took:?}");
     // Released for a peer, the attempt given back.
     let item = env.item().await;
@@ -266,11 +264,10 @@ async fn a_handler_still_running_at_the_end_of_the_soft_stop_is_cancelled_as_dra
 async fn a_handler_ignoring_its_token_is_abandoned_after_the_hard_timeout_and_released() {
     let mut env = running(2_000, 3_000, Handler::IgnoresItsToken).await;
     let took = env.drain().await;
-    let seen = env.seen.lock().unwrap();
+    let seen = env.seen.lock().unwrap().clone();
     // Its token fired at the 2 s soft timeout; 3 s later it was abandoned.
     assert_eq!(seen.cancelled_at, Some(Duration::from_secs(2)), "{seen:?}");
     assert!(!seen.finished);
-    drop(seen);
     assert!(
         took >= Duration::from_secs(5) && took < Duration::from_millis(5_500),
         "{took:?}"
@@ -284,10 +281,9 @@ async fn a_handler_ignoring_its_token_is_abandoned_after_the_hard_timeout_and_re
 async fn a_soft_timeout_of_zero_cancels_running_handlers_at_once() {
     let mut env = running(0, 5_000, Handler::UntilCancelled).await;
     let took = env.drain().await;
-    let seen = env.seen.lock().unwrap();
+    let seen = env.seen.lock().unwrap().clone();
     assert_eq!(seen.cancelled_at, Some(Duration::ZERO), "{seen:?}");
     assert_eq!(seen.reason, Some(CancelReason::Shutdown));
-    drop(seen);
     assert!(took < Duration::from_millis(100), "{took:?}");
     assert_eq!(env.item().await.state, WorkState::Available);
 }
