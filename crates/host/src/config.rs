@@ -266,10 +266,23 @@ impl HostConfig {
         for (name, q) in &self.queues {
             let prefix = format!("queues.{name}");
             if !queues.contains(&name.as_str()) {
+                // Queue names are case-sensitive, in the environment too (where they used to
+                // be lower-cased): point at the queue a name differs from only in case.
+                let hint = queues
+                    .iter()
+                    .find(|q| q.eq_ignore_ascii_case(name))
+                    .map(|q| {
+                        format!(
+                            "; queue names are case-sensitive: did you mean {q:?}? (in the \
+                             environment: WORKPUMP_QUEUES__{q}__<SETTING>, or an alias with \
+                             NAME={q})"
+                        )
+                    })
+                    .unwrap_or_default();
                 problems.push(ConfigProblem::new(
                     prefix.clone(),
                     format!(
-                        "settings for a queue with no handler, which this host does not produce to either (its queues: {})",
+                        "settings for a queue with no handler, which this host does not produce to either (its queues: {}){hint}",
                         if queues.is_empty() {
                             "none".to_owned()
                         } else {

@@ -93,6 +93,12 @@ async fn queue_names_in_variables_keep_their_case_and_an_alias_names_any_queue()
             assert_eq!(problems.len(), 1, "{problems:?}");
             assert_eq!(problems[0].setting, "queues.Emails");
             assert!(problems[0].reason.contains("no handler"), "{problems:?}");
+            assert!(
+                problems[0]
+                    .reason
+                    .contains("case-sensitive: did you mean \"emails\"?"),
+                "{problems:?}"
+            );
         }
         Err(e) => panic!("refused otherwise: {e}"),
         Ok(_) => panic!("started with settings for a queue it does not serve"),
