@@ -18,8 +18,11 @@ pub const DEFAULT_OUTCOME_BATCH: usize = 1_000;
 /// The most handlers of one queue that may run at once (a semaphore of that many permits;
 /// tokio refuses more than `usize::MAX >> 3`).
 pub const MAX_CONCURRENCY: usize = 1_000_000;
-/// How long a drain waits for in-flight handlers. **30 s.**
+/// How long a drain waits for running handlers after cancelling them. **30 s.**
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
+/// How long a drain lets running handlers finish on their own before cancelling them.
+/// **30 s.**
+pub const DEFAULT_DRAIN_SOFT_TIMEOUT_MS: u64 = 30_000;
 
 /// The claim worker's settings (section `[claim]` of the host config).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -33,12 +36,15 @@ pub struct ClaimConfig {
     pub enabled: bool,
     /// The tight poll cadence and the start of the backoff while the NOTIFY gate is down.
     /// **Default: 250 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub poll_base_ms: u64,
     /// The backoff cap: `wait = min(base << min(empty - 1, 10), max)`. At or below the base it
     /// disables backoff. **Default: 10 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub poll_max_ms: u64,
     /// While LISTEN/NOTIFY is healthy, the backoff starts here instead of at the base (only
     /// when larger). `None` keeps tight polling. **Default: 5 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub notify_healthy_base_ms: Option<u64>,
     /// While LISTEN/NOTIFY is healthy, poll on a timer at all (the safety net for work that
     /// sends no signal: expired leases, missed notifications). `false`: sleep until a signal.
@@ -53,8 +59,18 @@ pub struct ClaimConfig {
     /// Outcomes that arrive while a write is in flight go out together in the next.
     /// **Default: 1 000.**
     pub outcome_batch: usize,
-    /// On shutdown, how long in-flight handlers get to finish before their leases are
-    /// released. **Default: 30 000 ms.**
+    /// The drain's soft stop: on shutdown the worker stops claiming and lets running
+    /// handlers finish on their own for this long, their tokens not fired and their leases
+    /// still renewed; the handlers still running then are cancelled
+    /// ([`CancelReason::Shutdown`](workpump_coordinator::CancelReason::Shutdown)) and get
+    /// [`drain_timeout_ms`](Self::drain_timeout_ms). 0 cancels them at once. The host sets it
+    /// from its `shutdown_soft_timeout_ms`. **Default: 30 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
+    pub drain_soft_timeout_ms: u64,
+    /// The drain's hard timeout: how long cancelled handlers get to stop before they are
+    /// abandoned and their leases released (the attempt not counted). The host sets it from
+    /// its `shutdown_timeout_ms`. **Default: 30 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub drain_timeout_ms: u64,
 }
 
@@ -69,6 +85,7 @@ impl Default for ClaimConfig {
             listen: true,
             max_items_per_claim: DEFAULT_MAX_ITEMS_PER_CLAIM,
             outcome_batch: DEFAULT_OUTCOME_BATCH,
+            drain_soft_timeout_ms: DEFAULT_DRAIN_SOFT_TIMEOUT_MS,
             drain_timeout_ms: DEFAULT_DRAIN_TIMEOUT_MS,
         }
     }
@@ -125,6 +142,9 @@ impl ClaimConfig {
     }
     pub(crate) fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+    pub(crate) fn drain_soft_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_soft_timeout_ms)
     }
 }
 

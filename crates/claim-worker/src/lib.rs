@@ -8,7 +8,10 @@
 //! user's [`Handler`], and writes the outcome — complete, retry with backoff, dead letter,
 //! cancelled, or a release when draining — in coalesced, fenced batches. Between polls it
 //! waits adaptively (see [`wait_after`]); wake signals from local enqueues and from
-//! LISTEN/NOTIFY end any wait at once.
+//! LISTEN/NOTIFY end any wait at once. On shutdown it drains: it stops claiming, lets running
+//! handlers finish on their own for `drain_soft_timeout_ms` (the soft stop), then cancels
+//! those still running and waits `drain_timeout_ms`, then releases the rest
+//! ([`ClaimConfig`]).
 //!
 //! It deliberately does not renew leases, send heartbeats (not even to register: liveness has
 //! one home, the heartbeat worker, so with the heartbeat switched off this worker claims
@@ -53,9 +56,9 @@ mod wait;
 mod worker;
 
 pub use config::{
-    Backoff, ClaimConfig, QueueSettings, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_MAX_ITEMS_PER_CLAIM,
-    DEFAULT_NOTIFY_HEALTHY_BASE_MS, DEFAULT_OUTCOME_BATCH, DEFAULT_POLL_BASE_MS,
-    DEFAULT_POLL_MAX_MS, MAX_CONCURRENCY,
+    Backoff, ClaimConfig, QueueSettings, DEFAULT_DRAIN_SOFT_TIMEOUT_MS, DEFAULT_DRAIN_TIMEOUT_MS,
+    DEFAULT_MAX_ITEMS_PER_CLAIM, DEFAULT_NOTIFY_HEALTHY_BASE_MS, DEFAULT_OUTCOME_BATCH,
+    DEFAULT_POLL_BASE_MS, DEFAULT_POLL_MAX_MS, MAX_CONCURRENCY,
 };
 pub use handler::{handler_fn, FnHandler, Handler, Job, JobError, JobResult, JobTransaction};
 pub use trace::ATTEMPT_SPAN;

@@ -195,9 +195,11 @@ impl Waker {
 /// adaptively between polls ([`wait_after`]). Wake signals (local enqueues through the
 /// [`Waker`], LISTEN/NOTIFY from other processes) end a wait at once. Outcomes are written
 /// in coalesced batches. On eviction every handler of the old instance is cancelled and
-/// nothing is recorded for it; on shutdown the worker drains: it stops claiming, cancels the
-/// handlers, waits up to `drain_timeout_ms`, records what finished and releases the rest
-/// without counting the attempt.
+/// nothing is recorded for it; on shutdown the worker drains: it stops claiming, lets the
+/// running handlers finish on their own for up to `drain_soft_timeout_ms` (the soft stop:
+/// their tokens untouched, their leases renewed), then cancels those still running
+/// ([`CancelReason::Shutdown`]) and waits up to `drain_timeout_ms`, records what finished
+/// and releases the rest without counting the attempt.
 pub struct ClaimWorker {
     shared: Arc<Shared>,
 }
@@ -364,19 +366,42 @@ impl Worker for ClaimWorker {
             }
         }
 
-        // Drain.
+        // Drain: stop claiming; the soft stop (running handlers may finish on their own,
+        // their leases still renewed: the host stops the lease worker only after this run
+        // returns); then cancel them and wait the hard timeout; then abandon the rest, whose
+        // leases are released.
         stop_claiming.cancel();
         control.wait().await;
-        run.cancel_in_flight(CancelReason::Shutdown);
         dispatch.close();
-        let drain = self.shared.config.drain_timeout();
-        if tokio::time::timeout(drain, dispatch.wait()).await.is_err() {
-            tracing::warn!(
-                "{} handlers still running after the {drain:?} drain timeout; releasing their leases",
-                run.in_flight.lock().map(|m| m.len()).unwrap_or_default()
+        let config = &self.shared.config;
+        let (soft, hard) = (config.drain_soft_timeout(), config.drain_timeout());
+        let running = run.in_flight_count();
+        if !soft.is_zero() && running > 0 {
+            tracing::info!(
+                "draining: waiting up to {soft:?} for {running} running handlers to finish \
+                 before cancelling them"
             );
-            run.drain_deadline.cancel();
-            dispatch.wait().await;
+        }
+        let finished_softly =
+            !soft.is_zero() && tokio::time::timeout(soft, dispatch.wait()).await.is_ok();
+        if !finished_softly {
+            if !soft.is_zero() {
+                tracing::warn!(
+                    "{} handlers still running after the {soft:?} soft stop; cancelling them \
+                     (they get {hard:?} to stop)",
+                    run.in_flight_count()
+                );
+            }
+            run.cancel_in_flight(CancelReason::Shutdown);
+            if tokio::time::timeout(hard, dispatch.wait()).await.is_err() {
+                tracing::warn!(
+                    "{} handlers still running after the {hard:?} drain timeout; releasing \
+                     their leases",
+                    run.in_flight_count()
+                );
+                run.drain_deadline.cancel();
+                dispatch.wait().await;
+            }
         }
         drop(recorder);
         let _ = writer.await;
@@ -399,7 +424,7 @@ struct Run {
     slots: HashMap<String, (Arc<Semaphore>, Arc<Notify>)>,
     /// Parent of every lease token.
     root: CancellationToken,
-    /// Fires when the drain timeout passes: abandon handlers, release their leases.
+    /// Fires when the drain's hard timeout passes: abandon handlers, release their leases.
     drain_deadline: CancellationToken,
 }
 
@@ -453,6 +478,10 @@ impl Run {
     fn set_registered(&self, instance: Option<InstanceId>) {
         self.shared.status.send_modify(|s| s.registered = instance);
         self.registered.send_replace(instance);
+    }
+
+    fn in_flight_count(&self) -> usize {
+        self.in_flight.lock().map(|m| m.len()).unwrap_or_default()
     }
 
     fn cancel_in_flight(&self, reason: CancelReason) {

@@ -39,6 +39,7 @@
 //! the owning instance and the claim token minted by the claim.
 
 mod coordinator;
+pub mod duration_ms;
 mod error;
 mod identity;
 mod job;

@@ -35,7 +35,8 @@ pub const STORE_FLOOR: Liveness = Liveness {
 /// The liveness cutoffs of one host (the `[liveness]` section: `stale_after_ms`,
 /// `dead_after_ms`, `lock_grace_ms`). `Default` holds the only defaults: 30 s, 5 min, 3 s.
 ///
-/// Written in a config as milliseconds; `dead_after_ms` and `lock_grace_ms` also take
+/// Written in a config as milliseconds or a duration string (`stale_after_ms = "30s"`, see
+/// [`duration_ms`](crate::duration_ms)); `dead_after_ms` and `lock_grace_ms` also take
 /// `"none"` (or JSON `null`) to turn their rule off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "LivenessMs", into = "LivenessMs")]
@@ -159,14 +160,17 @@ fn setting(prefix: &str, field: &str) -> String {
     }
 }
 
-/// How [`Liveness`] is written in a config: milliseconds.
+/// How [`Liveness`] is written in a config: milliseconds or a duration string
+/// ([`duration_ms`](crate::duration_ms)); `dead_after_ms` and `lock_grace_ms` also `"none"`
+/// (or `null`) to turn their rule off.
 #[derive(Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct LivenessMs {
+    #[serde(deserialize_with = "crate::duration_ms::deserialize")]
     stale_after_ms: u64,
-    #[serde(deserialize_with = "optional_ms::deserialize")]
+    #[serde(deserialize_with = "crate::duration_ms::or_none::deserialize")]
     dead_after_ms: Option<u64>,
-    #[serde(deserialize_with = "optional_ms::deserialize")]
+    #[serde(deserialize_with = "crate::duration_ms::or_none::deserialize")]
     lock_grace_ms: Option<u64>,
 }
 
@@ -196,60 +200,6 @@ impl From<LivenessMs> for Liveness {
             stale_after: Duration::from_millis(l.stale_after_ms),
             dead_after: l.dead_after_ms.map(Duration::from_millis),
             lock_grace: l.lock_grace_ms.map(Duration::from_millis),
-        }
-    }
-}
-
-/// `dead_after_ms` and `lock_grace_ms` read a number of milliseconds, or `"none"` / `null`
-/// to turn the rule off (TOML has no null, and environment variables are strings).
-mod optional_ms {
-    use std::fmt;
-
-    use serde::de::{self, Deserializer, Visitor};
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        d.deserialize_any(OptionalMs)
-    }
-
-    struct OptionalMs;
-
-    impl<'de> Visitor<'de> for OptionalMs {
-        type Value = Option<u64>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a number of milliseconds, or \"none\" to turn the rule off")
-        }
-
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-            Ok(Some(v))
-        }
-
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-            u64::try_from(v)
-                .map(Some)
-                .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
-        }
-
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            let v = v.trim();
-            if v.eq_ignore_ascii_case("none") {
-                return Ok(None);
-            }
-            v.parse::<u64>()
-                .map(Some)
-                .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))
-        }
-
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            deserialize(d)
         }
     }
 }

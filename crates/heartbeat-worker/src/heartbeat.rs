@@ -89,10 +89,12 @@ pub struct HeartbeatConfig {
     /// beat is retried (with 1 s, whichever is shorter). Also the timeout of each store call
     /// of a beat: a call that has not answered by then is abandoned and the beat counts as
     /// failed. **Default: 10 000 ms (10 s).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub fast_interval_ms: u64,
     /// The wait between beats while this instance's dedicated session holds its alive-lock:
     /// the lock proves liveness, the row is a fallback, so it is written less often. May
     /// exceed `liveness.stale_after_ms` (see the crate docs). **Default: 60 000 ms (60 s).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub slow_interval_ms: u64,
     /// Which signal proves liveness: `"advisory_lock_when_available"` (the alive-lock first,
     /// the heartbeat row as fallback) or `"heartbeat_table_only"` (no lock, always the fast

@@ -1,13 +1,16 @@
 //! The host's configuration: defaults in code, then a TOML file, then `WORKPUMP_`
-//! environment variables (`__` for nesting), then values set in code; refused at start with
-//! every violated rule named.
+//! environment variables (`__` for nesting; queue names keep their case, and an alias with a
+//! `NAME` stands for a name no variable can hold: see [`HostConfig::figment`]), then values
+//! set in code; refused at start with every violated rule named. Every `*_ms` setting takes
+//! an integer of milliseconds or a duration string (`"30s"`, `"1m30s"`;
+//! [`workpump_coordinator::duration_ms`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use workpump_claim_worker::{Backoff, ClaimConfig, QueueSettings};
@@ -19,6 +22,7 @@ use workpump_lease_renewal::LeaseConfig;
 use workpump_maintenance::MaintenanceConfig;
 use workpump_scheduler::{PeriodicConfig, SchedulerConfig};
 
+use crate::env::EnvLayer;
 use crate::supervise::SupervisionConfig;
 use crate::HostError;
 
@@ -27,7 +31,9 @@ use crate::HostError;
 const LIVENESS: &str = workpump_heartbeat_worker::LIVENESS_SECTION;
 
 /// Everything a host can be told. Every field has a default; see each section's type for
-/// its settings.
+/// its settings. Every duration setting is named `*_ms` and takes an integer of milliseconds
+/// or a string of numbers with units `ms`, `s`, `m`, `h`, `d` (`"250ms"`, `"30s"`, `"5m"`,
+/// `"1m30s"`; [`workpump_coordinator::duration_ms`]), in TOML and in the environment alike.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HostConfig {
@@ -62,8 +68,19 @@ pub struct HostConfig {
     /// queue's settings. An operator changes settings or hands a queue over with
     /// `Operations::set_queue_settings`. 1 to 128 characters. **Default: none.**
     pub service: Option<String>,
-    /// How long a drain waits for in-flight handlers before releasing their leases.
-    /// **Default: 30 000 ms.**
+    /// The soft stop of a drain: once the host has stopped claiming, how long running
+    /// handlers may finish on their own, their cancellation tokens not fired and their leases
+    /// still renewed. Those still running then are cancelled (`Job::cancel_reason` is
+    /// `CancelReason::Shutdown`) and get `shutdown_timeout_ms` to stop. 0 cancels them at
+    /// once. A drain may take up to both timeouts: keep their sum below the time your
+    /// orchestrator gives a stopping process (Kubernetes' `terminationGracePeriodSeconds`,
+    /// 30 s unless set), or a killed process leaves its items to be reclaimed only when their
+    /// leases expire. **Default: 30 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
+    pub shutdown_soft_timeout_ms: u64,
+    /// The hard timeout of a drain: how long cancelled handlers get to stop before they are
+    /// abandoned and their leases released (the attempt not counted). **Default: 30 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub shutdown_timeout_ms: u64,
     /// The claim worker (`[claim]`).
     pub claim: ClaimConfig,
@@ -108,6 +125,7 @@ impl Default for HostConfig {
             control_connections: 4,
             host_name: None,
             service: None,
+            shutdown_soft_timeout_ms: 30_000,
             shutdown_timeout_ms: 30_000,
             claim: ClaimConfig::default(),
             lease: LeaseConfig::default(),
@@ -153,40 +171,62 @@ pub struct QueueConfig {
     /// Attempts before an item becomes a dead letter. **Default: 10.**
     pub max_attempts: Option<i32>,
     /// The retry delay unit: attempt n waits about `base × 2^n`. **Default: 1 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub backoff_base_ms: Option<u64>,
     /// The longest retry delay, at most 100 years (the store refuses longer ones).
     /// **Default: 300 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub backoff_cap_ms: Option<u64>,
     /// The lease length. **Default: `lease.lease_ms`.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub lease_ms: Option<u64>,
     /// The renewal interval. **Default: `lease.renewal_interval_ms`, or lease / 3.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub renewal_interval_ms: Option<u64>,
     /// The lease-fence grace. **Default: `lease.grace_ms`, or lease / 6.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub grace_ms: Option<u64>,
     /// Renewals per claim. **Default: `lease.max_renewals`.**
     pub max_renewals: Option<u32>,
     /// Longest attempt. **Default: `lease.max_duration_ms`.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub max_duration_ms: Option<u64>,
 }
 
 impl HostConfig {
     /// The figment that [`load`](Self::load) extracts: defaults, then `file` (TOML) when
     /// given, then `WORKPUMP_`-prefixed environment variables with `__` for nesting
-    /// (`WORKPUMP_CLAIM__POLL_BASE_MS=100`, `WORKPUMP_QUEUES__EMAILS__CONCURRENCY=4`).
+    /// (`WORKPUMP_CLAIM__POLL_BASE_MS=100`, `WORKPUMP_LEASE__LEASE_MS=90s`).
+    ///
+    /// In a variable's name the sections and settings are case-insensitive, but a queue's
+    /// name is kept exactly as written: `WORKPUMP_QUEUES__Emails__CONCURRENCY=4` configures
+    /// the queue `Emails` (and `WORKPUMP_QUEUES__EMAILS__...` the queue `EMAILS`). A queue
+    /// whose name holds characters a variable's name cannot (`.`, `-`, `:`) is configured
+    /// under an alias that `NAME` maps to it:
+    ///
+    /// ```text
+    /// WORKPUMP_QUEUES__BILLING__NAME=billing.emails-v2
+    /// WORKPUMP_QUEUES__BILLING__CONCURRENCY=4
+    /// ```
+    ///
+    /// A `NAME` that is not a valid queue name, or two groups of variables that configure
+    /// the same queue, are refused when the configuration is loaded, naming the variables.
     pub fn figment(file: Option<&Path>) -> Figment {
         let mut figment = Figment::from(Serialized::defaults(HostConfig::default()));
         if let Some(file) = file {
             figment = figment.merge(Toml::file_exact(file));
         }
-        figment.merge(Env::prefixed("WORKPUMP_").split("__"))
+        figment.merge(EnvLayer::from_process())
     }
 
     /// Loads the layered configuration (see [`figment`](Self::figment)). Values set in code
-    /// come last: change the returned value before handing it to the builder.
+    /// come last: change the returned value before handing it to the builder. A file or
+    /// variable that cannot be read is [`HostError::ConfigLoad`], its figment error the
+    /// source.
     pub fn load(file: Option<&Path>) -> Result<HostConfig, HostError> {
         Self::figment(file)
             .extract()
-            .map_err(|e| HostError::ConfigLoad(e.to_string()))
+            .map_err(|e| HostError::ConfigLoad(Box::new(e)))
     }
 
     /// Every rule the configuration violates, each naming its setting. `queues` are the
@@ -236,10 +276,23 @@ impl HostConfig {
         for (name, q) in &self.queues {
             let prefix = format!("queues.{name}");
             if !queues.contains(&name.as_str()) {
+                // Queue names are case-sensitive, in the environment too (where they used to
+                // be lower-cased): point at the queue a name differs from only in case.
+                let hint = queues
+                    .iter()
+                    .find(|q| q.eq_ignore_ascii_case(name))
+                    .map(|q| {
+                        format!(
+                            "; queue names are case-sensitive: did you mean {q:?}? (in the \
+                             environment: WORKPUMP_QUEUES__{q}__<SETTING>, or an alias with \
+                             NAME={q})"
+                        )
+                    })
+                    .unwrap_or_default();
                 problems.push(ConfigProblem::new(
                     prefix.clone(),
                     format!(
-                        "settings for a queue with no handler, which this host does not produce to either (its queues: {})",
+                        "settings for a queue with no handler, which this host does not produce to either (its queues: {}){hint}",
                         if queues.is_empty() {
                             "none".to_owned()
                         } else {

@@ -40,7 +40,7 @@
 //! should wait the same way. The cutoffs come from [`liveness`](WorkerContext::liveness) for
 //! the heartbeat and maintenance slots alike, so the two cannot drift. The claim slot's
 //! derived setting comes from here too: [`claim_config`](WorkerContext::claim_config)
-//! (`[claim]` with the host's drain timeout).
+//! (`[claim]` with the host's drain timeouts).
 //!
 //! The type lives in the host crate, not in the coordinator crate beside `Worker`, because it
 //! carries the claim worker's [`Handlers`] and the [`HostConfig`]; worker crates never see it
@@ -155,10 +155,17 @@ impl WorkerContext {
         self.handlers.clone()
     }
 
-    /// How long a drain waits for in-flight handlers (`shutdown_timeout_ms`); the built-in
-    /// claim worker uses it as its drain timeout.
+    /// How long a drain waits for cancelled handlers (`shutdown_timeout_ms`, the hard
+    /// timeout); the built-in claim worker uses it as its drain timeout.
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_millis(self.config.shutdown_timeout_ms)
+    }
+
+    /// How long a drain lets running handlers finish before cancelling them
+    /// (`shutdown_soft_timeout_ms`, the soft stop); the built-in claim worker uses it as its
+    /// soft drain timeout.
+    pub fn shutdown_soft_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.shutdown_soft_timeout_ms)
     }
 
     /// The whole configuration the host validated, for a worker's own section (`[claim]`,
@@ -174,10 +181,12 @@ impl WorkerContext {
         self.periodic.clone()
     }
 
-    /// The claim worker's configuration: `[claim]` with its drain timeout set to the host's
+    /// The claim worker's configuration: `[claim]` with its drain timeouts set to the host's
+    /// [`shutdown_soft_timeout`](Self::shutdown_soft_timeout) and
     /// [`shutdown_timeout`](Self::shutdown_timeout), as the default claim factory builds it.
     pub fn claim_config(&self) -> ClaimConfig {
         ClaimConfig {
+            drain_soft_timeout_ms: self.config.shutdown_soft_timeout_ms,
             drain_timeout_ms: self.config.shutdown_timeout_ms,
             ..self.config.claim.clone()
         }

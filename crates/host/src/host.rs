@@ -711,7 +711,7 @@ async fn start(
             tracing::error!("the host stopped: {e}");
         }
         ::metrics::gauge!(metrics::HOST_UP).decrement(1.0);
-        let _ = done_tx.send(Some(result.map_err(|e| e.to_string())));
+        let _ = done_tx.send(Some(result.map_err(Arc::new)));
     });
     tracing::info!("workpump host started as instance {}", identity.current());
     Ok(HostHandle { inner })
@@ -821,8 +821,9 @@ async fn run_host(
             // Once: a cancelled token stays ready, and a branch that is always ready would
             // spin this loop and starve the drain on a current-thread runtime.
             _ = inner.shutdown.cancelled(), if !claim_done && !claim_token.is_cancelled() => {
-                // Drain: the claim worker stops claiming and drains (bounded by the shutdown
-                // timeout); then everything else stops.
+                // Drain: the claim worker stops claiming and drains (bounded by the soft and
+                // the hard shutdown timeouts); then everything else stops, so leases are
+                // renewed and the instance beats until the drain has ended.
                 claim_token.cancel();
             }
             joined = supervisors.join_next() => {
@@ -876,7 +877,7 @@ struct Inner {
     /// Wakes the claim loops for local enqueues, when the claim slot reported it.
     wake: Option<Wake>,
     shutdown: CancellationToken,
-    done: watch::Receiver<Option<Result<(), String>>>,
+    done: watch::Receiver<Option<Result<(), Arc<HostError>>>>,
     schema_ready: watch::Receiver<bool>,
     heartbeat_status: Option<watch::Receiver<HeartbeatStatus>>,
     claim_status: Option<watch::Receiver<ClaimStatus>>,
@@ -892,10 +893,12 @@ pub struct HostHandle {
 }
 
 impl HostHandle {
-    /// Begins a drain: stop claiming, cancel in-flight handlers, wait up to the shutdown
-    /// timeout, record what finished, release the leases of the rest (peers claim them at
-    /// once; no attempt is counted), delete the instance row. Returns at once; await
-    /// [`stopped`](Self::stopped) for the end.
+    /// Begins a drain: stop claiming; let running handlers finish on their own for up to
+    /// `shutdown_soft_timeout_ms` (the soft stop: their tokens not fired, their leases still
+    /// renewed); cancel those still running ([`CancelReason::Shutdown`](crate::CancelReason))
+    /// and wait up to `shutdown_timeout_ms`; record what finished, release the leases of the
+    /// rest (peers claim them at once; no attempt is counted); stop the other workers; delete
+    /// the instance row. Returns at once; await [`stopped`](Self::stopped) for the end.
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();
     }
@@ -906,7 +909,7 @@ impl HostHandle {
         let result = done
             .wait_for(Option::is_some)
             .await
-            .map(|r| r.clone().flatten_result())
+            .map(|r| r.clone().unwrap_or(Ok(())))
             .unwrap_or(Ok(()));
         result.map_err(HostError::Stopped)
     }
@@ -1037,10 +1040,10 @@ impl HostHandle {
                 return Ok(());
             }
             if let Some(result) = done.borrow_and_update().clone() {
-                return Err(HostError::Stopped(match result {
-                    Ok(()) => "the host stopped before it was ready".to_owned(),
-                    Err(e) => e,
-                }));
+                return Err(match result {
+                    Ok(()) => HostError::StoppedBeforeReady,
+                    Err(e) => HostError::Stopped(e),
+                });
             }
             let workers: Vec<watch::Receiver<bool>> = i
                 .workers
@@ -1114,16 +1117,6 @@ impl HostHandle {
             stopping,
             workers,
         }
-    }
-}
-
-trait FlattenResult {
-    fn flatten_result(self) -> Result<(), String>;
-}
-
-impl FlattenResult for Option<Result<(), String>> {
-    fn flatten_result(self) -> Result<(), String> {
-        self.unwrap_or(Ok(()))
     }
 }
 

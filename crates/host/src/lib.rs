@@ -113,6 +113,7 @@
 mod client;
 mod config;
 mod context;
+mod env;
 mod host;
 pub mod metrics;
 mod supervise;
@@ -142,15 +143,18 @@ pub use workpump_scheduler::{
     Misfire, PeriodicConfig, PeriodicJob, ScheduleError, SchedulerConfig,
 };
 
-/// Why a host did not start, or stopped.
+/// Why a host did not start, or stopped. Errors it wraps stay reachable as the
+/// [`source`](std::error::Error::source). More variants may come.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HostError {
     /// The configuration breaks these rules (all of them, each naming its setting).
     #[error("invalid configuration:\n{}", list(.0))]
     Config(Vec<workpump_coordinator::ConfigProblem>),
-    /// The configuration could not be read (file, environment).
+    /// The configuration could not be read (file, environment); figment's error names the
+    /// key and where it came from.
     #[error("reading the configuration: {0}")]
-    ConfigLoad(String),
+    ConfigLoad(#[source] Box<figment::Error>),
     /// No database was given.
     #[error("no store: give the builder a database URL (or `database_url` in the config), a pool or a coordinator")]
     NoStore,
@@ -158,14 +162,25 @@ pub enum HostError {
     #[error("store: {0}")]
     Store(#[source] workpump_coordinator::Error),
     /// The metrics endpoint could not be served.
-    #[error("metrics: {0}")]
-    Metrics(String),
+    #[error("metrics: {context}: {source}")]
+    Metrics {
+        /// What the host was doing (`serving metrics on 127.0.0.1:9187`, ...).
+        context: String,
+        /// The exporter's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A worker kept failing.
     #[error("worker {} failed {} times in a row; last: {}", .0.worker, .0.failures, .0.last_error)]
     WorkerGaveUp(GaveUp),
-    /// The host stopped with this error (as reported to every waiter).
-    #[error("{0}")]
-    Stopped(String),
+    /// The host stopped with this error (as reported to every waiter, each a clone of the
+    /// one `Arc`).
+    #[error("the host stopped: {0}")]
+    Stopped(#[source] std::sync::Arc<HostError>),
+    /// The host stopped (shut down without an error) before it was ever ready
+    /// ([`HostHandle::ready`]).
+    #[error("the host stopped before it was ready")]
+    StoppedBeforeReady,
 }
 
 fn list(problems: &[workpump_coordinator::ConfigProblem]) -> String {

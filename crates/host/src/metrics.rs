@@ -80,10 +80,16 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = {
 /// reports an error naming the address.
 pub(crate) fn install(listen: SocketAddr) -> Result<(), HostError> {
     prometheus_builder()
-        .map_err(|e| HostError::Metrics(format!("configuring histogram buckets: {e}")))?
+        .map_err(|e| HostError::Metrics {
+            context: "configuring histogram buckets".to_owned(),
+            source: Box::new(e),
+        })?
         .with_http_listener(listen)
         .install()
-        .map_err(|e| HostError::Metrics(format!("serving metrics on {listen}: {e}")))?;
+        .map_err(|e| HostError::Metrics {
+            context: format!("serving metrics on {listen}"),
+            source: Box::new(e),
+        })?;
     describe();
     tracing::info!("serving Prometheus metrics on http://{listen}/metrics");
     Ok(())

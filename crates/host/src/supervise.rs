@@ -18,8 +18,10 @@ use crate::metrics;
 #[serde(default, deny_unknown_fields)]
 pub struct SupervisionConfig {
     /// The first restart delay; it doubles per consecutive failure. **Default: 500 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub restart_base_ms: u64,
     /// The longest restart delay. **Default: 30 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub restart_max_ms: u64,
     /// Consecutive failures after which the host gives up and stops with an error naming the
     /// worker. A run that lasted longer than `restart_max_ms` resets the count.

@@ -59,7 +59,10 @@ fn the_liveness_section_holds_the_cutoffs_with_none_for_a_rule_turned_off() {
     );
     // A typo in it is refused, naming the key.
     match load("[liveness]\nstale_after = 40000\n") {
-        Err(HostError::ConfigLoad(msg)) => assert!(msg.contains("stale_after"), "{msg}"),
+        Err(HostError::ConfigLoad(msg)) => {
+            let msg = msg.to_string();
+            assert!(msg.contains("stale_after"), "{msg}")
+        }
         other => panic!("loaded: {other:?}"),
     }
 }
@@ -71,6 +74,7 @@ fn a_cutoff_still_set_in_heartbeat_or_maintenance_is_refused_naming_its_new_key(
             let toml = format!("[{section}]\n{key} = 30000\n");
             match load(&toml) {
                 Err(HostError::ConfigLoad(msg)) => {
+                    let msg = msg.to_string();
                     let moved = format!("{section}.{key} moved to liveness.{key}");
                     assert!(msg.contains(&moved), "{toml:?}: {msg}");
                     assert!(
@@ -85,6 +89,7 @@ fn a_cutoff_still_set_in_heartbeat_or_maintenance_is_refused_naming_its_new_key(
     // Several at once are named together.
     match load("[heartbeat]\nstale_after_ms = 30000\ndead_after_ms = \"none\"\n") {
         Err(HostError::ConfigLoad(msg)) => {
+            let msg = msg.to_string();
             assert!(
                 msg.contains("heartbeat.stale_after_ms moved to liveness.stale_after_ms")
                     && msg.contains("heartbeat.dead_after_ms moved to liveness.dead_after_ms"),
@@ -95,7 +100,10 @@ fn a_cutoff_still_set_in_heartbeat_or_maintenance_is_refused_naming_its_new_key(
     }
     // The rest of the sections still read, and other mistakes in them are still named.
     match load("[heartbeat]\nfast_interval = 5000\n") {
-        Err(HostError::ConfigLoad(msg)) => assert!(msg.contains("fast_interval"), "{msg}"),
+        Err(HostError::ConfigLoad(msg)) => {
+            let msg = msg.to_string();
+            assert!(msg.contains("fast_interval"), "{msg}")
+        }
         other => panic!("loaded: {other:?}"),
     }
     let config = load("[maintenance]\ninterval_ms = 1000\n").expect("loads");

@@ -34,6 +34,7 @@ fn liveness_keys_come_from_the_environment_and_a_moved_variable_is_refused_by_na
         std::env::set_var(var, "3000");
         match HostConfig::load(None) {
             Err(HostError::ConfigLoad(msg)) => {
+                let msg = msg.to_string();
                 assert!(msg.contains(moved), "{var}: {msg}");
                 assert!(msg.contains("WORKPUMP_LIVENESS__"), "{var}: {msg}");
             }

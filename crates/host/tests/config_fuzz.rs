@@ -437,6 +437,7 @@ fn wrong_types_in_a_toml_file_are_refused_naming_the_field() {
         let field = path.rsplit('.').next().unwrap_or(&path).to_owned();
         match load(&toml_setting(&path, value)) {
             Err(HostError::ConfigLoad(msg)) => {
+                let msg = msg.to_string();
                 prop_assert!(msg.contains(&field), "{path} = {value}: {msg}");
                 Ok(())
             }
@@ -468,6 +469,7 @@ fn wrong_types_in_a_toml_file_are_refused_naming_the_field() {
     ] {
         match load(toml) {
             Err(HostError::ConfigLoad(msg)) => {
+                let msg = msg.to_string();
                 assert!(msg.contains(field), "{toml:?}: {msg}");
             }
             other => panic!("{toml:?} loaded: {other:?}"),
@@ -492,7 +494,10 @@ fn arbitrary_text_as_the_configuration_file_never_panics() {
                 // Whatever loaded is then validated, without a panic either.
                 let _problems = config.validate([QUEUE]);
             }
-            Err(HostError::ConfigLoad(msg)) => prop_assert!(!msg.is_empty()),
+            Err(HostError::ConfigLoad(msg)) => {
+                let msg = msg.to_string();
+                prop_assert!(!msg.is_empty())
+            }
             Err(e) => return Err(TestCaseError::fail(format!("{text:?}: {e}"))),
         }
         Ok(())

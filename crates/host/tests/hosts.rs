@@ -560,7 +560,7 @@ async fn a_configuration_file_is_layered_and_refused_with_its_settings_named() {
     std::fs::write(&typo, "[claim]\npoll_bse_ms = 100\n").expect("write");
     let error = HostConfig::load(Some(&typo)).expect_err("an unknown key is refused");
     assert!(
-        matches!(&error, HostError::ConfigLoad(m) if m.contains("poll_bse_ms")),
+        matches!(&error, HostError::ConfigLoad(m) if m.to_string().contains("poll_bse_ms")),
         "{error}"
     );
     // Values that read fine but break the rules are refused at start, all of them.

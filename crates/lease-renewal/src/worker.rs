@@ -40,15 +40,22 @@ pub const MAX_CHANNEL_CAPACITY: usize = 1_000_000;
 pub struct LeaseConfig {
     /// How long a claim lasts without renewal, on the database clock; each renewal extends the
     /// lease by this much from the database's now. **Default: 60 000 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub lease_ms: u64,
     /// How often each in-flight item's renewal is requested, counted from its claim's send.
     /// Must be shorter than the lease. **Default: lease / 3.**
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "workpump_coordinator::duration_ms::option::deserialize"
+    )]
     pub renewal_interval_ms: Option<u64>,
     /// The lease fence fires this long before the local deadline (which counts from when the
     /// last confirmed renewal was sent), so a handler stops before any peer can reclaim.
     /// **Default: lease / 6.**
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "workpump_coordinator::duration_ms::option::deserialize"
+    )]
     pub grace_ms: Option<u64>,
     /// The renewal cap: after this many confirmed renewals the worker stops renewing, the
     /// lease lapses, the fence fires with "exceeded max_renewals", and a peer reclaims the item
@@ -58,12 +65,16 @@ pub struct LeaseConfig {
     /// A handler's token fires this long after its handle was registered ("exceeded
     /// max_duration") and its renewals stop. `"none"` disables it. **Default: 1 800 000 ms
     /// (30 min).**
-    #[serde(with = "optional_ms")]
+    #[serde(
+        serialize_with = "optional_ms::serialize",
+        deserialize_with = "workpump_coordinator::duration_ms::or_none::deserialize"
+    )]
     pub max_duration_ms: Option<u64>,
     /// The most leases one `renew_leases` call carries. **Default: 200.**
     pub max_batch: usize,
     /// The first pending request waits at most this long for others to share its call.
     /// **Default: 200 ms.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub window_ms: u64,
     /// This many pending requests are sent at once, without waiting for the window.
     /// **Default: 100.**
@@ -183,43 +194,15 @@ fn ms(d: Duration) -> String {
     }
 }
 
-/// `max_duration_ms` as a number of milliseconds, or `"none"` (TOML and environment variables
-/// have no null).
+/// `max_duration_ms` written back as milliseconds, or `"none"` (TOML and environment variables
+/// have no null); read by `workpump_coordinator::duration_ms::or_none`.
 mod optional_ms {
-    use serde::{de, Deserialize, Deserializer, Serializer};
+    use serde::Serializer;
 
     pub(super) fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
         match v {
             Some(ms) => s.serialize_u64(*ms),
             None => s.serialize_str("none"),
-        }
-    }
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Number(u64),
-        Text(String),
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        match Raw::deserialize(d) {
-            Ok(Raw::Number(ms)) => Ok(Some(ms)),
-            Ok(Raw::Text(text)) => {
-                let text = text.trim();
-                if text.eq_ignore_ascii_case("none") {
-                    Ok(None)
-                } else {
-                    text.parse().map(Some).map_err(|_| {
-                        de::Error::custom(format!(
-                            "expected milliseconds or \"none\", got {text:?}"
-                        ))
-                    })
-                }
-            }
-            Err(_) => Err(de::Error::custom(
-                "expected milliseconds (a non-negative integer) or \"none\"",
-            )),
         }
     }
 }

@@ -70,17 +70,21 @@ pub struct MaintenanceConfig {
     /// when `run` starts. A sweep that overruns delays the next one instead of bunching them
     /// (no catch-up). A sweep that saw a lock-proven peer without its lock runs once more
     /// right after the lock grace (`liveness.lock_grace_ms`). **Default: 2 000 ms (2 s).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub interval_ms: u64,
     /// Completed items are deleted once they finished longer ago than this.
     /// **Default: 86 400 000 ms (24 h).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub completed_retention_ms: u64,
     /// Dead letters and cancelled items are deleted once they finished longer ago than this;
     /// until then an operator can inspect, retry (`retry_dead_work`) or discard them.
     /// **Default: 604 800 000 ms (7 days).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub dead_retention_ms: u64,
     /// Eviction tombstones (which make a reaped instance's late heartbeat report eviction
     /// instead of resurrecting it) are deleted after this. At least `liveness.dead_after_ms`.
     /// **Default: 604 800 000 ms (7 days).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub evicted_retention_ms: u64,
     /// The most rows one statement touches (its `LIMIT`), so no statement holds many row locks
     /// or runs long. 1 to 10 000. **Default: 1 000.**
@@ -95,9 +99,11 @@ pub struct MaintenanceConfig {
     /// the last sample. Each sample counts every available, scheduled and running item (about
     /// 4 ms per 10 000 of them; see the SQL function `queue_depth`). 0 turns sampling
     /// off. **Default: 15 000 ms (15 s).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub depth_sample_interval_ms: u64,
     /// A store call that has not answered after this is abandoned and its step counts as
     /// failed; the sweep goes on with the next step. **Default: 30 000 ms (30 s).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub call_timeout_ms: u64,
     /// Ask first (`maintenance_due`, one statement) which steps have work, and run only those:
     /// an idle sweep costs one round trip instead of five. `false` runs every step every

@@ -26,14 +26,16 @@ pub const QUEUE: &str = "demo";
 /// audit of every change to an item (`workpump_audit`).
 pub const SETUP_SQL: &str = include_str!("../../sql/evidence.sql");
 
-/// Short liveness settings: beats every 250/500 ms, stale after 1.5 s, sweeps every 250 ms.
-pub const FAST_LIVENESS: [(&str, &str); 7] = [
+/// Short liveness settings: beats every 250/500 ms, stale after 1.5 s, sweeps every 250 ms;
+/// a drain cancels running handlers at once (no soft stop: the tests watch its releases).
+pub const FAST_LIVENESS: [(&str, &str); 8] = [
     ("WORKPUMP_HEARTBEAT__FAST_INTERVAL_MS", "250"),
     ("WORKPUMP_HEARTBEAT__SLOW_INTERVAL_MS", "500"),
     ("WORKPUMP_LIVENESS__STALE_AFTER_MS", "1500"),
     ("WORKPUMP_LIVENESS__DEAD_AFTER_MS", "4000"),
     ("WORKPUMP_MAINTENANCE__INTERVAL_MS", "250"),
-    ("WORKPUMP_QUEUES__DEMO__BACKOFF_BASE_MS", "50"),
+    ("WORKPUMP_QUEUES__demo__BACKOFF_BASE_MS", "50"),
+    ("WORKPUMP_SHUTDOWN_SOFT_TIMEOUT_MS", "0"),
     ("WORKPUMP_SHUTDOWN_TIMEOUT_MS", "5000"),
 ];
 

@@ -18,9 +18,9 @@ pub(crate) const QUEUE: &str = "chaos";
 /// `HostConfig`, values in milliseconds), so that a scenario's recovery takes seconds:
 /// lease 3 s (renewed every 1 s, fence grace 0.5 s), heartbeat 1 s / 2 s, stale after 3 s,
 /// definitively dead after 12 s, lock grace 3 s (the default), a sweep every second, retries
-/// from 100 ms, a 5 s drain. The workers get them as `WORKPUMP_*` variables, and the suite's
+/// from 100 ms, a drain of a 2 s soft stop and a 5 s hard timeout. The workers get them as `WORKPUMP_*` variables, and the suite's
 /// bounds are derived from the same `HostConfig` (see [`Timing::of`]).
-pub(crate) const SHORT_SETTINGS: [(&str, u64); 9] = [
+pub(crate) const SHORT_SETTINGS: [(&str, u64); 10] = [
     (keys::FAST_INTERVAL_MS, 1_000),
     (keys::SLOW_INTERVAL_MS, 2_000),
     (keys::STALE_AFTER_MS, 3_000),
@@ -29,6 +29,7 @@ pub(crate) const SHORT_SETTINGS: [(&str, u64); 9] = [
     (keys::SWEEP_INTERVAL_MS, 1_000),
     ("queues.chaos.lease_ms", 3_000),
     ("queues.chaos.backoff_base_ms", 100),
+    ("shutdown_soft_timeout_ms", 2_000),
     ("shutdown_timeout_ms", 5_000),
 ];
 
@@ -55,6 +56,7 @@ pub(crate) struct Timing {
     pub(crate) sweep_s: f64,
     /// The longest claim poll wait.
     pub(crate) poll_max_s: f64,
+    /// The longest drain: the soft stop, then the hard timeout.
     pub(crate) shutdown_s: f64,
 }
 
@@ -78,7 +80,7 @@ impl Timing {
             lock_grace_s: liveness.lock_grace.map_or(0.0, |g| g.as_secs_f64()),
             sweep_s: secs(config.maintenance.interval_ms),
             poll_max_s: secs(config.claim.poll_max_ms),
-            shutdown_s: secs(config.shutdown_timeout_ms),
+            shutdown_s: secs(config.shutdown_soft_timeout_ms + config.shutdown_timeout_ms),
         }
     }
 
@@ -251,7 +253,7 @@ mod tests {
         );
         assert_eq!(
             (short.lock_grace_s, short.sweep_s, short.shutdown_s),
-            (3.0, 1.0, 5.0)
+            (3.0, 1.0, 7.0)
         );
         // The shipped defaults, as docs/guarantees.md states them.
         let defaults = Profile::Defaults.timing().expect("defaults");
@@ -298,7 +300,7 @@ mod tests {
             "1000".to_owned()
         )));
         assert!(env.contains(&(
-            "WORKPUMP_QUEUES__CHAOS__LEASE_MS".to_owned(),
+            "WORKPUMP_QUEUES__chaos__LEASE_MS".to_owned(),
             "3000".to_owned()
         )));
         assert!(Profile::Defaults.env().is_empty());

@@ -81,7 +81,7 @@ async fn kill_loop(h: &mut Harness<'_>) -> Result<()> {
             let deadline = Instant::now() + Duration::from_secs_f64(t.shutdown_s + 15.0);
             if !h.fleet.terminate(victim, deadline).await? {
                 h.violations.push(format!(
-                    "{name} did not drain within its shutdown timeout + 15 s"
+                    "{name} did not drain within its soft stop and shutdown timeout + 15 s"
                 ));
             }
             h.faults.push(Fault {
@@ -93,7 +93,7 @@ async fn kill_loop(h: &mut Harness<'_>) -> Result<()> {
                 affected: held,
                 bound: t.shutdown_s + 2.0,
                 bound_why: format!(
-                    "leases released by the drain: shutdown timeout {} s + 2 s",
+                    "leases released by the drain: soft stop and shutdown timeout {} s + 2 s",
                     t.shutdown_s
                 ),
             });

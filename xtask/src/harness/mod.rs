@@ -54,9 +54,22 @@ pub(crate) mod keys {
 }
 
 /// The `WORKPUMP_*` variable of a `HostConfig` path (`liveness.stale_after_ms` →
-/// `WORKPUMP_LIVENESS__STALE_AFTER_MS`): the one way a worker process gets a setting.
+/// `WORKPUMP_LIVENESS__STALE_AFTER_MS`): the one way a worker process gets a setting. A queue's
+/// name keeps its case (`queues.chaos.lease_ms` → `WORKPUMP_QUEUES__chaos__LEASE_MS`): the
+/// host reads it as written.
 pub(crate) fn env_name(key: &str) -> String {
-    format!("WORKPUMP_{}", key.to_uppercase().replace('.', "__"))
+    let segments: Vec<String> = key
+        .split('.')
+        .enumerate()
+        .map(|(i, s)| {
+            if i == 1 && key.starts_with("queues.") {
+                s.to_owned()
+            } else {
+                s.to_uppercase()
+            }
+        })
+        .collect();
+    format!("WORKPUMP_{}", segments.join("__"))
 }
 
 /// Settings (`HostConfig` paths and values) as the workers' environment.
@@ -205,7 +218,7 @@ mod tests {
                     "1000".to_owned()
                 ),
                 (
-                    "WORKPUMP_QUEUES__CHAOS__LEASE_MS".to_owned(),
+                    "WORKPUMP_QUEUES__chaos__LEASE_MS".to_owned(),
                     "3000".to_owned()
                 )
             ]

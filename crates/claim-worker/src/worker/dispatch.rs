@@ -122,7 +122,8 @@ async fn execute(
                         .increment(1);
                 }
                 wind_down = match reason {
-                    // Draining: the handler may use the whole drain timeout.
+                    // Draining (after the soft stop): the handler may use the whole hard
+                    // drain timeout.
                     Some(CancelReason::Shutdown) => None,
                     // Someone else may be running it already: stop now.
                     Some(CancelReason::LeaseLost | CancelReason::Evicted) => Some(Instant::now()),

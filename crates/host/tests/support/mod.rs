@@ -64,9 +64,11 @@ pub async fn seasoned_judge(url: &str) -> (PgConnection, Uuid) {
 
 /// Short liveness settings (beats every 200/400 ms, stale after 1 s, sweeps every 200 ms),
 /// tight polling and quick restarts, so a test sees each mechanism within a second or two.
+/// A drain cancels running handlers at once (no soft stop) and waits up to 5 s for them.
 pub fn fast_config() -> HostConfig {
     let mut c = HostConfig {
         max_connections: 5,
+        shutdown_soft_timeout_ms: 0,
         shutdown_timeout_ms: 5_000,
         ..HostConfig::default()
     };
