@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use workpump_host::{handler_fn, Host, Job, NewWork, QueueConfig};
 
@@ -19,17 +20,19 @@ async fn a_handler_running_at_shutdown_finishes_during_the_soft_stop_and_its_ite
     let (db, pool) = database().await;
     let started = Arc::new(AtomicU32::new(0));
     let cancelled = Arc::new(AtomicBool::new(false));
-    // It runs 3 s, twice its 1.5 s lease: only renewals during the drain keep it.
-    let runs_for = Duration::from_secs(3);
+    // It runs until the test releases it, after the drain has outlived its 1.5 s lease: only
+    // renewals during the drain keep it.
+    let release = Arc::new(Notify::new());
     let handler = {
-        let (started, cancelled) = (started.clone(), cancelled.clone());
+        let (started, cancelled, release) = (started.clone(), cancelled.clone(), release.clone());
         handler_fn(move |job: Job<serde_json::Value>| {
-            let (started, cancelled) = (started.clone(), cancelled.clone());
+            let (started, cancelled, release) =
+                (started.clone(), cancelled.clone(), release.clone());
             async move {
                 started.fetch_add(1, Ordering::SeqCst);
                 let token = job.cancellation_token();
                 tokio::select! {
-                    _ = tokio::time::sleep(runs_for) => Ok(()),
+                    _ = release.notified() => Ok(()),
                     _ = token.cancelled() => {
                         cancelled.store(true, Ordering::SeqCst);
                         Err(workpump_host::JobError::cancelled("cancelled"))
@@ -64,6 +67,26 @@ async fn a_handler_running_at_shutdown_finishes_during_the_soft_stop_and_its_ite
 
     let began = Instant::now();
     host.shutdown();
+    // Renewed four times in the drain (every 0.5 s): longer than its 1.5 s lease.
+    wait_until(
+        Duration::from_secs(10),
+        "the lease is renewed through the drain",
+        || async {
+            sqlx::query_scalar::<_, i32>("SELECT renewals FROM workpump.work")
+                .fetch_one(&pool)
+                .await
+                .expect("renewals")
+                >= 4
+        },
+    )
+    .await;
+    assert!(
+        tokio::time::timeout(Duration::ZERO, host.stopped())
+            .await
+            .is_err(),
+        "the drain waits for the running handler"
+    );
+    release.notify_one();
     host.stopped().await.expect("a clean drain");
     let took = began.elapsed();
 
@@ -81,7 +104,7 @@ async fn a_handler_running_at_shutdown_finishes_during_the_soft_stop_and_its_ite
             .await
             .expect("the item");
     assert_eq!((state.as_str(), attempt), ("completed", 1));
-    assert!(renewals >= 2, "renewed during the drain: {renewals}");
+    assert!(renewals >= 4, "renewed during the drain: {renewals}");
     assert_eq!(started.load(Ordering::SeqCst), 1, "it ran once");
     pool.close().await;
     db.drop_database().await.expect("drop");
