@@ -154,7 +154,8 @@ where
         .collect()
 }
 
-fn one(outcome: EnqueueWorkOutcome) -> Result<Enqueued, Error> {
+/// The one item's answer of a one-item enqueue.
+pub(crate) fn one(outcome: EnqueueWorkOutcome) -> Result<Enqueued, Error> {
     outcome
         .items
         .into_iter()

@@ -936,10 +936,7 @@ impl HostHandle {
         &self,
         job: impl IntoWork,
     ) -> Result<Enqueued, workpump_coordinator::Error> {
-        let outcome = self.enqueue_many([job]).await?;
-        outcome.items.into_iter().next().ok_or_else(|| {
-            workpump_coordinator::Error::database("enqueueing 1 item", "the store answered no item")
-        })
+        crate::client::one(self.enqueue_many([job]).await?)
     }
 
     /// Enqueues a batch in one round trip, all or nothing (kinds and queues may be mixed),

@@ -2,12 +2,16 @@
 //! worker factory one context, and `ready()` resolves once the host is ready. On the
 //! in-memory store: no database needed.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use workpump_coordinator::testing::Logs;
 use workpump_coordinator::FakeCoordinator;
 use workpump_host::{handler_fn, Host, HostError, Job, QueueConfig};
+
+use support::Idle;
 
 fn noop() -> impl workpump_host::Handler {
     handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) })
@@ -83,24 +87,6 @@ async fn ready_resolves_once_the_host_is_ready_and_the_host_stays_live() {
         .expect("clean stop");
     let err = host.ready().await.unwrap_err();
     assert!(err.to_string().contains("stopped"), "{err}");
-}
-
-/// A worker that only waits for shutdown, under a slot's name.
-struct Idle(&'static str);
-
-#[async_trait::async_trait]
-impl workpump_host::Worker for Idle {
-    fn name(&self) -> &str {
-        self.0
-    }
-
-    async fn run(
-        &self,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) -> Result<(), workpump_coordinator::WorkerError> {
-        shutdown.cancelled().await;
-        Ok(())
-    }
 }
 
 /// What one factory saw in its context.

@@ -3,28 +3,15 @@
 //! strings, and a bad `NAME` is refused naming the variable. One test in its own binary: it
 //! sets process-wide environment variables.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use workpump_coordinator::FakeCoordinator;
 use workpump_host::{handler_fn, Host, HostConfig, HostError, Job, Worker, WorkerContext};
 
-/// An idle claim slot that notes the queues and settings the host handed it.
-struct Idle;
-
-#[async_trait::async_trait]
-impl Worker for Idle {
-    fn name(&self) -> &str {
-        "claim"
-    }
-    async fn run(
-        &self,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) -> Result<(), workpump_coordinator::WorkerError> {
-        shutdown.cancelled().await;
-        Ok(())
-    }
-}
+use support::Idle;
 
 fn noop() -> impl workpump_host::Handler<Payload = serde_json::Value> {
     handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) })
@@ -65,7 +52,7 @@ async fn queue_names_in_variables_keep_their_case_and_an_alias_names_any_queue()
                 .queues()
                 .map(|(q, s)| (q.to_owned(), s.concurrency))
                 .collect();
-            Arc::new(Idle) as Arc<dyn Worker>
+            Arc::new(Idle("claim")) as Arc<dyn Worker>
         })
         .start()
         .await

@@ -207,7 +207,17 @@ async fn an_item_of_a_kind_nobody_handles_fails_naming_the_kind_and_dead_letters
         .enqueue(NewWork::new("mixed", json!({})).max_attempts(1))
         .await
         .expect("an untyped item");
-    let flaky = host.enqueue(Flaky { n: 7 }).await.expect("flaky");
+    // A trace context in the metadata is a field of the attempt's span.
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let flaky = host
+        .enqueue(
+            Flaky { n: 7 }
+                .to_work()
+                .expect("serialises")
+                .metadata(json!({ "traceparent": traceparent })),
+        )
+        .await
+        .expect("flaky");
 
     wait_until(
         Duration::from_secs(20),
@@ -271,6 +281,10 @@ async fn an_item_of_a_kind_nobody_handles_fails_naming_the_kind_and_dead_letters
     assert!(dead.contains("ERROR"), "{dead}");
     assert!(
         dead.contains("workpump.job") && dead.contains("kind=\"flaky\""),
+        "{dead}"
+    );
+    assert!(
+        dead.contains(&format!("traceparent=\"{traceparent}\"")),
         "{dead}"
     );
     assert_eq!(

@@ -86,13 +86,9 @@ fn fire_time(key: &str) -> DateTime<Utc> {
 
 /// The keys of `job`'s fire times in `(after, until]`.
 fn keys_between(job: &PeriodicJob, after: DateTime<Utc>, until: DateTime<Utc>) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut t = after;
-    while let Some(next) = job.next_after(t).filter(|n| *n <= until) {
-        out.push(fire_key(job.name(), next));
-        t = next;
-    }
-    out
+    job.fire_times(after, until)
+        .map(|t| fire_key(job.name(), t))
+        .collect()
 }
 
 /// Items whose fire time is later than `after`.

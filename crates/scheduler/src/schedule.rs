@@ -304,6 +304,16 @@ impl PeriodicJob {
         }
     }
 
+    /// The fire times in `(after, until]`, in order.
+    pub fn fire_times(
+        &self,
+        after: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> impl Iterator<Item = DateTime<Utc>> + '_ {
+        std::iter::successors(self.next_after(after), move |t| self.next_after(*t))
+            .take_while(move |t| *t <= until)
+    }
+
     /// The latest fire time at or before `t`; `None` when there is none.
     pub fn latest_at_or_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         match &self.timing {

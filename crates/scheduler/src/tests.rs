@@ -62,13 +62,9 @@ fn keys(fake: &FakeCoordinator) -> BTreeMap<String, usize> {
 
 /// The fire times of `job` in `(after, until]`, as the keys their items carry.
 fn expected(job: &PeriodicJob, after: DateTime<Utc>, until: DateTime<Utc>) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut t = after;
-    while let Some(next) = job.next_after(t).filter(|n| *n <= until) {
-        out.push(fire_key(job.name(), next));
-        t = next;
-    }
-    out
+    job.fire_times(after, until)
+        .map(|t| fire_key(job.name(), t))
+        .collect()
 }
 
 #[tokio::test(start_paused = true)]

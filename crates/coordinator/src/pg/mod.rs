@@ -494,6 +494,16 @@ impl PgCoordinator {
         Ok(EnqueueWorkOutcome { items })
     }
 
+    /// A transaction on the main pool, on the server the URL routes to now; `ctx` names what
+    /// it is for in the error.
+    async fn begin(
+        &self,
+        ctx: impl Fn() -> String,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+        self.route().await?;
+        self.pool.begin().await.map_err(|e| self.db_error(ctx(), e))
+    }
+
     /// Begins a transaction whose first statement verifies and locks the claim's lease. The
     /// handler's business writes on [`FencedTransaction::connection`] and the item's
     /// completion ([`FencedTransaction::complete`]) then commit together, or not at all:
@@ -504,12 +514,7 @@ impl PgCoordinator {
         fence: Fence,
     ) -> Result<FencedTransaction> {
         let ctx = || format!("locking the lease of item {}", fence.id);
-        self.route().await?;
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| self.db_error(ctx(), e))?;
+        let mut tx = self.begin(ctx).await?;
         let locked: bool = sqlx::query_scalar(&self.stmts.lock_lease)
             .bind(instance.0)
             .bind(fence.id)
@@ -1114,14 +1119,9 @@ impl WorkCoordinator for PgCoordinator {
     async fn fire_periodic(&self, params: FirePeriodicParams) -> Result<FirePeriodicOutcome> {
         params.validate()?;
         let ctx = || format!("firing periodic schedule {:?}", params.name);
-        self.route().await?;
         // Producers' traffic (it enqueues): the main pool. The claim and the enqueue are one
         // transaction, so a fire time is enqueued exactly once or not at all.
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| self.db_error(ctx(), e))?;
+        let mut tx = self.begin(ctx).await?;
         let (fire_at, next_fire_at) = match &params.fire {
             Some(f) => (Some(f.fire_at), f.next_fire_at),
             None => (None, None),

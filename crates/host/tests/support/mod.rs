@@ -159,3 +159,22 @@ pub async fn outcome_writers(pool: &PgPool) -> Vec<(i64, Option<Uuid>)> {
     .await
     .expect("outcome writers")
 }
+
+/// A worker that only waits for shutdown, under a slot's name: a replacement that does
+/// nothing.
+pub struct Idle(pub &'static str);
+
+#[async_trait::async_trait]
+impl workpump_host::Worker for Idle {
+    fn name(&self) -> &str {
+        self.0
+    }
+
+    async fn run(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Result<(), workpump_coordinator::WorkerError> {
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}
