@@ -388,6 +388,10 @@ async fn a_handler_whose_lease_was_lost_cannot_commit_its_transactional_completi
             }
         }),
         QueueSettings {
+            // One slot, held by the running handler: this instance cannot claim the item back
+            // itself (a late wake-up from the enqueue's notification would) once its lease is
+            // expired below.
+            concurrency: 1,
             lease: LeaseSettings {
                 // Long renewal interval: the lease is taken away before any renewal notices.
                 renewal_interval: Duration::from_secs(20),
