@@ -189,8 +189,8 @@ pub struct NewWork {
     pub unique_key: Option<String>,
     /// Attempts before it becomes a dead letter. **Default: the queue's.**
     pub max_attempts: Option<i32>,
-    /// The job kind: which of the queue's handlers runs it (1 to [`crate::MAX_KIND_BYTES`]
-    /// bytes, no NUL). `None` is an untyped item, run by the queue's untyped handler. The
+    /// The job kind: which of the queue's handlers runs it (1 to [`crate::MAX_KIND_CHARS`]
+    /// characters, no control characters). `None` is an untyped item, run by the queue's untyped handler. The
     /// typed API ([`JobArgs`](crate::JobArgs)) sets it to `JobArgs::KIND`. **Default: none.**
     pub kind: Option<String>,
     /// A JSON object carried beside the payload, which the handler's span reads: the W3C
