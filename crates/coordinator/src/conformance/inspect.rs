@@ -270,15 +270,24 @@ pub async fn list_work_shows_each_items_kind_and_filters_by_kinds(h: &dyn Harnes
         of(&[email])
     );
     assert_eq!(
-        set(list(h, WorkFilter::new().kind("send_email").state(WorkState::Dead)).await),
+        set(list(
+            h,
+            WorkFilter::new().kind("send_email").state(WorkState::Dead)
+        )
+        .await),
         of(&[email])
     );
-    assert!(list(h, WorkFilter::new().kind("invoice").state(WorkState::Dead))
-        .await
-        .is_empty());
-    assert!(list(h, WorkFilter::new().kind("Send_Email"))
-        .await
-        .is_empty(), "a kind is matched exactly, case included");
+    assert!(
+        list(h, WorkFilter::new().kind("invoice").state(WorkState::Dead))
+            .await
+            .is_empty()
+    );
+    assert!(
+        list(h, WorkFilter::new().kind("Send_Email"))
+            .await
+            .is_empty(),
+        "a kind is matched exactly, case included"
+    );
 
     for bad in [String::new(), "new\nline".to_owned(), "k".repeat(129)] {
         let err = h

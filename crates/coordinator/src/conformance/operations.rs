@@ -568,7 +568,11 @@ pub async fn bulk_work_matching_by_kind_acts_only_on_items_of_those_kinds(h: &dy
     for id in &kind_b {
         assert!(h.work_row(*id).await.is_none(), "item {id} is discarded");
     }
-    assert_eq!(h.work_count().await, 3, "kind a's two and the untyped item remain");
+    assert_eq!(
+        h.work_count().await,
+        3,
+        "kind a's two and the untyped item remain"
+    );
     assert_eq!(row(h, untyped).await.state, WorkState::Dead);
 }
 
