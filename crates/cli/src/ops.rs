@@ -219,6 +219,7 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
         &[
             "queue",
             "",
+            "owner",
             "available",
             "scheduled",
             "running",

@@ -266,9 +266,18 @@ async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
     );
     assert_eq!(emails["dead"]["items"], 2);
     let table = expect_code(&workpump(&["queues", "--database-url", url]), 0);
+    let header = table.lines().next().unwrap_or_default();
     assert!(
-        table.starts_with("queue") && table.contains("\nemails "),
+        header.starts_with("queue ") && header.contains(" owner "),
         "{table}"
+    );
+    let emails_line = table
+        .lines()
+        .find(|l| l.starts_with("emails "))
+        .unwrap_or_else(|| panic!("no emails line:\n{table}"));
+    assert!(
+        emails_line.ends_with(" 1"),
+        "every cell has its column, the last one the cancelled count (1):\n{table}"
     );
 
     let dead = json_of(url, &["items", "list", "--state", "dead"], 0);
