@@ -48,6 +48,8 @@ fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> std::result::Result<S:
 /// use workpump_coordinator::{WorkFilter, WorkState};
 /// let dead_in_q = WorkFilter::new().queue("q").state(WorkState::Dead);
 /// assert!(!dead_in_q.is_empty());
+/// let invoices = WorkFilter::new().kind("invoice");
+/// assert_eq!(invoices.kinds, ["invoice"]);
 /// assert!(WorkFilter::new().is_empty());
 /// ```
 ///
