@@ -6,11 +6,13 @@
 -- below (not a helper function: a function with a pinned search_path is never inlined, and
 -- called once per row it cost more than the scan).
 --
--- The filter is a JSON object, so that a criterion added later (an item's kind, its ordering
--- key) is a new key, not a new signature. Keys, all optional; an absent or null key does not
+-- The filter is a JSON object, so that a criterion added later (an item's ordering key) is a
+-- new key, not a new signature. Keys, all optional; an absent or null key does not
 -- filter, an empty list neither:
 --   queues          ["q1", "q2"]                 the item's queue is one of them
 --   states          ["dead", "cancelled"]        its state is one of them
+--   kinds           ["send_email", "invoice"]    its job kind is one of them (an untyped item,
+--                                                kind NULL, matches no kind)
 --   instance        "<uuid>"                     its current owner (running items only)
 --   created_since   "<timestamptz>"              created_at >= it
 --   created_before  "<timestamptz>"              created_at <  it
@@ -53,6 +55,7 @@
 CREATE TYPE work_filter AS (
     queues          text[],
     states          work_state[],
+    kinds           text[],
     instance        uuid,
     created_since   timestamptz,
     created_before  timestamptz,
@@ -96,6 +99,12 @@ BEGIN
                     RAISE EXCEPTION USING ERRCODE = '22023';
                 END IF;
                 f.states := ARRAY(SELECT jsonb_array_elements_text(v))::work_state[];
+            WHEN 'kinds' THEN
+                IF jsonb_typeof(v) <> 'array' OR EXISTS (
+                    SELECT 1 FROM jsonb_array_elements(v) x WHERE jsonb_typeof(x) <> 'string') THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023';
+                END IF;
+                f.kinds := ARRAY(SELECT jsonb_array_elements_text(v));
             WHEN 'instance' THEN
                 f.instance := (v #>> '{}')::uuid;
             WHEN 'created_since' THEN
@@ -113,7 +122,7 @@ BEGIN
                 f.error_contains := v #>> '{}';
             ELSE
                 RAISE EXCEPTION USING ERRCODE = 'WP002',
-                    MESSAGE = format('%s: unknown filter key %L (known: queues, states, instance, created_since, '
+                    MESSAGE = format('%s: unknown filter key %L (known: queues, states, kinds, instance, created_since, '
                                      'created_before, finished_since, finished_before, error_contains)', p_caller, k);
             END CASE;
             IF jsonb_typeof(v) NOT IN ('string', 'array') THEN
@@ -127,6 +136,7 @@ BEGIN
     END LOOP;
     IF cardinality(f.queues) = 0 THEN f.queues := NULL; END IF;
     IF cardinality(f.states) = 0 THEN f.states := NULL; END IF;
+    IF cardinality(f.kinds) = 0 THEN f.kinds := NULL; END IF;
     RETURN f;
 END;
 $$;
@@ -137,7 +147,7 @@ RETURNS boolean
 LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
-    SELECT f.queues IS NULL AND f.states IS NULL AND f.instance IS NULL
+    SELECT f.queues IS NULL AND f.states IS NULL AND f.kinds IS NULL AND f.instance IS NULL
        AND f.created_since IS NULL AND f.created_before IS NULL
        AND f.finished_since IS NULL AND f.finished_before IS NULL
        AND f.error_contains IS NULL
@@ -171,6 +181,7 @@ CREATE FUNCTION list_work(p_filter jsonb, p_cursor text, p_page_size integer)
 RETURNS TABLE (
     id               bigint,
     queue            text,
+    kind             text,
     state            work_state,
     priority         smallint,
     attempt          integer,
@@ -213,6 +224,7 @@ BEGIN
                    -- The filter (parse_work_filter; the same predicate as bulk_work_matching's).
                    ((f.queues IS NULL OR s.queue = ANY (f.queues))
                AND (f.states IS NULL OR s.state = ANY (f.states))
+               AND (f.kinds IS NULL OR s.kind = ANY (f.kinds))
                AND (f.instance IS NULL OR s.instance_id = f.instance)
                AND (f.created_since IS NULL OR s.created_at >= f.created_since)
                AND (f.created_before IS NULL OR s.created_at < f.created_before)
@@ -222,7 +234,7 @@ BEGIN
                        SELECT 1 FROM jsonb_array_elements(s.errors) e
                        WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))) AS matched
             FROM (
-                SELECT w.id, w.queue, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
+                SELECT w.id, w.queue, w.kind, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
                        w.created_at, w.finished_at, w.instance_id, w.lease_expiry,
                        w.cancel_requested, w.errors,
                        row_number() OVER (ORDER BY w.id DESC) AS n
@@ -240,7 +252,7 @@ BEGIN
             v_budget_edge := r.id;
         END IF;
         CONTINUE WHEN r.matched IS NOT TRUE OR v_found = p_page_size;
-        id := r.id; queue := r.queue; state := r.state; priority := r.priority;
+        id := r.id; queue := r.queue; kind := r.kind; state := r.state; priority := r.priority;
         attempt := r.attempt; max_attempts := r.max_attempts; run_at := r.run_at;
         created_at := r.created_at; finished_at := r.finished_at; instance_id := r.instance_id;
         lease_expiry := r.lease_expiry; cancel_requested := r.cancel_requested;
@@ -251,7 +263,7 @@ BEGIN
         v_last := r.id;
     END LOOP;
 
-    id := NULL; queue := NULL; state := NULL; priority := NULL; attempt := NULL;
+    id := NULL; queue := NULL; kind := NULL; state := NULL; priority := NULL; attempt := NULL;
     max_attempts := NULL; run_at := NULL; created_at := NULL; finished_at := NULL;
     instance_id := NULL; lease_expiry := NULL; cancel_requested := NULL; last_error := NULL;
     -- A full page goes on below its last item; a short one below the budget's edge, when the

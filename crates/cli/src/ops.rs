@@ -30,6 +30,9 @@ pub(crate) struct FilterArgs {
     /// several).
     #[arg(long = "state", value_name = "STATE", value_parser = parse_state)]
     states: Vec<WorkState>,
+    /// Of this job kind (repeat for several; an untyped item has none).
+    #[arg(long = "kind", value_name = "KIND")]
+    kinds: Vec<String>,
     /// Owned now by this instance (its id).
     #[arg(long, value_name = "ID")]
     instance: Option<uuid::Uuid>,
@@ -59,6 +62,9 @@ impl FilterArgs {
         }
         for s in &self.states {
             f = f.state(*s);
+        }
+        for k in &self.kinds {
+            f = f.kind(k.clone());
         }
         if let Some(i) = self.instance {
             f = f.instance(InstanceId(i));
@@ -213,6 +219,7 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
         &[
             "queue",
             "",
+            "owner",
             "available",
             "scheduled",
             "running",
@@ -271,6 +278,7 @@ pub(crate) async fn items(
                     vec![
                         w.id.to_string(),
                         w.queue.clone(),
+                        w.kind.clone().unwrap_or_default(),
                         WorkState::as_str(w.state).to_owned(),
                         format!("{}/{}", w.attempt, w.max_attempts),
                         ts(w.created_at),
@@ -286,6 +294,7 @@ pub(crate) async fn items(
                 &[
                     "id",
                     "queue",
+                    "kind",
                     "state",
                     "attempt",
                     "created",
@@ -317,6 +326,10 @@ pub(crate) async fn items(
             let mut rows = vec![
                 vec!["id".to_owned(), w.id.to_string()],
                 vec!["queue".to_owned(), w.queue.clone()],
+                vec![
+                    "kind".to_owned(),
+                    w.kind.clone().unwrap_or_else(|| "(untyped)".to_owned()),
+                ],
                 vec!["state".to_owned(), WorkState::as_str(w.state).to_owned()],
                 vec![
                     "attempt".to_owned(),
@@ -343,6 +356,9 @@ pub(crate) async fn items(
             push("unique key", w.unique_key.clone());
             out.print_table(&["field", "value"], &rows);
             println!("\npayload:\n{}", pretty(&w.payload));
+            if let Some(m) = &w.metadata {
+                println!("\nmetadata:\n{}", pretty(m));
+            }
             if let Some(c) = &w.checkpoint {
                 println!("\ncheckpoint:\n{}", pretty(c));
             }
@@ -462,7 +478,7 @@ pub(crate) async fn bulk(
 
     if filter.is_empty() && !args.all {
         return Err(Failure::usage(format!(
-            "{} what? give item ids, a filter (--queue, --state, --error, ...), or --all for every item it applies to",
+            "{} what? give item ids, a filter (--queue, --kind, --state, --error, ...), or --all for every item it applies to",
             action.as_str()
         )));
     }

@@ -266,9 +266,18 @@ async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
     );
     assert_eq!(emails["dead"]["items"], 2);
     let table = expect_code(&workpump(&["queues", "--database-url", url]), 0);
+    let header = table.lines().next().unwrap_or_default();
     assert!(
-        table.starts_with("queue") && table.contains("\nemails "),
+        header.starts_with("queue ") && header.contains(" owner "),
         "{table}"
+    );
+    let emails_line = table
+        .lines()
+        .find(|l| l.starts_with("emails "))
+        .unwrap_or_else(|| panic!("no emails line:\n{table}"));
+    assert!(
+        emails_line.ends_with(" 1"),
+        "every cell has its column, the last one the cancelled count (1):\n{table}"
     );
 
     let dead = json_of(url, &["items", "list", "--state", "dead"], 0);
@@ -306,6 +315,67 @@ async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
     assert_eq!(by_error["items"][0]["id"], items.dead[1]);
     assert_eq!(by_error["items"].as_array().expect("items").len(), 1);
 
+    // By kind: each item's kind in the list, and the filter (repeatable).
+    let newsletters = json_of(url, &["items", "list", "--kind", "newsletter"], 0);
+    let ids_of = |v: &Value| -> Vec<i64> {
+        v["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|i| i["id"].as_i64().expect("id"))
+            .collect()
+    };
+    assert_eq!(ids_of(&newsletters), vec![items.dead[1]]);
+    assert_eq!(newsletters["items"][0]["kind"], "newsletter");
+    let typed_dead = json_of(
+        url,
+        &[
+            "items",
+            "list",
+            "--state",
+            "dead",
+            "--kind",
+            "newsletter",
+            "--kind",
+            "send_email",
+        ],
+        0,
+    );
+    assert_eq!(
+        ids_of(&typed_dead),
+        vec![items.dead[1], items.dead[0]],
+        "the untyped dead letter of reports is left out"
+    );
+    let all = json_of(url, &["items", "list"], 0);
+    let report = all["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|i| i["id"] == items.dead[2])
+        .expect("the report");
+    assert_eq!(report["kind"], Value::Null, "an untyped item has no kind");
+    let table = expect_code(
+        &workpump(&["items", "list", "--state", "dead", "--database-url", url]),
+        0,
+    );
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("id") && lines[0].contains(" kind "),
+        "{table}"
+    );
+    let newsletter_line = lines
+        .iter()
+        .find(|l| l.starts_with(&items.dead[1].to_string()))
+        .unwrap_or_else(|| panic!("no line for the newsletter:\n{table}"));
+    assert!(newsletter_line.contains(" newsletter "), "{table}");
+    let empty_kind = workpump(&["items", "list", "--kind", "", "--database-url", url]);
+    expect_code(&empty_kind, 2);
+    assert!(
+        text(&empty_kind.stderr).contains("'kinds'"),
+        "{}",
+        text(&empty_kind.stderr)
+    );
+
     let shown = expect_code(
         &workpump(&[
             "items",
@@ -321,6 +391,9 @@ async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
         "checkpoint:",
         "\"sent\": 2",
         "claim token",
+        "send_email",
+        "metadata:",
+        workpump_coordinator::testing::EVERY_STATE_TRACEPARENT,
     ] {
         assert!(shown.contains(text), "items show lacks {text:?}:\n{shown}");
     }
@@ -343,6 +416,26 @@ async fn retry_cancel_discard_pause_and_resume_change_what_they_say_and_refuse_t
     let fresh = workpump_coordinator::testing::fresh_store().await;
     let items = workpump_coordinator::testing::every_state(&fresh.coordinator).await;
     let (url, pool) = (fresh.db.url(), &fresh.pool);
+
+    // By kind: the newsletter's dead letter, not send_email's; then cancel the newsletter.
+    let report = json_of(url, &["retry", "--kind", "newsletter"], 0);
+    assert_eq!(report["applied"], 1);
+    assert_eq!(
+        state_of(pool, items.dead[1]).await.as_deref(),
+        Some("available")
+    );
+    assert_eq!(state_of(pool, items.dead[0]).await.as_deref(), Some("dead"));
+    let cancelled = json_of(url, &["cancel", "--kind", "newsletter"], 0);
+    assert_eq!(cancelled["applied"], 1, "{cancelled}");
+    assert_eq!(
+        state_of(pool, items.dead[1]).await.as_deref(),
+        Some("cancelled")
+    );
+    assert_eq!(
+        state_of(pool, items.available[0]).await.as_deref(),
+        Some("available"),
+        "a send_email item is left alone"
+    );
 
     // By ids: the dead letter is retried, the completed item refused (exit 1), unchanged.
     let out = workpump(&[
@@ -378,7 +471,6 @@ async fn retry_cancel_discard_pause_and_resume_change_what_they_say_and_refuse_t
         state_of(pool, items.dead[2]).await.as_deref(),
         Some("available")
     );
-
     // Without ids or a filter: refused unless --all.
     let bare = workpump(&["discard", "--database-url", url]);
     expect_code(&bare, 2);

@@ -211,6 +211,7 @@ impl Row {
         WorkSummary {
             id: self.id,
             queue: self.queue.clone(),
+            kind: self.kind.clone(),
             state: self.state,
             priority: self.priority,
             attempt: self.attempt,
@@ -1871,6 +1872,7 @@ impl Operations for FakeCoordinator {
             examined += 1;
             if params.filter.matches(
                 &r.queue,
+                r.kind.as_deref(),
                 r.state,
                 r.instance,
                 r.created_at,
@@ -2132,6 +2134,7 @@ impl Operations for FakeCoordinator {
                 .filter(|r| {
                     params.filter.matches(
                         &r.queue,
+                        r.kind.as_deref(),
                         r.state,
                         r.instance,
                         r.created_at,

@@ -48,11 +48,13 @@ fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> std::result::Result<S:
 /// use workpump_coordinator::{WorkFilter, WorkState};
 /// let dead_in_q = WorkFilter::new().queue("q").state(WorkState::Dead);
 /// assert!(!dead_in_q.is_empty());
+/// let invoices = WorkFilter::new().kind("invoice");
+/// assert_eq!(invoices.kinds, ["invoice"]);
 /// assert!(WorkFilter::new().is_empty());
 /// ```
 ///
-/// It is `#[non_exhaustive]` so that criteria can be added (an item's kind, its ordering key)
-/// without breaking callers. The store receives it as a JSON object (its serde form), so a
+/// It is `#[non_exhaustive]` so that criteria can be added (an item's ordering key) without
+/// breaking callers. The store receives it as a JSON object (its serde form), so a
 /// new criterion is a new key there too.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -64,6 +66,10 @@ pub struct WorkFilter {
     /// Its state is one of these.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub states: Vec<WorkState>,
+    /// Its job kind is one of these (an untyped item matches none). Each is a valid kind: 1 to
+    /// [`MAX_KIND_CHARS`](crate::MAX_KIND_CHARS) characters without control characters.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<String>,
     /// Its current owner (so only running items match).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<InstanceId>,
@@ -103,6 +109,12 @@ impl WorkFilter {
         self
     }
 
+    /// Adds a job kind.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kinds.push(kind.into());
+        self
+    }
+
     /// Only items this instance owns now.
     pub fn instance(mut self, instance: InstanceId) -> Self {
         self.instance = Some(instance);
@@ -134,9 +146,17 @@ impl WorkFilter {
         self == &WorkFilter::default()
     }
 
-    /// Checks what the store would refuse: an empty or oversized `error_contains`, or one with
-    /// a NUL character.
+    /// Checks what the store would refuse, or could never match: an empty or oversized
+    /// `error_contains`, or one with a NUL character; a kind that no item can have.
     pub fn validate(&self, what: &str) -> Result<()> {
+        for kind in &self.kinds {
+            crate::validate::validate_kind(kind).map_err(|e| match e {
+                Error::InvalidArgument(why) => {
+                    Error::InvalidArgument(format!("{what}: filter key 'kinds': {why}"))
+                }
+                other => other,
+            })?;
+        }
         if let Some(text) = &self.error_contains {
             if text.is_empty() || text.len() > MAX_FILTER_TEXT_BYTES || text.contains('\0') {
                 return Err(Error::InvalidArgument(format!(
@@ -155,6 +175,7 @@ impl WorkFilter {
     pub(crate) fn matches(
         &self,
         queue: &str,
+        kind: Option<&str>,
         state: WorkState,
         owner: Option<InstanceId>,
         created_at: DateTime<Utc>,
@@ -167,6 +188,7 @@ impl WorkFilter {
         };
         (self.queues.is_empty() || self.queues.iter().any(|q| q == queue))
             && (self.states.is_empty() || self.states.contains(&state))
+            && (self.kinds.is_empty() || kind.is_some_and(|k| self.kinds.iter().any(|x| x == k)))
             && self.instance.is_none_or(|i| owner == Some(i))
             && self.created_since.is_none_or(|b| created_at >= b)
             && self.created_before.is_none_or(|b| created_at < b)
@@ -245,6 +267,8 @@ pub struct WorkSummary {
     pub id: WorkId,
     /// Its queue.
     pub queue: String,
+    /// Its job kind (`None`: untyped).
+    pub kind: Option<String>,
     /// Its state.
     pub state: WorkState,
     /// Its priority (lower runs first).

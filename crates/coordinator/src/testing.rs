@@ -98,6 +98,9 @@ pub async fn seasoned_judge(
     lock
 }
 
+/// The trace context in the metadata of [`every_state`]'s typed items.
+pub const EVERY_STATE_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
 /// The ids of the items [`every_state`] made, by state, and the instance that claimed the
 /// running one.
 pub struct EveryState {
@@ -121,7 +124,17 @@ pub struct EveryState {
 /// Queues `emails` and `reports`, with items available, scheduled (one a retry with an
 /// error), running (with a checkpoint), completed, dead (two in emails, one in reports) and
 /// cancelled.
+///
+/// Items of `emails` are typed: of kind `send_email` (carrying a trace context in their
+/// metadata, `traceparent` [`EVERY_STATE_TRACEPARENT`]), except the second dead letter ("smtp:
+/// mailbox full"), of kind `newsletter`, and the digest due in two hours, untyped. Items of
+/// `reports` are untyped.
 pub async fn every_state(store: &PgCoordinator) -> EveryState {
+    let email = |to: String| {
+        NewWork::new("emails", json!({ "to": to }))
+            .kind("send_email")
+            .metadata(json!({ "traceparent": EVERY_STATE_TRACEPARENT }))
+    };
     for name in ["emails", "reports"] {
         store
             .register_queue(RegisterQueueParams {
@@ -158,7 +171,15 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
     // Claimed one queue at a time, oldest first: 5 in emails, 1 in reports.
     enqueue(
         (0..5)
-            .map(|i| NewWork::new("emails", json!({ "to": format!("user{i}@example.com") })))
+            .map(|i| {
+                let item = email(format!("user{i}@example.com"));
+                // The second dead letter (see below).
+                if i == 2 {
+                    item.kind("newsletter")
+                } else {
+                    item
+                }
+            })
             .collect(),
     )
     .await;
@@ -233,9 +254,9 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
         .expect("checkpoint");
 
     let available = enqueue(vec![
-        NewWork::new("emails", json!({ "to": "a@example.com" })),
-        NewWork::new("emails", json!({ "to": "b@example.com" })),
-        NewWork::new("emails", json!({ "to": "c@example.com" })),
+        email("a@example.com".into()),
+        email("b@example.com".into()),
+        email("c@example.com".into()),
     ])
     .await;
     let later = enqueue(vec![

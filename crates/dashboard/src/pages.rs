@@ -135,6 +135,8 @@ pub(crate) async fn overview(
 pub(crate) struct ItemRow {
     pub(crate) id: i64,
     pub(crate) queue: String,
+    /// Its job kind; empty when untyped.
+    pub(crate) kind: String,
     pub(crate) state: &'static str,
     pub(crate) attempt: String,
     pub(crate) priority: i16,
@@ -150,6 +152,7 @@ impl ItemRow {
         ItemRow {
             id: w.id,
             queue: w.queue.clone(),
+            kind: w.kind.clone().unwrap_or_default(),
             state: WorkState::as_str(w.state),
             attempt: format!("{}/{}", w.attempt, w.max_attempts),
             priority: w.priority,
@@ -177,6 +180,7 @@ fn short_id(id: &str) -> String {
 #[derive(Deserialize, Default, Clone)]
 pub(crate) struct ItemsQuery {
     queue: Option<String>,
+    kind: Option<String>,
     state: Option<String>,
     error: Option<String>,
     cursor: Option<String>,
@@ -188,6 +192,9 @@ impl ItemsQuery {
         let mut filter = WorkFilter::new();
         if let Some(q) = self.queue.as_deref().filter(|q| !q.is_empty()) {
             filter = filter.queue(q);
+        }
+        if let Some(k) = self.kind.as_deref().filter(|k| !k.is_empty()) {
+            filter = filter.kind(k);
         }
         if let Some(s) = self.state.as_deref().filter(|s| !s.is_empty()) {
             let state = WorkState::parse(s).ok_or_else(|| {
@@ -206,6 +213,7 @@ impl ItemsQuery {
         let mut pairs = Vec::new();
         for (k, v) in [
             ("queue", &self.queue),
+            ("kind", &self.kind),
             ("state", &self.state),
             ("error", &self.error),
         ] {
@@ -237,6 +245,7 @@ struct ItemsPage {
     page: Page,
     items: Vec<ItemRow>,
     queue: String,
+    kind: String,
     state: String,
     error: String,
     states: Vec<&'static str>,
@@ -272,6 +281,7 @@ pub(crate) async fn items(
         page: Page::refreshing(&state, &headers, "Items").with_notice(q.notice.clone()),
         items: listed.items.iter().map(|w| ItemRow::new(w, now)).collect(),
         queue: q.queue.clone().unwrap_or_default(),
+        kind: q.kind.clone().unwrap_or_default(),
         state: q.state.clone().unwrap_or_default(),
         error: q.error.clone().unwrap_or_default(),
         states: STATES.iter().map(|s| s.as_str()).collect(),
@@ -357,6 +367,7 @@ struct ItemPage {
     state: &'static str,
     fields: Vec<(&'static str, String)>,
     payload: String,
+    metadata: Option<String>,
     checkpoint: Option<String>,
     attempts: Vec<Attempt>,
     timeline: Vec<Moment>,
@@ -377,6 +388,10 @@ pub(crate) async fn item(
     };
     let (w, now) = (&got.item, got.now);
     let mut fields = vec![
+        (
+            "kind",
+            w.kind.clone().unwrap_or_else(|| "(untyped)".to_owned()),
+        ),
         ("state", WorkState::as_str(w.state).to_owned()),
         ("attempt", format!("{} of {}", w.attempt, w.max_attempts)),
         ("priority", w.priority.to_string()),
@@ -453,6 +468,7 @@ pub(crate) async fn item(
         state: WorkState::as_str(w.state),
         fields,
         payload: view::pretty(&w.payload),
+        metadata: w.metadata.as_ref().map(view::pretty),
         checkpoint: w.checkpoint.as_ref().map(view::pretty),
         attempts,
         timeline: timeline
@@ -612,5 +628,20 @@ mod tests {
     fn query_values_are_percent_encoded() {
         assert_eq!(encode("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
         assert_eq!(encode("emails.v2:eu-1"), "emails.v2%3Aeu-1");
+    }
+
+    #[test]
+    fn the_next_page_keeps_every_filter() {
+        let q = ItemsQuery {
+            queue: Some("emails".into()),
+            kind: Some("send email".into()),
+            state: Some(String::new()),
+            error: Some("smtp".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            q.with_cursor("v1.5"),
+            "queue=emails&kind=send%20email&error=smtp&cursor=v1.5"
+        );
     }
 }

@@ -128,6 +128,26 @@ async fn every_page_renders_a_store_with_work_in_every_state() {
         .body
         .contains(&format!("data-id=\"{}\"", items.dead[0])));
 
+    // Each item's kind in the list, and the kind filter (kept by the form).
+    assert!(listed.body.contains("<th>kind</th>"));
+    assert!(listed.body.contains("<td>send_email</td>"));
+    let newsletters = get(&app, "/items?kind=newsletter", None).await;
+    assert_eq!(newsletters.status, StatusCode::OK);
+    assert_eq!(newsletters.body.matches("<tr data-id=").count(), 1);
+    assert!(newsletters
+        .body
+        .contains(&format!("data-id=\"{}\"", items.dead[1])));
+    assert!(newsletters
+        .body
+        .contains("name=\"kind\" value=\"newsletter\""));
+    let typed_dead = get(&app, "/items?kind=send_email&state=dead", None).await;
+    assert_eq!(typed_dead.body.matches("<tr data-id=").count(), 1);
+    assert!(typed_dead
+        .body
+        .contains(&format!("data-id=\"{}\"", items.dead[0])));
+    let dead_letters = get(&app, "/dead", None).await;
+    assert!(dead_letters.body.contains("<td>newsletter</td>"));
+
     let running = get(&app, &format!("/items/{}", items.running), None).await;
     assert_eq!(running.status, StatusCode::OK);
     for text in [
@@ -136,6 +156,9 @@ async fn every_page_renders_a_store_with_work_in_every_state() {
         "sent",
         "claim token",
         "lease expires",
+        "<dt>kind</dt><dd>send_email</dd>",
+        "id=\"metadata\"",
+        workpump_coordinator::testing::EVERY_STATE_TRACEPARENT,
     ] {
         assert!(
             running.body.contains(text),
@@ -150,6 +173,12 @@ async fn every_page_renders_a_store_with_work_in_every_state() {
     );
     let retrying = get(&app, &format!("/items/{}", items.scheduled[0]), None).await;
     assert!(retrying.body.contains("smtp: try again later"));
+    let report = get(&app, &format!("/items/{}", items.dead[2]), None).await;
+    assert!(report.body.contains("<dt>kind</dt><dd>(untyped)</dd>"));
+    assert!(
+        !report.body.contains("id=\"metadata\""),
+        "an item without metadata shows none"
+    );
 
     let instances = get(&app, "/instances", None).await;
     assert!(instances.body.contains(&items.instance.0.to_string()));

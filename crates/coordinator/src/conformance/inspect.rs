@@ -211,6 +211,97 @@ pub async fn list_work_filters_by_queue_state_owner_time_and_error_text(h: &dyn 
     );
 }
 
+/// Each item of a list carries its kind (none when untyped); the kinds criterion keeps the
+/// items of the kinds it names, never an untyped one, and combines with the others; a kind no
+/// item can have is refused, naming the key.
+pub async fn list_work_shows_each_items_kind_and_filters_by_kinds(h: &dyn Harness) {
+    queue(h, "q1", 10).await;
+    queue(h, "q2", 10).await;
+    let ids = enqueue(
+        h,
+        vec![
+            NewWork::new("q1", json!({ "to": "a@b.c" })).kind("send_email"),
+            NewWork::new("q1", json!({ "month": 5 })).kind("invoice"),
+            NewWork::new("q1", json!(3)),
+            NewWork::new("q2", json!({ "to": "d@e.f" })).kind("send_email"),
+        ],
+    )
+    .await;
+    let (email, invoice, untyped, other_email) = (ids[0], ids[1], ids[2], ids[3]);
+    let me = instance(h).await;
+    let dead = claim_one_of(h, me, "q1").await;
+    assert_eq!(dead.id, email, "the oldest item of q1 is claimed first");
+    fail(h, me, dead, "smtp down", FailDisposition::DeadLetter).await;
+
+    let page = h
+        .operations()
+        .list_work(ListWorkParams::default())
+        .await
+        .expect("list");
+    let kinds: Vec<(WorkId, Option<&str>)> = page
+        .items
+        .iter()
+        .map(|i| (i.id, i.kind.as_deref()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (other_email, Some("send_email")),
+            (untyped, None),
+            (invoice, Some("invoice")),
+            (email, Some("send_email")),
+        ],
+        "every item with its kind, newest first"
+    );
+
+    let set = |v: Vec<WorkId>| v.into_iter().collect::<HashSet<_>>();
+    let of = |ids: &[WorkId]| ids.iter().copied().collect::<HashSet<_>>();
+    assert_eq!(
+        set(list(h, WorkFilter::new().kind("send_email")).await),
+        of(&[email, other_email])
+    );
+    assert_eq!(
+        set(list(h, WorkFilter::new().kind("send_email").kind("invoice")).await),
+        of(&[email, invoice, other_email]),
+        "several kinds: any of them, and never an untyped item"
+    );
+    assert_eq!(
+        set(list(h, WorkFilter::new().kind("send_email").queue("q1")).await),
+        of(&[email])
+    );
+    assert_eq!(
+        set(list(
+            h,
+            WorkFilter::new().kind("send_email").state(WorkState::Dead)
+        )
+        .await),
+        of(&[email])
+    );
+    assert!(
+        list(h, WorkFilter::new().kind("invoice").state(WorkState::Dead))
+            .await
+            .is_empty()
+    );
+    assert!(
+        list(h, WorkFilter::new().kind("Send_Email"))
+            .await
+            .is_empty(),
+        "a kind is matched exactly, case included"
+    );
+
+    for bad in [String::new(), "new\nline".to_owned(), "k".repeat(129)] {
+        let err = h
+            .operations()
+            .list_work(ListWorkParams {
+                filter: WorkFilter::new().kind(bad.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_invalid_argument(err, "'kinds'");
+    }
+}
+
 /// A cursor the store did not make, a page size out of range, an empty error text: a clear
 /// invalid argument.
 pub async fn list_work_refuses_a_malformed_cursor_and_out_of_range_arguments(h: &dyn Harness) {

@@ -125,10 +125,12 @@ macro_rules! conformance_suite {
             a_paused_queue_hands_out_nothing_until_resumed_and_resuming_wakes_its_claimers,
             bulk_work_by_ids_applies_each_item_whole_and_says_why_others_were_refused,
             bulk_work_matching_acts_in_bounded_batches_and_refuses_an_empty_filter,
+            bulk_work_matching_by_kind_acts_only_on_items_of_those_kinds,
             queue_settings_have_one_owner_and_an_operator_may_change_or_hand_them_over,
             // inspect.rs
             list_work_pages_through_every_item_newest_first,
             list_work_filters_by_queue_state_owner_time_and_error_text,
+            list_work_shows_each_items_kind_and_filters_by_kinds,
             list_work_refuses_a_malformed_cursor_and_out_of_range_arguments,
             get_work_returns_the_whole_item_with_every_attempt,
             queue_overview_counts_states_lag_rates_and_settings,

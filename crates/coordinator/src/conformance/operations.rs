@@ -506,6 +506,76 @@ pub async fn bulk_work_matching_acts_in_bounded_batches_and_refuses_an_empty_fil
     assert_eq!(h.work_count().await, 2, "q2's dead letters are left");
 }
 
+/// A bulk action by kind acts on the items of that kind only, in a queue shared with other
+/// kinds and untyped items; a kind alone is a filter (no `all` needed).
+pub async fn bulk_work_matching_by_kind_acts_only_on_items_of_those_kinds(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let ops = h.operations();
+    let ids = enqueue(
+        h,
+        vec![
+            NewWork::new("q", json!(1)).kind("a"),
+            NewWork::new("q", json!(2)).kind("b"),
+            NewWork::new("q", json!(3)).kind("a"),
+            NewWork::new("q", json!(4)).kind("b"),
+            NewWork::new("q", json!(5)),
+        ],
+    )
+    .await;
+    let (kind_a, kind_b, untyped) = (vec![ids[0], ids[2]], vec![ids[1], ids[3]], ids[4]);
+    for claimed in claim(h, me, &["q"], 5).await.items {
+        fail(h, me, claimed.fence, "boom", FailDisposition::DeadLetter).await;
+    }
+    for id in &ids {
+        assert_eq!(row(h, *id).await.state, WorkState::Dead);
+    }
+    let by_kind = |action, kinds: &[&str]| {
+        let mut filter = WorkFilter::new();
+        for k in kinds {
+            filter = filter.kind(*k);
+        }
+        BulkWorkMatchingParams::new(action, filter)
+    };
+
+    let out = ops
+        .bulk_work_matching(by_kind(BulkAction::Retry, &["a"]))
+        .await
+        .expect("retry kind a");
+    let mut retried: Vec<WorkId> = out.items.iter().map(|i| i.id).collect();
+    retried.sort_unstable();
+    assert_eq!(retried, kind_a, "only kind a's dead letters");
+    assert!(out.items.iter().all(|i| i.result == BulkResult::Retried));
+    for id in kind_b.iter().chain([&untyped]) {
+        assert_eq!(row(h, *id).await.state, WorkState::Dead, "item {id}");
+    }
+
+    // Cancel kinds a and b: only a's items are waiting; b's dead letters cannot be cancelled.
+    let totals = ops
+        .bulk_work_matching_all(by_kind(BulkAction::Cancel, &["a", "b"]))
+        .await
+        .expect("cancel kinds a and b");
+    assert_eq!((totals.applied, totals.refused), (2, 0));
+    for id in &kind_a {
+        assert_eq!(row(h, *id).await.state, WorkState::Cancelled);
+    }
+
+    let totals = ops
+        .bulk_work_matching_all(by_kind(BulkAction::Discard, &["b"]))
+        .await
+        .expect("discard kind b");
+    assert_eq!(totals.applied, 2);
+    for id in &kind_b {
+        assert!(h.work_row(*id).await.is_none(), "item {id} is discarded");
+    }
+    assert_eq!(
+        h.work_count().await,
+        3,
+        "kind a's two and the untyped item remain"
+    );
+    assert_eq!(row(h, untyped).await.state, WorkState::Dead);
+}
+
 /// The first service to declare a queue owns its settings: another service's (or an
 /// anonymous) declaration does not change them and learns whose they are; the owner changes
 /// its own; an operator changes them or hands them over.

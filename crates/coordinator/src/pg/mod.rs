@@ -1258,6 +1258,7 @@ impl Operations for PgCoordinator {
             outcome.items.push(WorkSummary {
                 id,
                 queue: r.queue.ok_or_else(missing)?,
+                kind: r.kind,
                 state: parse_state(r.state.as_deref().unwrap_or(""), ctx)?,
                 priority: r.priority.ok_or_else(missing)?,
                 attempt: r.attempt.ok_or_else(missing)?,
@@ -1522,6 +1523,7 @@ fn bulk_item(
 struct ListRow {
     id: Option<i64>,
     queue: Option<String>,
+    kind: Option<String>,
     state: Option<String>,
     priority: Option<i16>,
     attempt: Option<i32>,
