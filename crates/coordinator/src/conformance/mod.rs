@@ -125,6 +125,7 @@ macro_rules! conformance_suite {
             a_paused_queue_hands_out_nothing_until_resumed_and_resuming_wakes_its_claimers,
             bulk_work_by_ids_applies_each_item_whole_and_says_why_others_were_refused,
             bulk_work_matching_acts_in_bounded_batches_and_refuses_an_empty_filter,
+            run_now_makes_scheduled_items_due_at_once_and_refuses_others,
             queue_settings_have_one_owner_and_an_operator_may_change_or_hand_them_over,
             // inspect.rs
             list_work_pages_through_every_item_newest_first,
