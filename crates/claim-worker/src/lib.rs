@@ -48,6 +48,8 @@ mod handler;
 pub mod metrics;
 mod outcome;
 mod recorder;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod trace;
 mod wait;
 mod worker;
@@ -57,7 +59,9 @@ pub use config::{
     DEFAULT_NOTIFY_HEALTHY_BASE_MS, DEFAULT_OUTCOME_BATCH, DEFAULT_POLL_BASE_MS,
     DEFAULT_POLL_MAX_MS, MAX_CONCURRENCY,
 };
-pub use handler::{handler_fn, FnHandler, Handler, Job, JobError, JobResult, JobTransaction};
+pub use handler::{
+    handler_fn, Disposition, FnHandler, Handler, Job, JobError, JobResult, JobTransaction,
+};
 pub use trace::ATTEMPT_SPAN;
 pub use wait::{wait_after, Gate};
 pub use worker::{ClaimStatus, ClaimWorker, Handlers, Waker};
