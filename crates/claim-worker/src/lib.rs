@@ -42,6 +42,10 @@
 //! A plain error (`?`) retries with the queue's backoff (about 2^attempt s with jitter,
 //! capped at 5 min) until the item's attempts are used up; then it becomes a dead letter with
 //! every attempt's error. A panic is caught and recorded as a failure with its message.
+//!
+//! With the `testing` feature, `testing::JobBuilder` builds a [`Job`] outside a claim, for
+//! unit tests of handlers: no store, a cancellation the test fires, checkpoints recorded. The
+//! users' test kit, `workpump-test`, re-exports it with an inline runner.
 
 mod config;
 mod handler;
