@@ -24,8 +24,8 @@ use workpump_claim_worker::{Disposition, Handler, Job, JobResult};
 pub enum JobOutcome {
     /// It returned `Ok(())`.
     Completed,
-    /// It asked for a retry: [`JobError::retry`](crate::JobError::retry) (`after: None`, the
-    /// queue's backoff), [`retry_after`](crate::JobError::retry_after), or any error through
+    /// It asked for a retry: [`JobError::retry`](workpump_host::JobError::retry) (`after: None`, the
+    /// queue's backoff), [`retry_after`](workpump_host::JobError::retry_after), or any error through
     /// `?`.
     Retry {
         /// The error recorded in the item's history.
@@ -33,12 +33,12 @@ pub enum JobOutcome {
         /// The delay it asked for.
         after: Option<Duration>,
     },
-    /// It rejected the item for good ([`JobError::dead_letter`](crate::JobError::dead_letter)).
+    /// It rejected the item for good ([`JobError::dead_letter`](workpump_host::JobError::dead_letter)).
     DeadLetter {
         /// The error recorded.
         message: String,
     },
-    /// It stopped because it was cancelled ([`JobError::cancelled`](crate::JobError::cancelled)).
+    /// It stopped because it was cancelled ([`JobError::cancelled`](workpump_host::JobError::cancelled)).
     Cancelled {
         /// The message recorded.
         message: String,

@@ -425,3 +425,57 @@ async fn a_drain_without_handlers_for_its_queue_says_so() {
         "{err}"
     );
 }
+
+/// Waits for its cancellation: what a hung handler looks like to a drain.
+#[derive(Serialize, Deserialize)]
+struct Hang {}
+
+impl JobArgs for Hang {
+    const KIND: &'static str = "hang";
+    const QUEUE: &'static str = "slow";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_cannot_finish_gives_up_naming_what_was_left_and_a_paused_queue_is_refused() {
+    let store = fresh_store().await;
+    let kit = TestKit::new(store.coordinator.clone()).jobs(|builder| {
+        builder.job(handler_fn(|job: Job<Hang>| async move {
+            job.cancellation_token().cancelled().await;
+            Err(JobError::cancelled("stopped"))
+        }))
+    });
+    kit.declare_queue("slow").await.unwrap();
+    kit.client().enqueue(Hang {}).await.unwrap();
+
+    let err = kit
+        .drain("slow")
+        .timeout(Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    // Running, once the drain's host claimed it (it registers within a second or so).
+    assert!(
+        matches!(&err, Error::Timeout { queue, left, .. } if queue == "slow" && (left == "1 running" || left == "1 available")),
+        "{err}"
+    );
+    // The drain's host released the item when it stopped, without using up the attempt.
+    let item = &kit.unfinished("slow").await.unwrap()[0];
+    assert_eq!((item.state, item.attempt), (WorkState::Available, 0));
+
+    kit.pg()
+        .pause_queue(workpump_coordinator::PauseQueueParams {
+            queue: "slow".into(),
+        })
+        .await
+        .unwrap();
+    let err = kit.drain("slow").await.unwrap_err();
+    assert!(matches!(&err, Error::Paused(q) if q == "slow"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kit_connected_by_url_migrates_the_database() {
+    let (db, _pool) = workpump_coordinator::testing::fresh_database().await;
+    let kit = TestKit::connect(db.url()).await.unwrap();
+    kit.declare_queue("emails").await.unwrap();
+    sign_up(&kit.client(), "ada@example.com").await.unwrap();
+    kit.assert_enqueued(&email("ada@example.com")).await;
+}
