@@ -83,8 +83,8 @@ pub enum Error {
 pub struct DrainCounts {
     /// Completed.
     pub completed: u64,
-    /// Failed an attempt and wait for their retry (scheduled after their backoff, or due
-    /// again and left for the next drain only if the drain ended first).
+    /// Failed an attempt and wait for their retry, scheduled after their backoff (a panic, a
+    /// retry the handler asked for, a kind without a handler).
     pub retried: u64,
     /// Dead letters: rejected by their handler, undecodable, or out of attempts.
     pub dead: u64,
