@@ -11,10 +11,14 @@
 --             its queue's claimers are woken unless the queue is paused;
 --   'cancel'  available or scheduled -> cancelled at once; running -> cancel requested
 --             (cancel_work);
---   'discard' a finished item (completed, dead, cancelled) -> deleted (discard_work).
+--   'discard' a finished item (completed, dead, cancelled) -> deleted (discard_work);
+--   'run_now' a scheduled item (a delayed one, or a retry waiting out its backoff) ->
+--             available, due now (run_at = now()); attempts and history unchanged; its
+--             queue's claimers are woken unless the queue is paused (the test kit's clock
+--             control, and an operator's "don't wait for the backoff").
 --
 -- bulk_work answers one row per distinct id, in the order of its first occurrence:
---   result 'retried' | 'cancelled' | 'requested' | 'discarded'  applied;
+--   result 'retried' | 'cancelled' | 'requested' | 'discarded' | 'promoted'  applied;
 --   result 'refused'    its state does not allow the action (or, for a retry, another
 --                       unfinished item of its queue holds its unique key, or an earlier id
 --                       of the same call with the same key is retried): nothing changed;
@@ -25,7 +29,8 @@
 --
 -- bulk_work_matching picks the items the filter (see list_work) matches and the action can
 -- apply to — dead letters whose unique key is free for 'retry'; waiting items and running ones
--- without a cancel request yet for 'cancel'; finished items for 'discard' — the lowest ids
+-- without a cancel request yet for 'cancel'; finished items for 'discard'; scheduled items for
+-- 'run_now' — the lowest ids
 -- first, `FOR UPDATE SKIP LOCKED` (a row another transaction holds is left for a later call),
 -- acts on at most `limit` of them as bulk_work does, and answers their rows; has_more (the
 -- same on every row) says that more such items were left: call again until it is false or no
@@ -57,9 +62,9 @@ DECLARE
     v_states  work_state[];
     v_reasons text[];
 BEGIN
-    IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard') THEN
+    IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard', 'run_now') THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
-            MESSAGE = format('bulk_work: unknown action %L (retry, cancel or discard)', p_action);
+            MESSAGE = format('bulk_work: unknown action %L (retry, cancel, discard or run_now)', p_action);
     END IF;
     IF p_ids IS NULL OR array_position(p_ids, NULL) IS NOT NULL OR cardinality(p_ids) > 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -96,6 +101,7 @@ BEGIN
                        WHEN p_action = 'cancel' AND l.state = 'running' THEN 'requested'
                        WHEN p_action = 'cancel' THEN 'refused'
                        WHEN p_action = 'discard' AND l.state IN ('completed', 'dead', 'cancelled') THEN 'discarded'
+                       WHEN p_action = 'run_now' AND l.state = 'scheduled' THEN 'promoted'
                        ELSE 'refused'
                    END AS result
             FROM req r LEFT JOIN locked l ON l.id = r.id
@@ -126,6 +132,10 @@ BEGIN
             UPDATE work w SET cancel_requested = true
             FROM decided d
             WHERE w.id = d.id AND d.result = 'requested' AND NOT w.cancel_requested
+        ), promoted AS (
+            UPDATE work w SET state = 'available', run_at = now()
+            FROM decided d
+            WHERE w.id = d.id AND d.result = 'promoted'
         ), discarded AS (
             DELETE FROM work w USING decided d
             WHERE w.id = d.id AND d.result = 'discarded'
@@ -140,6 +150,7 @@ BEGIN
                                  CASE p_action
                                      WHEN 'retry' THEN 'only a dead letter can be retried'
                                      WHEN 'cancel' THEN 'a finished item cannot be cancelled'
+                                     WHEN 'run_now' THEN 'only a scheduled item can be made due now'
                                      ELSE 'only a finished item can be discarded (cancel it first)'
                                  END
                          END ORDER BY d.ord)
@@ -150,11 +161,11 @@ BEGIN
             MESSAGE = 'bulk_work: a unique key of an item being retried was taken meanwhile; nothing was changed, call again';
     END;
 
-    IF p_action = 'retry' THEN
+    IF p_action IN ('retry', 'run_now') THEN
         PERFORM pg_notify(current_schema() || '.wake', x.queue)
         FROM (SELECT DISTINCT w.queue FROM work w
               WHERE w.id IN (SELECT u.id FROM unnest(v_ids, v_results) AS u(id, result)
-                             WHERE u.result = 'retried')) x
+                             WHERE u.result IN ('retried', 'promoted'))) x
         WHERE NOT EXISTS (SELECT 1 FROM queues qs WHERE qs.name = x.queue AND qs.paused);
     END IF;
 
@@ -201,9 +212,9 @@ DECLARE
     v_ids    bigint[];
     v_more   boolean;
 BEGIN
-    IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard') THEN
+    IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard', 'run_now') THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
-            MESSAGE = format('bulk_work_matching: unknown action %L (retry, cancel or discard)', p_action);
+            MESSAGE = format('bulk_work_matching: unknown action %L (retry, cancel, discard or run_now)', p_action);
     END IF;
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -226,6 +237,7 @@ BEGIN
                                 AND o.state IN ('available', 'scheduled', 'running')))
                   WHEN 'cancel' THEN w.state IN ('available', 'scheduled')
                       OR (w.state = 'running' AND NOT w.cancel_requested)
+                  WHEN 'run_now' THEN w.state = 'scheduled'
                   ELSE w.state IN ('completed', 'dead', 'cancelled')
               END
           AND -- The filter (parse_work_filter; the same predicate as list_work's).

@@ -110,14 +110,33 @@ where
 /// Any `std::error::Error` converts into a retry with the queue's backoff, so `?` works in a
 /// handler. (Deliberately not an `Error` itself, so that conversion can exist.)
 pub struct JobError {
-    pub(crate) kind: JobErrorKind,
+    pub(crate) kind: Disposition,
     pub(crate) message: String,
 }
 
+/// What a [`JobError`] asks for ([`JobError::disposition`]). What is finally recorded also
+/// depends on why the handler's token fired, if it did (see [`JobError::cancelled`]) and on
+/// the attempts left: a retry on the last attempt is a dead letter.
+///
+/// ```
+/// use std::time::Duration;
+/// use workpump_claim_worker::{Disposition, JobError};
+///
+/// let e = JobError::retry_after("busy", Duration::from_secs(30));
+/// assert_eq!(e.disposition(), Disposition::Retry { after: Some(Duration::from_secs(30)) });
+/// assert_eq!(JobError::dead_letter("bad").disposition(), Disposition::DeadLetter);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum JobErrorKind {
-    Retry { after: Option<Duration> },
+#[non_exhaustive]
+pub enum Disposition {
+    /// Retry, after `after` or (`None`) the queue's backoff, if attempts are left.
+    Retry {
+        /// The delay the handler asked for ([`JobError::retry_after`]).
+        after: Option<Duration>,
+    },
+    /// Straight to the dead letters ([`JobError::dead_letter`]).
     DeadLetter,
+    /// The handler stopped because it was cancelled ([`JobError::cancelled`]).
     Cancelled,
 }
 
@@ -125,7 +144,7 @@ impl JobError {
     /// Retry with the queue's backoff, if attempts are left.
     pub fn retry(message: impl fmt::Display) -> Self {
         JobError {
-            kind: JobErrorKind::Retry { after: None },
+            kind: Disposition::Retry { after: None },
             message: message.to_string(),
         }
     }
@@ -133,7 +152,7 @@ impl JobError {
     /// Retry after `delay` (measured on the database clock), if attempts are left.
     pub fn retry_after(message: impl fmt::Display, delay: Duration) -> Self {
         JobError {
-            kind: JobErrorKind::Retry { after: Some(delay) },
+            kind: Disposition::Retry { after: Some(delay) },
             message: message.to_string(),
         }
     }
@@ -141,7 +160,7 @@ impl JobError {
     /// Fail for good: straight to the dead letters, whatever attempts are left.
     pub fn dead_letter(message: impl fmt::Display) -> Self {
         JobError {
-            kind: JobErrorKind::DeadLetter,
+            kind: Disposition::DeadLetter,
             message: message.to_string(),
         }
     }
@@ -154,7 +173,7 @@ impl JobError {
     /// lost or the instance evicted — nothing (it would be fenced out).
     pub fn cancelled(message: impl fmt::Display) -> Self {
         JobError {
-            kind: JobErrorKind::Cancelled,
+            kind: Disposition::Cancelled,
             message: message.to_string(),
         }
     }
@@ -162,6 +181,11 @@ impl JobError {
     /// The message recorded in the item's error history.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// What it asks for: a retry (with its delay, if any), a dead letter, or a cancel.
+    pub fn disposition(&self) -> Disposition {
+        self.kind
     }
 }
 
@@ -214,15 +238,37 @@ pub(crate) struct JobContext {
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) checkpoint: Option<Value>,
     pub(crate) lease: Arc<dyn TrackedLease>,
-    pub(crate) coordinator: Arc<dyn WorkCoordinator>,
-    pub(crate) pg: Option<PgCoordinator>,
+    pub(crate) store: JobStore,
     /// Set when the handler completed the item in a fenced transaction.
     pub(crate) completed_in_transaction: AtomicBool,
+}
+
+/// Where an attempt's checkpoints and transaction go.
+pub(crate) enum JobStore {
+    /// A claimed item: the store that claimed it (and the PostgreSQL one for transactions).
+    Claimed {
+        coordinator: Arc<dyn WorkCoordinator>,
+        pg: Option<PgCoordinator>,
+    },
+    /// A job built for a test (`testing::JobBuilder`): no store; checkpoints are recorded here.
+    #[cfg(feature = "testing")]
+    Detached {
+        checkpoints: Arc<std::sync::Mutex<Vec<Value>>>,
+    },
 }
 
 impl<T> Job<T> {
     pub(crate) fn new(payload: T, ctx: Arc<JobContext>) -> Self {
         Job { payload, ctx }
+    }
+
+    /// The same attempt with another payload (the test kit's decoding of a JSON job).
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_payload<U>(self, payload: U) -> Job<U> {
+        Job {
+            payload,
+            ctx: self.ctx,
+        }
     }
 
     /// The payload.
@@ -315,14 +361,22 @@ impl<T> Job<T> {
     pub async fn save_checkpoint<C: Serialize>(&self, checkpoint: &C) -> Result<(), JobError> {
         let checkpoint = serde_json::to_value(checkpoint)
             .map_err(|e| JobError::retry(format!("checkpoint is not serialisable: {e}")))?;
-        self.ctx
-            .coordinator
-            .checkpoint_work(CheckpointWorkParams {
-                instance: self.ctx.instance,
-                fence: self.ctx.fence,
-                checkpoint,
-            })
-            .await?;
+        match &self.ctx.store {
+            JobStore::Claimed { coordinator, .. } => {
+                coordinator
+                    .checkpoint_work(CheckpointWorkParams {
+                        instance: self.ctx.instance,
+                        fence: self.ctx.fence,
+                        checkpoint,
+                    })
+                    .await?;
+            }
+            #[cfg(feature = "testing")]
+            JobStore::Detached { checkpoints } => checkpoints
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(checkpoint),
+        }
         Ok(())
     }
 
@@ -332,11 +386,21 @@ impl<T> Job<T> {
     /// (then this returns an error and the handler should stop). Effects in the same database
     /// happen exactly once. Needs the PostgreSQL coordinator.
     pub async fn begin_transaction(&self) -> Result<JobTransaction, JobError> {
-        let pg = self.ctx.pg.as_ref().ok_or_else(|| {
-            JobError::dead_letter(
-                "transactional completion needs the PostgreSQL coordinator (this host runs on another)",
-            )
-        })?;
+        let pg = match &self.ctx.store {
+            JobStore::Claimed { pg, .. } => pg.as_ref().ok_or_else(|| {
+                JobError::dead_letter(
+                    "transactional completion needs the PostgreSQL coordinator (this host runs on another)",
+                )
+            })?,
+            #[cfg(feature = "testing")]
+            JobStore::Detached { .. } => {
+                return Err(JobError::dead_letter(
+                    "a job built for a unit test (JobBuilder) has no store, so it cannot open a \
+                     fenced transaction; test a transactional handler against PostgreSQL \
+                     (workpump-test's TestKit::drain)",
+                ))
+            }
+        };
         let tx = pg.begin_fenced(self.ctx.instance, self.ctx.fence).await?;
         Ok(JobTransaction {
             tx,
@@ -387,12 +451,17 @@ pub(crate) struct Typed<H>(pub(crate) H);
 #[async_trait]
 impl<H: Handler> ErasedHandler for Typed<H> {
     async fn call(&self, payload: Value, ctx: Arc<JobContext>) -> Result<JobResult, String> {
-        let payload: H::Payload = serde_json::from_value(payload).map_err(|e| {
-            format!(
-                "the payload does not match {}: {e}",
-                std::any::type_name::<H::Payload>()
-            )
-        })?;
+        let payload: H::Payload = decode_payload(payload)?;
         Ok(self.0.handle(Job::new(payload, ctx)).await)
     }
+}
+
+/// Decodes a payload for a handler of `T`; the error is what the dead letter records.
+pub(crate) fn decode_payload<T: DeserializeOwned>(payload: Value) -> Result<T, String> {
+    serde_json::from_value(payload).map_err(|e| {
+        format!(
+            "the payload does not match {}: {e}",
+            std::any::type_name::<T>()
+        )
+    })
 }

@@ -45,12 +45,18 @@
 //! A plain error (`?`) retries with the queue's backoff (about 2^attempt s with jitter,
 //! capped at 5 min) until the item's attempts are used up; then it becomes a dead letter with
 //! every attempt's error. A panic is caught and recorded as a failure with its message.
+//!
+//! With the `testing` feature, `testing::JobBuilder` builds a [`Job`] outside a claim, for
+//! unit tests of handlers: no store, a cancellation the test fires, checkpoints recorded. The
+//! users' test kit, `workpump-test`, re-exports it with an inline runner.
 
 mod config;
 mod handler;
 pub mod metrics;
 mod outcome;
 mod recorder;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod trace;
 mod wait;
 mod worker;
@@ -60,7 +66,9 @@ pub use config::{
     DEFAULT_MAX_ITEMS_PER_CLAIM, DEFAULT_NOTIFY_HEALTHY_BASE_MS, DEFAULT_OUTCOME_BATCH,
     DEFAULT_POLL_BASE_MS, DEFAULT_POLL_MAX_MS, MAX_CONCURRENCY,
 };
-pub use handler::{handler_fn, FnHandler, Handler, Job, JobError, JobResult, JobTransaction};
+pub use handler::{
+    handler_fn, Disposition, FnHandler, Handler, Job, JobError, JobResult, JobTransaction,
+};
 pub use trace::ATTEMPT_SPAN;
 pub use wait::{wait_after, Gate};
 pub use worker::{ClaimStatus, ClaimWorker, Handlers, Waker};

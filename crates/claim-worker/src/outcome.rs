@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use workpump_coordinator::{CancelReason, FailDisposition};
 
-use crate::handler::{JobError, JobErrorKind};
+use crate::handler::{Disposition, JobError};
 use crate::recorder::Outcome;
 
 /// How a handler's run ended.
@@ -76,7 +76,7 @@ pub(crate) fn decide(
         }),
         Ended::Succeeded { in_transaction } => (!in_transaction).then_some(Outcome::Complete),
         Ended::Failed(e) => Some(match (e.kind, reason) {
-            (JobErrorKind::DeadLetter, _) => Outcome::Fail {
+            (Disposition::DeadLetter, _) => Outcome::Fail {
                 error: e.message,
                 disposition: FailDisposition::DeadLetter,
             },
@@ -94,13 +94,13 @@ pub(crate) fn decide(
                     | CancelReason::MaxRenewals { .. }),
                 ),
             ) => retry(format!("the handler was stopped: {r}: {}", e.message)),
-            (JobErrorKind::Cancelled, _) | (_, Some(CancelReason::CancelRequested)) => {
+            (Disposition::Cancelled, _) | (_, Some(CancelReason::CancelRequested)) => {
                 Outcome::Fail {
                     error: e.message,
                     disposition: FailDisposition::Cancelled,
                 }
             }
-            (JobErrorKind::Retry { after }, _) => Outcome::Fail {
+            (Disposition::Retry { after }, _) => Outcome::Fail {
                 error: e.message,
                 disposition: FailDisposition::RetryAfter(after.unwrap_or(backoff)),
             },

@@ -21,7 +21,7 @@ use workpump_coordinator::{
 };
 
 use crate::config::{ClaimConfig, QueueSettings};
-use crate::handler::{ErasedHandler, Handler, JobContext, JobError, Typed};
+use crate::handler::{ErasedHandler, Handler, JobContext, JobError, JobStore, Typed};
 use crate::metrics;
 use crate::outcome::{decide, Ended};
 use crate::recorder::{Outcome, Recorder};
@@ -156,6 +156,19 @@ impl Handlers {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.queues.is_empty()
+    }
+
+    /// The same handlers, sharing them, for the queues `keep` says yes to only: a claim worker
+    /// that serves part of what the host registered (the test kit's drain of one queue).
+    pub fn retain_queues(&self, mut keep: impl FnMut(&str) -> bool) -> Handlers {
+        Handlers {
+            queues: self
+                .queues
+                .iter()
+                .filter(|(q, _)| keep(q))
+                .map(|(q, h)| (q.clone(), h.clone()))
+                .collect(),
+        }
     }
 }
 

@@ -65,6 +65,8 @@ enum Command {
     Cancel(ops::BulkArgs),
     /// Delete finished items (completed, dead or cancelled).
     Discard(ops::BulkArgs),
+    /// Make scheduled items (delayed ones, retries in their backoff) due now.
+    RunNow(ops::BulkArgs),
     /// Show or change a queue's settings (max attempts) and which service owns them.
     Settings(ops::SettingsArgs),
     /// Pause a queue: claims stop within one poll; running items finish.
@@ -112,6 +114,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Retry(args) => ops::bulk(&store, &out, BulkAction::Retry, args).await,
         Command::Cancel(args) => ops::bulk(&store, &out, BulkAction::Cancel, args).await,
         Command::Discard(args) => ops::bulk(&store, &out, BulkAction::Discard, args).await,
+        Command::RunNow(args) => ops::bulk(&store, &out, BulkAction::RunNow, args).await,
         Command::Settings(args) => ops::settings(&store, &out, args).await,
         Command::Pause(arg) => ops::pause(&store, &out, arg, true).await,
         Command::Resume(arg) => ops::pause(&store, &out, arg, false).await,

@@ -445,6 +445,7 @@ pub(crate) async fn bulk(
                         BulkResult::Cancelled => ("cancelled", String::new()),
                         BulkResult::Requested => ("cancel requested", String::new()),
                         BulkResult::Discarded => ("discarded", String::new()),
+                        BulkResult::Promoted => ("due now", String::new()),
                         BulkResult::Refused { reason, .. } => ("refused", reason.clone()),
                         BulkResult::NotFound => ("not found", String::new()),
                         #[allow(unreachable_patterns)]

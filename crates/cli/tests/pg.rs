@@ -595,6 +595,31 @@ async fn retry_cancel_discard_pause_and_resume_change_what_they_say_and_refuse_t
 }
 
 #[tokio::test]
+async fn run_now_makes_the_scheduled_items_due_and_refuses_a_running_one() {
+    let fresh = workpump_coordinator::testing::fresh_store().await;
+    let items = workpump_coordinator::testing::every_state(&fresh.coordinator).await;
+    let (url, pool) = (fresh.db.url(), &fresh.pool);
+
+    let refused = workpump(&["run-now", &items.running.to_string(), "--database-url", url]);
+    let table = expect_code(&refused, 1);
+    assert!(table.contains("only a scheduled item"), "{table}");
+    assert_eq!(
+        state_of(pool, items.running).await.as_deref(),
+        Some("running")
+    );
+
+    let report = json_of(url, &["run-now", "--queue", "emails"], 0);
+    assert_eq!(report["applied"], items.scheduled.len(), "{report}");
+    for id in &items.scheduled {
+        assert_eq!(state_of(pool, *id).await.as_deref(), Some("available"));
+    }
+    assert_eq!(
+        state_of(pool, items.available[0]).await.as_deref(),
+        Some("available")
+    );
+}
+
+#[tokio::test]
 async fn a_command_on_a_database_that_was_never_migrated_says_to_migrate_with_exit_code_4() {
     let (db, pool) = fresh_database().await;
     let out = workpump(&["queues", "--database-url", db.url()]);

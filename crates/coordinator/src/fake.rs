@@ -1039,6 +1039,7 @@ fn counts(per_queue: BTreeMap<String, u64>) -> Vec<QueueCount> {
 mod refusal {
     pub(super) const CANCEL_FINISHED: &str = "a finished item cannot be cancelled";
     pub(super) const RETRY_NOT_DEAD: &str = "only a dead letter can be retried";
+    pub(super) const RUN_NOW_NOT_SCHEDULED: &str = "only a scheduled item can be made due now";
     pub(super) const RETRY_UNIQUE_KEY_TAKEN: &str =
         "another unfinished item of its queue holds its unique key";
     pub(super) const DISCARD_UNFINISHED: &str =
@@ -2130,6 +2131,7 @@ impl Operations for FakeCoordinator {
                             || (r.state == WorkState::Running && !r.cancel_requested)
                     }
                     BulkAction::Discard => r.state.is_finished(),
+                    BulkAction::RunNow => r.state == WorkState::Scheduled,
                 })
                 .filter(|r| {
                     params.filter.matches(
@@ -2279,6 +2281,14 @@ impl FakeCoordinator {
                     BulkResult::Discarded
                 }
                 BulkAction::Discard => refuse(refusal::DISCARD_UNFINISHED),
+                BulkAction::RunNow if before == WorkState::Scheduled => {
+                    let r = st.work.get_mut(&id).expect("the row exists");
+                    r.state = WorkState::Available;
+                    r.run_at = now;
+                    woken.push(r.queue.clone());
+                    BulkResult::Promoted
+                }
+                BulkAction::RunNow => refuse(refusal::RUN_NOW_NOT_SCHEDULED),
             };
             items.push(BulkItem {
                 id,

@@ -569,6 +569,10 @@ pub enum BulkAction {
     Cancel,
     /// Delete finished items (as `discard_work`).
     Discard,
+    /// Make scheduled items (delayed ones, and retries waiting out their backoff) due now:
+    /// available with `run_at` = the store's now, attempts and history unchanged. What a test
+    /// uses to control the clock (`workpump-test`), and an operator to skip a backoff.
+    RunNow,
 }
 
 impl BulkAction {
@@ -578,6 +582,7 @@ impl BulkAction {
             BulkAction::Retry => "retry",
             BulkAction::Cancel => "cancel",
             BulkAction::Discard => "discard",
+            BulkAction::RunNow => "run_now",
         }
     }
 }
@@ -594,6 +599,8 @@ pub enum BulkResult {
     Requested,
     /// A finished item is deleted.
     Discarded,
+    /// A scheduled item is available, due now.
+    Promoted,
     /// Its state refuses the action (or, for a retry, its unique key is taken); unchanged.
     Refused {
         /// The state it is in.

@@ -1280,7 +1280,12 @@ async fn unknown_items(store: Store, id: i64) -> TestCaseResult {
         ops.discard_work(DiscardWorkParams { id }).await.map(drop),
         ops.get_work(GetWorkParams { id }).await.map(drop),
     ];
-    for action in [BulkAction::Retry, BulkAction::Cancel, BulkAction::Discard] {
+    for action in [
+        BulkAction::Retry,
+        BulkAction::Cancel,
+        BulkAction::Discard,
+        BulkAction::RunNow,
+    ] {
         let out = ops
             .bulk_work(BulkWorkParams {
                 action,

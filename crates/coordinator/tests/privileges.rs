@@ -510,7 +510,12 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
     .await
     .expect("resume_queue");
     // (On no item: privileges are checked for every table a statement names, rows or not.)
-    for action in [BulkAction::Retry, BulkAction::Cancel, BulkAction::Discard] {
+    for action in [
+        BulkAction::Retry,
+        BulkAction::Cancel,
+        BulkAction::Discard,
+        BulkAction::RunNow,
+    ] {
         let out = c
             .bulk_work(BulkWorkParams {
                 action,

@@ -92,8 +92,10 @@ async fn execute(
         created_at: item.created_at,
         checkpoint: item.checkpoint,
         lease: lease.clone(),
-        coordinator: shared.coordinator.clone(),
-        pg: shared.pg.clone(),
+        store: JobStore::Claimed {
+            coordinator: shared.coordinator.clone(),
+            pg: shared.pg.clone(),
+        },
         completed_in_transaction: Default::default(),
     });
     let started = Instant::now();

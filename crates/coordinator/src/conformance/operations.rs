@@ -693,3 +693,76 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     }
     assert_eq!(stored("q").await, (Some("billing".into()), Some(5)));
 }
+
+/// `run_now`: scheduled items (delayed ones and retries in their backoff) become available and
+/// due at once, keeping their attempts and history, and their claimers are woken; any other
+/// state is refused and unchanged; by filter it picks only scheduled items.
+pub async fn run_now_makes_scheduled_items_due_at_once_and_refuses_others(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    queue(h, "other", 10).await;
+    let me = instance(h).await;
+    let later = enqueue_later(h, "q", 2).await;
+    let elsewhere = enqueue_later(h, "other", 1).await[0];
+    enqueue_n(h, "q", 2).await;
+    let claimed = claim(h, me, &["q"], 10).await;
+    // Both available items are claimed: one fails into its backoff, the other keeps running.
+    let (retry, running) = (claimed.items[0].fence, claimed.items[1].fence);
+    assert_eq!(
+        fail(h, me, retry, "boom", FailDisposition::RetryAfter(HOUR)).await,
+        Some(WorkState::Scheduled)
+    );
+    let ops = h.operations();
+    let mut listener = h
+        .coordinator()
+        .listen(ListenParams::default())
+        .await
+        .expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("listen"),
+        ListenEvent::Connected
+    );
+
+    let out = ops
+        .bulk_work(BulkWorkParams {
+            action: BulkAction::RunNow,
+            ids: vec![later[0], retry.id, running.id],
+        })
+        .await
+        .expect("run_now by ids");
+    assert_eq!(out.items[0].result, BulkResult::Promoted);
+    assert_eq!(out.items[1].result, BulkResult::Promoted);
+    assert!(
+        matches!(&out.items[2].result, BulkResult::Refused { state: WorkState::Running, reason } if reason.contains("scheduled")),
+        "{:?}",
+        out.items[2]
+    );
+    assert_eq!(next_wake(&mut listener).await, "q");
+    assert_eq!(row(h, running.id).await.state, WorkState::Running);
+    // Due now: claimable at once, the retry as its next attempt with its history kept.
+    let again = claim(h, me, &["q"], 10).await;
+    let mut got: Vec<(WorkId, i32)> = again
+        .items
+        .iter()
+        .map(|c| (c.fence.id, c.attempt))
+        .collect();
+    got.sort();
+    let mut want = vec![(later[0], 1), (retry.id, 2)];
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(row(h, retry.id).await.errors.len(), 1);
+    assert_eq!(row(h, later[1]).await.state, WorkState::Scheduled);
+
+    // By filter: only the scheduled items the filter matches.
+    let out = ops
+        .bulk_work_matching(BulkWorkMatchingParams::new(
+            BulkAction::RunNow,
+            WorkFilter::new().queue("q"),
+        ))
+        .await
+        .expect("run_now by filter");
+    let ids: Vec<(WorkId, BulkResult)> = out.items.into_iter().map(|i| (i.id, i.result)).collect();
+    assert_eq!(ids, vec![(later[1], BulkResult::Promoted)]);
+    assert!(!out.has_more);
+    assert_eq!(row(h, later[1]).await.state, WorkState::Available);
+    assert_eq!(row(h, elsewhere).await.state, WorkState::Scheduled);
+}

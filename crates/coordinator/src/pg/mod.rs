@@ -1500,6 +1500,7 @@ fn bulk_item(
         ("cancelled", _) => BulkResult::Cancelled,
         ("requested", _) => BulkResult::Requested,
         ("discarded", _) => BulkResult::Discarded,
+        ("promoted", _) => BulkResult::Promoted,
         ("not_found", _) => BulkResult::NotFound,
         ("refused", Some(state)) => BulkResult::Refused {
             state,
