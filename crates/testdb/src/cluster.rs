@@ -577,13 +577,28 @@ fn validate_name(name: &str) -> Result<()> {
     })
 }
 
-/// `CARGO_TARGET_DIR` if set (relative to the workspace root), else `<workspace root>/target`.
+/// Where throwaway clusters live: `CARGO_TARGET_DIR` if set (a relative one is taken from the
+/// workspace root, as cargo does); else the cargo target directory the running binary was
+/// built into (tests, examples and xtask run from `<target>/<profile>/...`; cargo marks the
+/// directory with `CACHEDIR.TAG`), which is right also when this crate comes from a registry;
+/// else `<workspace root>/target`.
 fn target_dir() -> PathBuf {
-    let root = workspace_root();
-    match env::var_os("CARGO_TARGET_DIR").filter(|dir| !dir.is_empty()) {
-        Some(dir) => root.join(dir),
-        None => root.join("target"),
+    if let Some(dir) = env::var_os("CARGO_TARGET_DIR").filter(|dir| !dir.is_empty()) {
+        return workspace_root().join(dir);
     }
+    env::current_exe()
+        .ok()
+        .as_deref()
+        .and_then(cargo_target_of)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// The cargo target directory holding `exe`: its nearest ancestor with a `CACHEDIR.TAG`.
+fn cargo_target_of(exe: &Path) -> Option<PathBuf> {
+    exe.ancestors()
+        .skip(1)
+        .find(|dir| dir.join("CACHEDIR.TAG").is_file())
+        .map(Path::to_owned)
 }
 
 /// The nearest ancestor of this crate whose `Cargo.toml` has a `[workspace]` table.
@@ -711,6 +726,15 @@ mod tests {
     #[test]
     fn conf_strings_escape_quotes_and_backslashes() {
         assert_eq!(conf_escape(r"/a'b\c"), r"/a''b\\c");
+    }
+
+    #[test]
+    fn a_test_binary_finds_the_target_directory_it_was_built_into() {
+        let exe = env::current_exe().expect("exe");
+        let target = cargo_target_of(&exe).expect("a target directory above the test binary");
+        assert!(exe.starts_with(&target));
+        assert!(target.join("CACHEDIR.TAG").is_file());
+        assert_eq!(cargo_target_of(Path::new("/no/such/dir/binary")), None);
     }
 
     #[test]
