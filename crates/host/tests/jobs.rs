@@ -417,3 +417,121 @@ async fn two_handlers_for_one_kind_are_refused_at_start() {
         "{text}"
     );
 }
+
+/// A host whose claim loops never poll on a timer: with LISTEN healthy, only a wake signal
+/// makes them claim. Its one queue, `watched`, runs until the item's token fires.
+async fn start_unpolled(url: &str, ran: &Ran) -> HostHandle {
+    let mut config = fast_config();
+    config.claim.safety_net_poll = false;
+    config.queues.insert(
+        "watched".into(),
+        QueueConfig {
+            lease_ms: Some(3_000),
+            renewal_interval_ms: Some(100),
+            ..QueueConfig::default()
+        },
+    );
+    let ran = ran.clone();
+    Host::builder()
+        .config(config)
+        .database_url(url)
+        .handler(
+            "watched",
+            handler_fn(move |job: Job<serde_json::Value>| {
+                let ran = ran.clone();
+                async move {
+                    ran.lock().expect("ran").push(job.payload()["n"].to_string());
+                    if job.payload()["wait"] == true {
+                        job.cancellation_token().cancelled().await;
+                        return Err(JobError::cancelled("stopped on request"));
+                    }
+                    Ok(())
+                }
+            }),
+        )
+        .start()
+        .await
+        .expect("the host starts")
+}
+
+#[tokio::test]
+async fn an_item_enqueued_in_the_callers_transaction_wakes_the_claimers_at_its_commit() {
+    let (db, pool) = database().await;
+    let ran = Ran::default();
+    let host = start_unpolled(db.url(), &ran).await;
+    host.ready().await.expect("ready");
+    wait_until(Duration::from_secs(10), "LISTEN is healthy", || async {
+        host.health().listener_healthy
+    })
+    .await;
+
+    let mut tx = pool.begin().await.expect("begin");
+    let out = host
+        .enqueue_in(&mut tx, NewWork::new("watched", json!({ "n": 1 })))
+        .await
+        .expect("enqueue in the transaction");
+    // Uncommitted, it is invisible: whatever woke a claim loop now found nothing.
+    assert_eq!(count_state(&pool, "available").await, 0);
+    tx.commit().await.expect("commit");
+    // No timer polls: only the notification sent at commit can start the claim.
+    wait_until(Duration::from_secs(10), "the committed item ran", || async {
+        count_state(&pool, "completed").await == 1
+    })
+    .await;
+    assert_eq!(*ran.lock().expect("ran"), ["1"]);
+    assert!(out.inserted);
+
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+#[tokio::test]
+async fn an_operators_cancel_of_a_running_item_is_logged_at_info_with_the_handlers_reason() {
+    let (db, pool) = database().await;
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let ran = Ran::default();
+    let host = start_unpolled(db.url(), &ran).await;
+    let item = host
+        .enqueue(NewWork::new("watched", json!({ "n": 2, "wait": true })))
+        .await
+        .expect("enqueue");
+    wait_until(Duration::from_secs(10), "the handler runs", || async {
+        !ran.lock().expect("ran").is_empty()
+    })
+    .await;
+    host.pg()
+        .expect("pg")
+        .cancel_work(workpump_coordinator::CancelWorkParams { id: item.id })
+        .await
+        .expect("cancel");
+    wait_until(Duration::from_secs(10), "the item is cancelled", || async {
+        count_state(&pool, "cancelled").await == 1
+    })
+    .await;
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|l| {
+            l.contains(&format!(
+                "item {} of queue \"watched\" was cancelled: stopped on request",
+                item.id
+            ))
+        })
+        .unwrap_or_else(|| panic!("no cancel line: {text}"));
+    assert!(line.contains("INFO"), "{line}");
+    assert!(!text.contains("WARN") && !text.contains("ERROR"), "{text}");
+
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
