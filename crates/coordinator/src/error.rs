@@ -9,6 +9,7 @@ use crate::types::{InstanceId, WorkId, WorkState};
 
 /// What went wrong in a coordinator call.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The write belonged to a claim that no longer holds the item (it was reclaimed,
     /// released or finished): nothing changed. The caller must stop working on the item.

@@ -562,6 +562,7 @@ pub struct ResumeQueueOutcome {
 /// What a bulk call does to each item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum BulkAction {
     /// Retry dead letters (as `retry_dead_work`).
     Retry,
@@ -590,6 +591,7 @@ impl BulkAction {
 /// What a bulk call did to one item.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum BulkResult {
     /// A dead letter is available again.
     Retried,

@@ -846,6 +846,7 @@ pub struct CancelWorkParams {
 
 /// What a cancel did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Cancellation {
     /// The item was available or scheduled; it is cancelled now.
     Cancelled,

@@ -22,6 +22,7 @@ pub trait Worker: Send + Sync + 'static {
 
 /// Why a worker stopped on its own.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WorkerError {
     /// The store failed in a way the worker cannot work around.
     #[error("{worker}: {source}")]

@@ -133,6 +133,7 @@ fn describe_own() {
 
 /// A metric's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum MetricKind {
     /// Only goes up (`_total`).
     Counter,

@@ -22,6 +22,7 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 24 * 60 * 60);
 /// instance stopped, the database unreachable, a pause longer than the schedule's period).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Misfire {
     /// Missed fire times are not run; the schedule goes on with its next future fire time
     /// (what River, Oban and cron do). **The default.**
@@ -43,6 +44,7 @@ impl fmt::Display for Misfire {
 
 /// Why a declaration was refused; each message names the job and the problem.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScheduleError {
     /// The name is not 1 to 128 letters, digits, `_`, `.`, `:` or `-` starting with a letter
     /// or digit (the rule of queue names).
