@@ -52,9 +52,11 @@
 
 mod config;
 mod handler;
+mod hooks;
 pub mod metrics;
 mod outcome;
 mod recorder;
+mod service;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod trace;
@@ -69,6 +71,8 @@ pub use config::{
 pub use handler::{
     handler_fn, Disposition, FnHandler, Handler, Job, JobError, JobResult, JobTransaction,
 };
+pub use hooks::{Attempt, Ending, JobHooks, UnavailableReason};
+pub use service::{service_handler, AttemptService, BoxError, HandlerService, ServiceHandler};
 pub use trace::ATTEMPT_SPAN;
 pub use wait::{wait_after, Gate};
 pub use worker::{ClaimStatus, ClaimWorker, Handlers, Waker};
