@@ -26,10 +26,10 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::handler::{Handler, Job, JobContext, JobError, JobResult, JobStore};
 use crate::hooks::{Attempt, Ending, HookList, JobHooks, UnavailableReason};
-use crate::service::{erase, layer_fn, service_error, AttemptService, BoxError, LayerFn};
 use crate::metrics;
 use crate::outcome::{decide, Ended};
 use crate::recorder::{Outcome, Recorder};
+use crate::service::{erase, layer_fn, service_error, AttemptService, BoxError, LayerFn};
 use crate::wait::{wait_after, Gate};
 
 mod dispatch;

@@ -880,7 +880,10 @@ async fn an_item_whose_lease_expired_before_start_fires_claimed_then_unavailable
     }
     assert_eq!(
         journal.0.lock().unwrap()[..2],
-        ["claimed 1", "ended 1: unavailable: lease expired before start"]
+        [
+            "claimed 1",
+            "ended 1: unavailable: lease expired before start"
+        ]
     );
     assert_eq!(*runs.lock().unwrap(), 0, "the handler never ran");
     shutdown.cancel();

@@ -642,7 +642,12 @@ impl Journal {
     /// Waits until `n` endings were recorded, then checks each attempt has exactly one
     /// claimed and one ended, the ended last, and returns the journal.
     async fn after_endings(&self, n: usize) -> Vec<String> {
-        let endings = || self.lines().iter().filter(|l| l.starts_with("ended")).count();
+        let endings = || {
+            self.lines()
+                .iter()
+                .filter(|l| l.starts_with("ended"))
+                .count()
+        };
         wait_until(&format!("{n} endings"), || endings() >= n).await;
         let lines = self.lines();
         let mut attempt = 0;
@@ -767,7 +772,11 @@ async fn hooks_see_a_dead_letter() {
     env.wait_for_state(id, "dead").await;
     assert_eq!(
         journal.after_endings(1).await,
-        vec!["claimed 1", "started 1", "ended 1: dead-lettered: no such user"]
+        vec![
+            "claimed 1",
+            "started 1",
+            "ended 1: dead-lettered: no such user"
+        ]
     );
     env.stop().await;
 }
@@ -904,7 +913,11 @@ async fn hooks_see_an_eviction_of_the_instance_running_the_handler() {
     env.identity.evicted(env.identity.current());
     assert_eq!(
         journal.after_endings(1).await,
-        vec!["claimed 1", "started 1", "ended 1: unavailable: instance evicted"]
+        vec![
+            "claimed 1",
+            "started 1",
+            "ended 1: unavailable: instance evicted"
+        ]
     );
     assert_eq!(env.state(id).await, "running", "nothing written for it");
     env.stop().await;
@@ -966,8 +979,7 @@ impl JobHooks for BlocksFirstClaim {
 }
 
 #[tokio::test]
-async fn a_claimed_hook_that_blocks_past_max_duration_is_stopped_and_the_attempt_fails_naming_it()
-{
+async fn a_claimed_hook_that_blocks_past_max_duration_is_stopped_and_the_attempt_fails_naming_it() {
     let journal = Journal::default();
     let hooks = BlocksFirstClaim(journal.clone());
     let env = setup_with(
@@ -1123,14 +1135,16 @@ async fn a_layer_over_every_handler_sees_every_attempt_of_every_kind() {
             let settings = QueueSettings::default();
             handlers
                 .layer(tower::util::MapRequestLayer::new(move |job: Job<Value>| {
-                    s.lock()
-                        .unwrap()
-                        .push(format!("{} #{}", job.kind().unwrap_or("-"), job.attempt()));
+                    s.lock().unwrap().push(format!(
+                        "{} #{}",
+                        job.kind().unwrap_or("-"),
+                        job.attempt()
+                    ));
                     job
                 }))
                 .add_job(
                     handler_fn(|_job: Job<Ping>| async move { Ok(()) }),
-                    settings.clone(),
+                    settings,
                 )
                 .expect("ping")
                 .add_job(

@@ -65,6 +65,9 @@ enum Store {
 type AddHandler =
     Box<dyn FnOnce(&mut Handlers, QueueSettings) -> Result<(), workpump_coordinator::Error> + Send>;
 
+/// Adds a layer or hooks over every handler ([`HostBuilder::layer`], [`HostBuilder::hooks`]).
+type AddAround = Box<dyn FnOnce(&mut Handlers) + Send>;
+
 /// Configures and starts a host.
 #[derive(Default)]
 pub struct HostBuilder {
@@ -74,7 +77,7 @@ pub struct HostBuilder {
     handlers: Vec<(String, Option<&'static str>, AddHandler)>,
     /// Layers and hooks over every handler ([`HostBuilder::layer`], [`HostBuilder::hooks`]),
     /// in call order.
-    around: Vec<Box<dyn FnOnce(&mut Handlers) + Send>>,
+    around: Vec<AddAround>,
     /// Queues declared without a handler ([`HostBuilder::produces`]).
     produced: Vec<String>,
     /// The slots' factories; `None`: the host's default (the built-in worker).
@@ -208,8 +211,7 @@ impl HostBuilder {
             + Send
             + Sync
             + 'static,
-        <L::Service as tower::Service<crate::Job<serde_json::Value>>>::Error:
-            Into<crate::BoxError>,
+        <L::Service as tower::Service<crate::Job<serde_json::Value>>>::Error: Into<crate::BoxError>,
         <L::Service as tower::Service<crate::Job<serde_json::Value>>>::Future: Send + 'static,
     {
         self.around.push(Box::new(move |handlers: &mut Handlers| {

@@ -257,8 +257,7 @@ async fn execute(
             }
         }
         for hook in hooks.iter() {
-            if let Err(panic) =
-                std::panic::catch_unwind(AssertUnwindSafe(|| hook.started(hooked)))
+            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| hook.started(hooked)))
             {
                 tracing::error!(
                     "a started hook panicked for item {} attempt {} in queue {:?}: {}",
