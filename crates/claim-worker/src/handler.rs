@@ -14,6 +14,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
+
+use crate::service::HandlerService;
 use workpump_coordinator::{
     CancelReason, CheckpointWorkParams, Fence, FencedTransaction, InstanceId, PgCoordinator,
     TrackedLease, WorkCoordinator, WorkId,
@@ -54,6 +56,17 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Runs one attempt of one item.
     async fn handle(&self, job: Job<Self::Payload>) -> JobResult;
+
+    /// This handler as a tower service, for layers to wrap; [`service_handler`] makes the
+    /// wrapped service a handler again (see [`HandlerService`]).
+    ///
+    /// [`service_handler`]: crate::service_handler
+    fn into_service(self) -> HandlerService<Self>
+    where
+        Self: Sized,
+    {
+        HandlerService::new(self)
+    }
 }
 
 /// A handler from an async closure.
@@ -262,13 +275,23 @@ impl<T> Job<T> {
         Job { payload, ctx }
     }
 
-    /// The same attempt with another payload (the test kit's decoding of a JSON job).
-    #[cfg(feature = "testing")]
+    /// The same attempt with another payload (a JSON job decoded for its handler).
     pub(crate) fn with_payload<U>(self, payload: U) -> Job<U> {
         Job {
             payload,
             ctx: self.ctx,
         }
+    }
+
+    /// The payload, taken out, and the attempt without it.
+    pub(crate) fn take_payload(self) -> (T, Job<()>) {
+        (
+            self.payload,
+            Job {
+                payload: (),
+                ctx: self.ctx,
+            },
+        )
     }
 
     /// The payload.
@@ -436,23 +459,6 @@ impl JobTransaction {
     pub async fn rollback(self) -> Result<(), JobError> {
         self.tx.rollback().await?;
         Ok(())
-    }
-}
-
-/// A handler with its payload type erased, as the dispatcher stores it.
-#[async_trait]
-pub(crate) trait ErasedHandler: Send + Sync {
-    /// Decodes the payload and runs the handler; `Err` when the payload doesn't decode.
-    async fn call(&self, payload: Value, ctx: Arc<JobContext>) -> Result<JobResult, String>;
-}
-
-pub(crate) struct Typed<H>(pub(crate) H);
-
-#[async_trait]
-impl<H: Handler> ErasedHandler for Typed<H> {
-    async fn call(&self, payload: Value, ctx: Arc<JobContext>) -> Result<JobResult, String> {
-        let payload: H::Payload = decode_payload(payload)?;
-        Ok(self.0.handle(Job::new(payload, ctx)).await)
     }
 }
 

@@ -46,15 +46,23 @@
 //! capped at 5 min) until the item's attempts are used up; then it becomes a dead letter with
 //! every attempt's error. A panic is caught and recorded as a failure with its message.
 //!
+//! Handlers are tower services ([`AttemptService`], [`service_handler`],
+//! [`Handler::into_service`], [`Handlers::layer`]), so tower layers wrap one kind or every
+//! handler; [`JobHooks`] run around every attempt (claimed under the lease guard, started,
+//! and one [`Ending`] per attempt). The workspace's docs/hooks.md has the sequence and the
+//! ending table.
+//!
 //! With the `testing` feature, `testing::JobBuilder` builds a [`Job`] outside a claim, for
 //! unit tests of handlers: no store, a cancellation the test fires, checkpoints recorded. The
 //! users' test kit, `workpump-test`, re-exports it with an inline runner.
 
 mod config;
 mod handler;
+mod hooks;
 pub mod metrics;
 mod outcome;
 mod recorder;
+mod service;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod trace;
@@ -69,6 +77,8 @@ pub use config::{
 pub use handler::{
     handler_fn, Disposition, FnHandler, Handler, Job, JobError, JobResult, JobTransaction,
 };
+pub use hooks::{Attempt, Ending, JobHooks, UnavailableReason};
+pub use service::{service_handler, AttemptService, BoxError, HandlerService, ServiceHandler};
 pub use trace::ATTEMPT_SPAN;
 pub use wait::{wait_after, Gate};
 pub use worker::{ClaimStatus, ClaimWorker, Handlers, Waker};

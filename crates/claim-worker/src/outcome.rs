@@ -15,8 +15,6 @@ pub(crate) enum Ended {
     Abandoned,
     /// It panicked, with this message.
     Panicked(String),
-    /// Its payload did not decode into the handler's type (the serde error).
-    Undecodable(String),
     /// It returned `Ok`; `in_transaction`: it completed the item in its fenced transaction.
     Succeeded { in_transaction: bool },
     /// It returned this error.
@@ -29,7 +27,7 @@ impl Ended {
         match self {
             Ended::Abandoned => "abandoned",
             Ended::Panicked(_) => "panic",
-            Ended::Undecodable(_) | Ended::Failed(_) => "error",
+            Ended::Failed(_) => "error",
             Ended::Succeeded { .. } => "ok",
         }
     }
@@ -70,10 +68,6 @@ pub(crate) fn decide(
             _ => None,
         },
         Ended::Panicked(message) => Some(retry(format!("the handler panicked: {message}"))),
-        Ended::Undecodable(error) => Some(Outcome::Fail {
-            error,
-            disposition: FailDisposition::DeadLetter,
-        }),
         Ended::Succeeded { in_transaction } => (!in_transaction).then_some(Outcome::Complete),
         Ended::Failed(e) => Some(match (e.kind, reason) {
             (Disposition::DeadLetter, _) => Outcome::Fail {
@@ -191,10 +185,9 @@ mod tests {
             (failed("cancelled"), Some(CancelRequested), "cancelled: boom"),
             // A dropped handle cancels nothing the decision looks at.
             (failed("retry"), Some(Disposed), "retry after 8s: boom"),
-            // Panics and payloads that do not decode.
+            // Panics. (A payload that does not decode is the handler service's dead letter.)
             (Ended::Panicked("oops".into()), None, "retry after 8s: the handler panicked: oops"),
             (Ended::Panicked("oops".into()), Some(Shutdown), "retry after 8s: the handler panicked: oops"),
-            (Ended::Undecodable("missing field `to`".into()), None, "dead letter: missing field `to`"),
             // Abandoned after its wind-down or the drain timeout.
             (Ended::Abandoned, Some(Shutdown), "release (attempt counted: false)"),
             (Ended::Abandoned, Some(max_duration), "retry after 8s: the handler was stopped: exceeded max_duration (60s)"),
@@ -213,7 +206,7 @@ mod tests {
             }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
-        assert_eq!(rows, 33, "the table lost or gained a row");
+        assert_eq!(rows, 32, "the table lost or gained a row");
     }
 
     #[test]
@@ -221,7 +214,6 @@ mod tests {
         let labels: Vec<&str> = [
             Ended::Abandoned,
             Ended::Panicked(String::new()),
-            Ended::Undecodable(String::new()),
             Ended::Succeeded {
                 in_transaction: false,
             },
@@ -230,6 +222,6 @@ mod tests {
         .iter()
         .map(Ended::label)
         .collect();
-        assert_eq!(labels, vec!["abandoned", "panic", "error", "ok", "error"]);
+        assert_eq!(labels, vec!["abandoned", "panic", "ok", "error"]);
     }
 }

@@ -21,10 +21,15 @@ use workpump_coordinator::{
 };
 
 use crate::config::{ClaimConfig, QueueSettings};
-use crate::handler::{ErasedHandler, Handler, JobContext, JobError, JobStore, Typed};
+use serde_json::Value;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::handler::{Handler, Job, JobContext, JobError, JobResult, JobStore};
+use crate::hooks::{Attempt, Ending, HookList, JobHooks, UnavailableReason};
 use crate::metrics;
 use crate::outcome::{decide, Ended};
 use crate::recorder::{Outcome, Recorder};
+use crate::service::{erase, layer_fn, service_error, AttemptService, BoxError, LayerFn};
 use crate::wait::{wait_after, Gate};
 
 mod dispatch;
@@ -48,19 +53,31 @@ use poll::claim_loop;
 #[derive(Clone, Default)]
 pub struct Handlers {
     queues: BTreeMap<String, QueueHandlers>,
+    /// Layers over every handler, in registration order (the first outermost).
+    layers: Vec<LayerFn>,
+    /// Lifecycle hooks, in registration order.
+    hooks: Vec<Arc<dyn JobHooks>>,
 }
 
 /// One queue's handlers and settings.
 #[derive(Clone)]
 struct QueueHandlers {
-    untyped: Option<Arc<dyn ErasedHandler>>,
-    kinds: BTreeMap<String, Arc<dyn ErasedHandler>>,
+    untyped: Option<AttemptService>,
+    kinds: BTreeMap<String, AttemptService>,
     settings: QueueSettings,
 }
 
 impl QueueHandlers {
-    /// The handler of an item of `kind`, or why there is none.
-    fn get(&self, queue: &str, kind: Option<&str>) -> Result<&Arc<dyn ErasedHandler>, String> {
+    /// The (layered) handler of an item of `kind`, if there is one.
+    fn get(&self, kind: Option<&str>) -> Option<&AttemptService> {
+        match kind {
+            Some(kind) => self.kinds.get(kind),
+            None => self.untyped.as_ref(),
+        }
+    }
+
+    /// Why an item of `kind` has no handler here.
+    fn missing(&self, queue: &str, kind: Option<&str>) -> String {
         let known = || {
             let kinds: Vec<&str> = self.kinds.keys().map(String::as_str).collect();
             if kinds.is_empty() {
@@ -70,20 +87,33 @@ impl QueueHandlers {
             }
         };
         match kind {
-            Some(kind) => self.kinds.get(kind).ok_or_else(|| {
-                format!(
-                    "no handler for job kind {kind:?} in queue {queue:?} on this instance (its kinds: {}{}); retried, so an instance that knows the kind can run it",
-                    known(),
-                    if self.untyped.is_some() { ", and untyped items" } else { "" }
-                )
-            }),
-            None => self.untyped.as_ref().ok_or_else(|| {
-                format!(
-                    "an item without a job kind in queue {queue:?}, whose handlers on this instance serve only the kinds {}; retried, so an instance with an untyped handler can run it",
-                    known()
-                )
-            }),
+            Some(kind) => format!(
+                "no handler for job kind {kind:?} in queue {queue:?} on this instance (its kinds: {}{}); retried, so an instance that knows the kind can run it",
+                known(),
+                if self.untyped.is_some() { ", and untyped items" } else { "" }
+            ),
+            None => format!(
+                "an item without a job kind in queue {queue:?}, whose handlers on this instance serve only the kinds {}; retried, so an instance with an untyped handler can run it",
+                known()
+            ),
         }
+    }
+
+    /// The same handlers each wrapped in `layers` (the first outermost), and the layered
+    /// stand-in for the kinds this instance has no handler for.
+    fn layered(self, queue: &str, layers: &[LayerFn]) -> (QueueHandlers, AttemptService) {
+        let wrap = |service: AttemptService| layers.iter().rev().fold(service, |s, l| l(s));
+        let unlayered = self.clone();
+        let queue = queue.to_owned();
+        let missing = wrap(crate::service::answer(move |job| {
+            Err(JobError::retry(unlayered.missing(&queue, job.kind())))
+        }));
+        let layered = QueueHandlers {
+            untyped: self.untyped.map(wrap),
+            kinds: self.kinds.into_iter().map(|(k, s)| (k, wrap(s))).collect(),
+            settings: self.settings,
+        };
+        (layered, missing)
     }
 }
 
@@ -103,13 +133,14 @@ impl Handlers {
     ) -> Result<&mut Self, Error> {
         let queue = queue.into();
         workpump_coordinator::validate_queue_name(&queue)?;
-        self.queue(queue, settings).untyped = Some(Arc::new(Typed(handler)));
+        self.queue(queue, settings).untyped = Some(erase(handler));
         Ok(self)
     }
 
     /// Registers `handler` for the job kind of its payload type, `H::Payload::KIND`, in that
     /// kind's queue (`JobArgs::QUEUE`), replacing an earlier one for the kind; `settings`
-    /// become the queue's.
+    /// become the queue's. A tower service registers through
+    /// [`service_handler`](crate::service_handler).
     pub fn add_job<H>(&mut self, handler: H, settings: QueueSettings) -> Result<&mut Self, Error>
     where
         H: Handler,
@@ -121,8 +152,34 @@ impl Handlers {
         workpump_coordinator::validate_kind(kind)?;
         self.queue(queue.to_owned(), settings)
             .kinds
-            .insert(kind.to_owned(), Arc::new(Typed(handler)));
+            .insert(kind.to_owned(), erase(handler));
         Ok(self)
+    }
+
+    /// Wraps every handler, of every queue and kind, in `layer` (a tower layer over
+    /// [`AttemptService`]: it sees every attempt as a `Job<Value>`, with its queue, kind, id,
+    /// attempt and payload as JSON — also the attempts of a kind this instance has no handler
+    /// for). Layers apply whenever they are added, to handlers added before or after; the
+    /// first layer added is the outermost. Each queue and kind gets its own instance of the
+    /// layer's service, so a layer with state (a concurrency limit) holds it per kind; for a
+    /// limit across kinds, use the queue's `concurrency`. An error of the layer's service
+    /// is a failed attempt, retried with the queue's backoff.
+    pub fn layer<L>(&mut self, layer: L) -> &mut Self
+    where
+        L: Layer<AttemptService> + Send + Sync + 'static,
+        L::Service: Service<Job<Value>, Response = JobResult> + Clone + Send + Sync + 'static,
+        <L::Service as Service<Job<Value>>>::Error: Into<BoxError>,
+        <L::Service as Service<Job<Value>>>::Future: Send + 'static,
+    {
+        self.layers.push(layer_fn(layer));
+        self
+    }
+
+    /// Adds lifecycle hooks, called around every attempt of every queue and kind (after the
+    /// hooks added before them): see [`JobHooks`].
+    pub fn hooks(&mut self, hooks: impl JobHooks) -> &mut Self {
+        self.hooks.push(Arc::new(hooks));
+        self
     }
 
     fn queue(&mut self, queue: String, settings: QueueSettings) -> &mut QueueHandlers {
@@ -168,6 +225,8 @@ impl Handlers {
                 .filter(|(q, _)| keep(q))
                 .map(|(q, h)| (q.clone(), h.clone()))
                 .collect(),
+            layers: self.layers.clone(),
+            hooks: self.hooks.clone(),
         }
     }
 }
@@ -226,6 +285,7 @@ struct Shared {
     queues: Vec<Arc<QueueRuntime>>,
     waker: Waker,
     status: watch::Sender<ClaimStatus>,
+    hooks: HookList,
 }
 
 /// What the claim worker is doing, for health reports.
@@ -243,7 +303,10 @@ pub struct ClaimStatus {
 
 struct QueueRuntime {
     name: String,
+    /// The handlers, each in the layers.
     handlers: QueueHandlers,
+    /// The layered stand-in for a kind without a handler here.
+    missing: AttemptService,
     settings: QueueSettings,
     wake: Arc<Notify>,
 }
@@ -260,14 +323,20 @@ impl ClaimWorker {
         handlers: Handlers,
         config: ClaimConfig,
     ) -> Self {
-        let queues: Vec<Arc<QueueRuntime>> = handlers
-            .queues
+        let Handlers {
+            queues,
+            layers,
+            hooks,
+        } = handlers;
+        let queues: Vec<Arc<QueueRuntime>> = queues
             .into_iter()
             .map(|(name, handlers)| {
+                let (handlers, missing) = handlers.layered(&name, &layers);
                 Arc::new(QueueRuntime {
-                    name,
                     settings: handlers.settings,
+                    name,
                     handlers,
+                    missing,
                     wake: Arc::new(Notify::new()),
                 })
             })
@@ -295,6 +364,7 @@ impl ClaimWorker {
                 queues,
                 waker,
                 status,
+                hooks: hooks.into(),
             }),
         }
     }

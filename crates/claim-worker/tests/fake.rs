@@ -794,3 +794,161 @@ async fn claim_calls_are_timed_and_fresh_items_record_their_pickup_lag_but_recla
     );
     s.stop().await;
 }
+
+/// Hooks that write every call into one list.
+#[derive(Clone, Default)]
+struct Journal(Arc<Mutex<Vec<String>>>);
+
+#[async_trait]
+impl JobHooks for Journal {
+    async fn claimed(&self, attempt: &Attempt) -> JobResult {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("claimed {}", attempt.attempt()));
+        Ok(())
+    }
+    fn started(&self, attempt: &Attempt) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("started {}", attempt.attempt()));
+    }
+    async fn ended(&self, attempt: &Attempt, ending: &Ending) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("ended {}: {ending}", attempt.attempt()));
+    }
+}
+
+/// Seed 003: a batch whose lease expired before it reached the handler fires claimed, then
+/// unavailable, and its handler never runs. The claim takes longer than the lease minus its
+/// grace (the fake's latency on `claim_work`, on the paused clock), so every lease it hands
+/// out is past its fence when dispatch sees it: the lease is tracked from when the claim was
+/// sent.
+#[tokio::test(start_paused = true)]
+async fn an_item_whose_lease_expired_before_start_fires_claimed_then_unavailable() {
+    let fake = FakeCoordinator::new();
+    let identity = registered_identity(&fake).await;
+    fake.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .unwrap();
+    let settings = QueueSettings::default();
+    let lease = settings.lease;
+    let runs = Arc::new(Mutex::new(0));
+    let r = runs.clone();
+    let journal = Journal::default();
+    let mut handlers = Handlers::new();
+    handlers
+        .add(
+            "q",
+            handler_fn(move |_job: Job<serde_json::Value>| {
+                *r.lock().unwrap() += 1;
+                async move { Ok(()) }
+            }),
+            settings,
+        )
+        .unwrap()
+        .hooks(journal.clone());
+    fake.set_latency(
+        Method::ClaimWork,
+        lease.lease - lease.grace + Duration::from_secs(1),
+    );
+    fake.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!({}))],
+    })
+    .await
+    .unwrap();
+    let worker = Arc::new(ClaimWorker::new(
+        Arc::new(fake.clone()),
+        None,
+        Arc::new(StopsAtFence(CancelReason::LeaseFence)),
+        identity,
+        handlers,
+        ClaimConfig::default(),
+    ));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (worker, shutdown) = (worker.clone(), shutdown.clone());
+        async move { worker.run(shutdown).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while journal.0.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "no ending");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        journal.0.lock().unwrap()[..2],
+        [
+            "claimed 1",
+            "ended 1: unavailable: lease expired before start"
+        ]
+    );
+    assert_eq!(*runs.lock().unwrap(), 0, "the handler never ran");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// An eviction while a claim is on its way: the item arrives for an instance that is no
+/// longer this one, so it never starts; claimed, then unavailable (evicted), nothing written.
+#[tokio::test(start_paused = true)]
+async fn an_item_claimed_by_an_instance_evicted_before_it_started_fires_claimed_then_evicted() {
+    let fake = FakeCoordinator::new();
+    let identity = registered_identity(&fake).await;
+    fake.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .unwrap();
+    let runs = Arc::new(Mutex::new(0));
+    let r = runs.clone();
+    let journal = Journal::default();
+    let mut handlers = Handlers::new();
+    handlers
+        .add(
+            "q",
+            handler_fn(move |_job: Job<serde_json::Value>| {
+                *r.lock().unwrap() += 1;
+                async move { Ok(()) }
+            }),
+            QueueSettings::default(),
+        )
+        .unwrap()
+        .hooks(journal.clone());
+    fake.set_latency(Method::ClaimWork, Duration::from_secs(5));
+    fake.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("q", json!({}))],
+    })
+    .await
+    .unwrap();
+    let worker = Arc::new(ClaimWorker::new(
+        Arc::new(fake.clone()),
+        None,
+        Arc::new(StopsAtFence(CancelReason::LeaseFence)),
+        identity.clone(),
+        handlers,
+        ClaimConfig::default(),
+    ));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (worker, shutdown) = (worker.clone(), shutdown.clone());
+        async move { worker.run(shutdown).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while fake.calls_of(Method::ClaimWork).is_empty() {
+        assert!(Instant::now() < deadline, "no claim");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The heartbeat worker learns the instance was reaped, mid-claim.
+    identity.evicted(identity.current());
+    while journal.0.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "no ending");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        journal.0.lock().unwrap()[..],
+        ["claimed 1", "ended 1: unavailable: instance evicted"]
+    );
+    assert_eq!(*runs.lock().unwrap(), 0, "the handler never ran");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}

@@ -1,7 +1,7 @@
 //! The claim worker end to end against PostgreSQL, with the real lease-renewal worker:
 //! completion, retries into the dead letters, panics, checkpoints across a reclaim,
 //! transactional completion on a lost lease, operator cancel, NOTIFY wake-ups and a killed
-//! listener.
+//! listener; the lifecycle hooks' sequence for each ending, and tower layers around handlers.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,6 +23,7 @@ struct Env {
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<Result<(), WorkerError>>>,
     status: tokio::sync::watch::Receiver<ClaimStatus>,
+    identity: Identity,
 }
 
 /// Fast polling for tests: the safety net every 50..200 ms unless told otherwise.
@@ -46,6 +47,17 @@ fn short_lease() -> LeaseSettings {
 }
 
 async fn setup<H: Handler>(handler: H, settings: QueueSettings, config: ClaimConfig) -> Env {
+    setup_with(
+        move |handlers| {
+            handlers.add("q", handler, settings).expect("handler");
+        },
+        config,
+    )
+    .await
+}
+
+/// A claim worker on queue `q` with the handlers (and layers, hooks) `register` adds.
+async fn setup_with(register: impl FnOnce(&mut Handlers), config: ClaimConfig) -> Env {
     let FreshStore {
         coordinator: pg,
         pool,
@@ -84,12 +96,12 @@ async fn setup<H: Handler>(handler: H, settings: QueueSettings, config: ClaimCon
     assert!(!registered.evicted);
     identity.mark_registered(identity.current());
     let mut handlers = Handlers::new();
-    handlers.add("q", handler, settings).expect("handler");
+    register(&mut handlers);
     let worker = Arc::new(ClaimWorker::new(
         coordinator,
         Some(pg.clone()),
         Arc::new(renewal.leases()),
-        identity,
+        identity.clone(),
         handlers,
         config,
     ));
@@ -107,6 +119,7 @@ async fn setup<H: Handler>(handler: H, settings: QueueSettings, config: ClaimCon
         shutdown,
         tasks,
         status,
+        identity,
     }
 }
 
@@ -594,5 +607,612 @@ async fn with_its_listener_killed_the_worker_falls_back_to_polling_and_processes
         .wait_for(|s| s.gate == Gate::Healthy)
         .await
         .expect("healthy again");
+    env.stop().await;
+}
+
+// ---- Lifecycle hooks and handler middleware ----
+
+/// Hooks that write every call into one list: "claimed 1", "started 1", "ended 1: <ending>".
+#[derive(Clone, Default)]
+struct Journal(Arc<Mutex<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl JobHooks for Journal {
+    async fn claimed(&self, attempt: &Attempt) -> JobResult {
+        self.push(format!("claimed {}", attempt.attempt()));
+        Ok(())
+    }
+    fn started(&self, attempt: &Attempt) {
+        self.push(format!("started {}", attempt.attempt()));
+    }
+    async fn ended(&self, attempt: &Attempt, ending: &Ending) {
+        self.push(format!("ended {}: {ending}", attempt.attempt()));
+    }
+}
+
+impl Journal {
+    fn push(&self, line: String) {
+        self.0.lock().unwrap().push(line);
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` endings were recorded, then checks each attempt has exactly one
+    /// claimed and one ended, the ended last, and returns the journal.
+    async fn after_endings(&self, n: usize) -> Vec<String> {
+        let endings = || {
+            self.lines()
+                .iter()
+                .filter(|l| l.starts_with("ended"))
+                .count()
+        };
+        wait_until(&format!("{n} endings"), || endings() >= n).await;
+        let lines = self.lines();
+        let mut attempt = 0;
+        for line in &lines {
+            let n: i32 = line
+                .split([' ', ':'])
+                .nth(1)
+                .and_then(|n| n.parse().ok())
+                .unwrap();
+            if line.starts_with("claimed") {
+                assert_eq!(n, attempt + 1, "a claimed hook out of order: {lines:?}");
+                attempt = n;
+            } else {
+                assert_eq!(n, attempt, "a hook for another attempt: {lines:?}");
+            }
+        }
+        for a in 1..=attempt {
+            let of = |what: &str| {
+                lines
+                    .iter()
+                    .filter(|l| l.starts_with(&format!("{what} {a}")))
+                    .count()
+            };
+            assert_eq!(of("claimed"), 1, "attempt {a}: {lines:?}");
+            assert_eq!(of("ended"), 1, "attempt {a}: one ending: {lines:?}");
+        }
+        lines
+    }
+}
+
+fn quick_backoff() -> Backoff {
+    Backoff {
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(50),
+    }
+}
+
+/// A worker on queue `q` running `handler`, with `journal` as its hooks.
+async fn journaled<H: Handler>(
+    handler: H,
+    journal: &Journal,
+    settings: QueueSettings,
+    config: ClaimConfig,
+) -> Env {
+    let journal = journal.clone();
+    setup_with(
+        move |handlers| {
+            handlers
+                .add("q", handler, settings)
+                .expect("handler")
+                .hooks(journal);
+        },
+        config,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn hooks_see_claimed_started_and_completed_for_a_completed_item() {
+    let journal = Journal::default();
+    let env = journaled(
+        handler_fn(|_job: Job<Value>| async move { Ok(()) }),
+        &journal,
+        QueueSettings::default(),
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    env.wait_for_state(id, "completed").await;
+    assert_eq!(
+        journal.after_endings(1).await,
+        vec!["claimed 1", "started 1", "ended 1: completed"]
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn hooks_see_a_failed_attempt_that_will_be_retried_then_the_completed_retry() {
+    let journal = Journal::default();
+    let env = journaled(
+        handler_fn(|job: Job<Value>| async move {
+            if job.attempt() == 1 {
+                return Err(JobError::retry("boom"));
+            }
+            Ok(())
+        }),
+        &journal,
+        QueueSettings {
+            backoff: quick_backoff(),
+            ..QueueSettings::default()
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    env.wait_for_state(id, "completed").await;
+    assert_eq!(
+        journal.after_endings(2).await,
+        vec![
+            "claimed 1",
+            "started 1",
+            "ended 1: failed (will be retried): boom",
+            "claimed 2",
+            "started 2",
+            "ended 2: completed",
+        ]
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn hooks_see_a_dead_letter() {
+    let journal = Journal::default();
+    let env = journaled(
+        handler_fn(|_job: Job<Value>| async move { Err(JobError::dead_letter("no such user")) }),
+        &journal,
+        QueueSettings::default(),
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    env.wait_for_state(id, "dead").await;
+    assert_eq!(
+        journal.after_endings(1).await,
+        vec![
+            "claimed 1",
+            "started 1",
+            "ended 1: dead-lettered: no such user"
+        ]
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn hooks_see_an_operator_cancel_of_a_running_handler() {
+    let journal = Journal::default();
+    let env = journaled(
+        handler_fn(|job: Job<Value>| async move {
+            job.cancellation_token().cancelled().await;
+            Err(JobError::cancelled("stopped on request"))
+        }),
+        &journal,
+        QueueSettings {
+            lease: short_lease(),
+            ..QueueSettings::default()
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    wait_until("the handler started", || journal.lines().len() == 2).await;
+    sqlx::query("UPDATE workpump.work SET cancel_requested = true WHERE id = $1")
+        .bind(id)
+        .execute(&env.pool)
+        .await
+        .expect("request cancel");
+    env.wait_for_state(id, "cancelled").await;
+    assert_eq!(
+        journal.after_endings(1).await,
+        vec![
+            "claimed 1",
+            "started 1",
+            "ended 1: cancelled: stopped on request"
+        ]
+    );
+    env.stop().await;
+}
+
+/// A peer takes the item over while its handler runs (as in
+/// `a_handler_whose_lease_was_lost_cannot_commit_its_transactional_completion`: one slot, no
+/// timer polls, renewals too rare to notice): the handler's completion is fenced out.
+#[tokio::test]
+async fn hooks_see_the_lease_lost_when_a_peer_took_the_item() {
+    let journal = Journal::default();
+    let go = Arc::new(Notify::new());
+    let g = go.clone();
+    let env = journaled(
+        handler_fn(move |_job: Job<Value>| {
+            let g = g.clone();
+            async move {
+                g.notified().await;
+                Ok(())
+            }
+        }),
+        &journal,
+        QueueSettings {
+            concurrency: 1,
+            lease: LeaseSettings {
+                renewal_interval: Duration::from_secs(20),
+                grace: Duration::from_secs(5),
+                ..LeaseSettings::from_lease(Duration::from_secs(60))
+            },
+            ..QueueSettings::default()
+        },
+        ClaimConfig {
+            safety_net_poll: false,
+            ..ClaimConfig::default()
+        },
+    )
+    .await;
+    let mut status = env.status.clone();
+    status
+        .wait_for(|s| s.gate == Gate::Healthy && s.registered.is_some())
+        .await
+        .expect("healthy");
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    wait_until("the handler started", || journal.lines().len() == 2).await;
+    sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
+        .bind(id)
+        .execute(&env.pool)
+        .await
+        .expect("expire");
+    let peer = InstanceId::new();
+    env.pg
+        .record_heartbeat(RecordHeartbeatParams {
+            instance: peer,
+            host: "peer".into(),
+            metadata: json!({}),
+            stale_after: Duration::from_secs(30),
+            dead_after: None,
+            lock_grace: None,
+            alive_lock: AliveLockReport::NotHeld,
+            registering: true,
+        })
+        .await
+        .expect("peer");
+    let taken = env
+        .pg
+        .claim_work(ClaimWorkParams {
+            instance: peer,
+            queues: vec!["q".into()],
+            max_items: 1,
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .expect("peer claims");
+    assert_eq!(taken.items.len(), 1);
+    go.notify_one();
+    assert_eq!(
+        journal.after_endings(1).await,
+        vec!["claimed 1", "started 1", "ended 1: unavailable: lease lost"]
+    );
+    assert_eq!(env.state(id).await, "running", "still the peer's");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn hooks_see_an_eviction_of_the_instance_running_the_handler() {
+    let journal = Journal::default();
+    let env = journaled(
+        handler_fn(|job: Job<Value>| async move {
+            job.cancellation_token().cancelled().await;
+            Err(JobError::cancelled("evicted"))
+        }),
+        &journal,
+        QueueSettings::default(),
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    wait_until("the handler started", || journal.lines().len() == 2).await;
+    // What the heartbeat worker does when the store says the instance was reaped.
+    env.identity.evicted(env.identity.current());
+    assert_eq!(
+        journal.after_endings(1).await,
+        vec![
+            "claimed 1",
+            "started 1",
+            "ended 1: unavailable: instance evicted"
+        ]
+    );
+    assert_eq!(env.state(id).await, "running", "nothing written for it");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn hooks_see_a_running_item_released_by_the_drain() {
+    let journal = Journal::default();
+    let mut env = journaled(
+        handler_fn(|job: Job<Value>| async move {
+            job.cancellation_token().cancelled().await;
+            Err(JobError::cancelled("shutting down"))
+        }),
+        &journal,
+        QueueSettings::default(),
+        ClaimConfig {
+            drain_soft_timeout_ms: 0,
+            ..fast()
+        },
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    wait_until("the handler started", || journal.lines().len() == 2).await;
+    // Stop the workers (the database stays, to read the item after).
+    env.shutdown.cancel();
+    for t in env.tasks.drain(..) {
+        tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("workers stop")
+            .expect("join")
+            .expect("clean stop");
+    }
+    // The ended hook ran before the worker's run returned.
+    assert_eq!(
+        journal.lines(),
+        vec!["claimed 1", "started 1", "ended 1: released"]
+    );
+    assert_eq!(env.state(id).await, "available");
+}
+
+/// A claimed hook that blocks on the first attempt only.
+struct BlocksFirstClaim(Journal);
+
+#[async_trait::async_trait]
+impl JobHooks for BlocksFirstClaim {
+    async fn claimed(&self, attempt: &Attempt) -> JobResult {
+        self.0.claimed(attempt).await?;
+        if attempt.attempt() == 1 {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+    fn started(&self, attempt: &Attempt) {
+        self.0.started(attempt);
+    }
+    async fn ended(&self, attempt: &Attempt, ending: &Ending) {
+        self.0.ended(attempt, ending).await;
+    }
+}
+
+#[tokio::test]
+async fn a_claimed_hook_that_blocks_past_max_duration_is_stopped_and_the_attempt_fails_naming_it() {
+    let journal = Journal::default();
+    let hooks = BlocksFirstClaim(journal.clone());
+    let env = setup_with(
+        move |handlers| {
+            handlers
+                .add(
+                    "q",
+                    handler_fn(|_job: Job<Value>| async move { Ok(()) }),
+                    QueueSettings {
+                        lease: LeaseSettings {
+                            max_duration: Some(Duration::from_secs(1)),
+                            ..short_lease()
+                        },
+                        backoff: quick_backoff(),
+                        ..QueueSettings::default()
+                    },
+                )
+                .expect("handler")
+                .hooks(hooks);
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    env.wait_for_state(id, "completed").await;
+    let errors = env.errors(id).await;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(
+        errors[0]["error"],
+        "the handler was stopped: exceeded max_duration (1s)"
+    );
+    assert_eq!(
+        journal.after_endings(2).await,
+        vec![
+            "claimed 1",
+            "ended 1: failed (will be retried): the handler was stopped: exceeded max_duration (1s)",
+            "claimed 2",
+            "started 2",
+            "ended 2: completed",
+        ]
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_claimed_hook_that_fails_fails_the_attempt_without_running_the_handler() {
+    struct Refuses;
+    #[async_trait::async_trait]
+    impl JobHooks for Refuses {
+        async fn claimed(&self, attempt: &Attempt) -> JobResult {
+            if attempt.attempt() == 1 {
+                return Err(JobError::retry("not yet"));
+            }
+            Ok(())
+        }
+    }
+    let journal = Journal::default();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (r, j) = (runs.clone(), journal.clone());
+    let env = setup_with(
+        move |handlers| {
+            handlers
+                .add(
+                    "q",
+                    handler_fn(move |_job: Job<Value>| {
+                        r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        async move { Ok(()) }
+                    }),
+                    QueueSettings {
+                        backoff: quick_backoff(),
+                        ..QueueSettings::default()
+                    },
+                )
+                .expect("handler")
+                .hooks(j)
+                .hooks(Refuses);
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    env.wait_for_state(id, "completed").await;
+    // The journal's claimed hook runs first; the refusal then stops the attempt before
+    // any started hook or the handler.
+    assert_eq!(
+        journal.after_endings(2).await,
+        vec![
+            "claimed 1",
+            "ended 1: failed (will be retried): not yet",
+            "claimed 2",
+            "started 2",
+            "ended 2: completed",
+        ]
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_timeout_layer_on_a_slow_handler_ends_the_attempt_as_a_failed_attempt_retried() {
+    use tower::ServiceBuilder;
+    let slow = handler_fn(|job: Job<Value>| async move {
+        if job.attempt() == 1 {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        Ok(())
+    });
+    let env = setup(
+        service_handler(
+            ServiceBuilder::new()
+                .timeout(Duration::from_millis(200))
+                .service(slow.into_service()),
+        ),
+        QueueSettings {
+            backoff: quick_backoff(),
+            ..QueueSettings::default()
+        },
+        fast(),
+    )
+    .await;
+    let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
+    env.wait_for_state(id, "completed").await;
+    let errors = env.errors(id).await;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(
+        errors[0]["error"],
+        "the handler's service failed: request timed out"
+    );
+    assert_eq!(errors[0]["kind"], "failed");
+    env.stop().await;
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Ping {}
+impl JobArgs for Ping {
+    const KIND: &'static str = "ping";
+    const QUEUE: &'static str = "q";
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Pong {}
+impl JobArgs for Pong {
+    const KIND: &'static str = "pong";
+    const QUEUE: &'static str = "q";
+}
+
+#[tokio::test]
+async fn a_layer_over_every_handler_sees_every_attempt_of_every_kind() {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s = seen.clone();
+    let env = setup_with(
+        move |handlers| {
+            let settings = QueueSettings::default();
+            handlers
+                .layer(tower::util::MapRequestLayer::new(move |job: Job<Value>| {
+                    s.lock().unwrap().push(format!(
+                        "{} #{}",
+                        job.kind().unwrap_or("-"),
+                        job.attempt()
+                    ));
+                    job
+                }))
+                .add_job(
+                    handler_fn(|_job: Job<Ping>| async move { Ok(()) }),
+                    settings,
+                )
+                .expect("ping")
+                .add_job(
+                    handler_fn(|_job: Job<Pong>| async move { Ok(()) }),
+                    settings,
+                )
+                .expect("pong");
+        },
+        fast(),
+    )
+    .await;
+    let mut items: Vec<NewWork> = (0..3).map(|_| Ping {}.into_work().unwrap()).collect();
+    items.extend((0..2).map(|_| Pong {}.into_work().unwrap()));
+    for id in env.enqueue(items).await {
+        env.wait_for_state(id, "completed").await;
+    }
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec!["ping #1", "ping #1", "ping #1", "pong #1", "pong #1"]
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_layer_on_one_kind_holds_below_the_queue_concurrency() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use tower::ServiceBuilder;
+    let (now, max) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (n, m) = (now.clone(), max.clone());
+    let ping = handler_fn(move |_job: Job<Ping>| {
+        let (n, m) = (n.clone(), m.clone());
+        async move {
+            let running = n.fetch_add(1, SeqCst) + 1;
+            m.fetch_max(running, SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            n.fetch_sub(1, SeqCst);
+            Ok(())
+        }
+    });
+    let env = setup_with(
+        move |handlers| {
+            handlers
+                .add_job(
+                    service_handler(
+                        ServiceBuilder::new()
+                            .concurrency_limit(2)
+                            .service(ping.into_service()),
+                    ),
+                    QueueSettings {
+                        concurrency: 8,
+                        ..QueueSettings::default()
+                    },
+                )
+                .expect("ping");
+        },
+        fast(),
+    )
+    .await;
+    let items: Vec<NewWork> = (0..10).map(|_| Ping {}.into_work().unwrap()).collect();
+    for id in env.enqueue(items).await {
+        env.wait_for_state(id, "completed").await;
+    }
+    let max = max.load(SeqCst);
+    assert!(
+        (1..=2).contains(&max),
+        "{max} handlers ran at once under a limit of 2"
+    );
     env.stop().await;
 }

@@ -65,6 +65,9 @@ enum Store {
 type AddHandler =
     Box<dyn FnOnce(&mut Handlers, QueueSettings) -> Result<(), workpump_coordinator::Error> + Send>;
 
+/// Adds a layer or hooks over every handler ([`HostBuilder::layer`], [`HostBuilder::hooks`]).
+type AddAround = Box<dyn FnOnce(&mut Handlers) + Send>;
+
 /// Configures and starts a host.
 #[derive(Default)]
 pub struct HostBuilder {
@@ -72,6 +75,9 @@ pub struct HostBuilder {
     store: Option<Store>,
     /// Each handler with its queue and, for a typed one, its kind.
     handlers: Vec<(String, Option<&'static str>, AddHandler)>,
+    /// Layers and hooks over every handler ([`HostBuilder::layer`], [`HostBuilder::hooks`]),
+    /// in call order.
+    around: Vec<AddAround>,
     /// Queues declared without a handler ([`HostBuilder::produces`]).
     produced: Vec<String>,
     /// The slots' factories; `None`: the host's default (the built-in worker).
@@ -180,6 +186,46 @@ impl HostBuilder {
                 handlers.add_job(handler, settings).map(drop)
             }),
         ));
+        self
+    }
+
+    /// Wraps every handler, of every queue and kind, in a tower `layer` over
+    /// [`AttemptService`](crate::AttemptService): it sees every attempt (queue, kind, id,
+    /// attempt, payload as JSON). The first layer is the outermost; each queue and kind gets
+    /// its own instance of the layer's service. See
+    /// [`Handlers::layer`](crate::Handlers::layer) and docs/hooks.md.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use workpump_host::Host;
+    ///
+    /// let builder = Host::builder()
+    ///     // Any attempt of any kind that takes over 5 minutes fails, retried with backoff.
+    ///     .layer(tower::timeout::TimeoutLayer::new(Duration::from_secs(300)));
+    /// ```
+    pub fn layer<L>(mut self, layer: L) -> Self
+    where
+        L: tower::Layer<crate::AttemptService> + Send + Sync + 'static,
+        L::Service: tower::Service<crate::Job<serde_json::Value>, Response = crate::JobResult>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as tower::Service<crate::Job<serde_json::Value>>>::Error: Into<crate::BoxError>,
+        <L::Service as tower::Service<crate::Job<serde_json::Value>>>::Future: Send + 'static,
+    {
+        self.around.push(Box::new(move |handlers: &mut Handlers| {
+            handlers.layer(layer);
+        }));
+        self
+    }
+
+    /// Adds lifecycle hooks, called around every attempt this host claims (after the hooks
+    /// added before them): see [`JobHooks`](crate::JobHooks) and docs/hooks.md.
+    pub fn hooks(mut self, hooks: impl crate::JobHooks) -> Self {
+        self.around.push(Box::new(move |handlers: &mut Handlers| {
+            handlers.hooks(hooks);
+        }));
         self
     }
 
@@ -397,6 +443,7 @@ impl HostBuilder {
             mut config,
             store,
             handlers: adds,
+            around,
             produced,
             claim,
             heartbeat,
@@ -436,6 +483,9 @@ impl HostBuilder {
                     Some(kind) => format!("job kind {kind:?}: {e}"),
                 }),
             }
+        }
+        for add in around {
+            add(&mut handlers);
         }
         let mut declared = queue_names.clone();
         for queue in produced {

@@ -128,8 +128,9 @@ pub use host::{Host, HostBuilder, HostHandle};
 pub use supervise::{GaveUp, SupervisionConfig};
 
 pub use workpump_claim_worker::{
-    handler_fn, Backoff, ClaimConfig, Handler, Handlers, Job, JobError, JobResult, JobTransaction,
-    QueueSettings, ATTEMPT_SPAN,
+    handler_fn, service_handler, Attempt, AttemptService, Backoff, BoxError, ClaimConfig, Ending,
+    Handler, HandlerService, Handlers, Job, JobError, JobHooks, JobResult, JobTransaction,
+    QueueSettings, ServiceHandler, UnavailableReason, ATTEMPT_SPAN,
 };
 pub use workpump_coordinator::{
     self as coordinator, CancelReason, EnqueueWorkOutcome, Enqueued, Fence, InstanceId, IntoWork,

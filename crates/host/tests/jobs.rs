@@ -1,6 +1,6 @@
 //! Typed jobs end to end on PostgreSQL: kinds sharing a queue and its concurrency, a kind
 //! nobody handles, enqueue alone, in bulk and in the caller's transaction, a producer-only
-//! client, and the logs of failed attempts and dead letters.
+//! client, the logs of failed attempts and dead letters, and the host's hooks and layers.
 
 mod support;
 
@@ -440,7 +440,9 @@ async fn start_unpolled(url: &str, ran: &Ran) -> HostHandle {
             handler_fn(move |job: Job<serde_json::Value>| {
                 let ran = ran.clone();
                 async move {
-                    ran.lock().expect("ran").push(job.payload()["n"].to_string());
+                    ran.lock()
+                        .expect("ran")
+                        .push(job.payload()["n"].to_string());
                     if job.payload()["wait"] == true {
                         job.cancellation_token().cancelled().await;
                         return Err(JobError::cancelled("stopped on request"));
@@ -474,9 +476,11 @@ async fn an_item_enqueued_in_the_callers_transaction_wakes_the_claimers_at_its_c
     assert_eq!(count_state(&pool, "available").await, 0);
     tx.commit().await.expect("commit");
     // No timer polls: only the notification sent at commit can start the claim.
-    wait_until(Duration::from_secs(10), "the committed item ran", || async {
-        count_state(&pool, "completed").await == 1
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the committed item ran",
+        || async { count_state(&pool, "completed").await == 1 },
+    )
     .await;
     assert_eq!(*ran.lock().expect("ran"), ["1"]);
     assert!(out.inserted);
@@ -530,6 +534,125 @@ async fn an_operators_cancel_of_a_running_item_is_logged_at_info_with_the_handle
     assert!(line.contains("INFO"), "{line}");
     assert!(!text.contains("WARN") && !text.contains("ERROR"), "{text}");
 
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+/// Hooks that write every call into one list, with the item's kind.
+#[derive(Clone, Default)]
+struct Journal(Arc<Mutex<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl workpump_host::JobHooks for Journal {
+    async fn claimed(&self, attempt: &workpump_host::Attempt) -> workpump_host::JobResult {
+        self.0
+            .lock()
+            .expect("journal")
+            .push(format!("claimed {}", attempt.id()));
+        Ok(())
+    }
+    fn started(&self, attempt: &workpump_host::Attempt) {
+        self.0
+            .lock()
+            .expect("journal")
+            .push(format!("started {}", attempt.id()));
+    }
+    async fn ended(&self, attempt: &workpump_host::Attempt, ending: &workpump_host::Ending) {
+        self.0
+            .lock()
+            .expect("journal")
+            .push(format!("ended {}: {ending}", attempt.id()));
+    }
+}
+
+#[tokio::test]
+async fn the_hosts_hooks_and_layers_see_every_attempt_and_a_kinds_timeout_fails_it() {
+    use tower::ServiceBuilder;
+    use workpump_host::{service_handler, Handler};
+    let (db, pool) = database().await;
+    let journal = Journal::default();
+    let layered = Arc::new(AtomicUsize::new(0));
+    let l = layered.clone();
+    let mut config = fast_config();
+    config.queues.insert(
+        "mixed".into(),
+        QueueConfig {
+            backoff_base_ms: Some(10),
+            backoff_cap_ms: Some(20),
+            ..QueueConfig::default()
+        },
+    );
+    let email = handler_fn(|job: Job<SendEmail>| async move {
+        if job.payload().to == "slow" && job.attempt() == 1 {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        Ok(())
+    });
+    let host = Host::builder()
+        .config(config)
+        .database_url(db.url())
+        .hooks(journal.clone())
+        .layer(tower::util::MapRequestLayer::new(
+            move |job: Job<serde_json::Value>| {
+                l.fetch_add(1, Ordering::SeqCst);
+                job
+            },
+        ))
+        .job(service_handler(
+            ServiceBuilder::new()
+                .timeout(Duration::from_millis(300))
+                .service(email.into_service()),
+        ))
+        .start()
+        .await
+        .expect("the host starts");
+    let fast = host
+        .enqueue(SendEmail { to: "a@b.c".into() })
+        .await
+        .expect("enqueue")
+        .id;
+    let slow = host
+        .enqueue(SendEmail { to: "slow".into() })
+        .await
+        .expect("enqueue")
+        .id;
+    wait_until(Duration::from_secs(20), "both complete", || async {
+        count_state(&pool, "completed").await == 2
+    })
+    .await;
+    let lines = journal.0.lock().expect("journal").clone();
+    let of = |id| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l.ends_with(&format!(" {id}")) || l.contains(&format!(" {id}:")))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        of(fast),
+        vec![
+            format!("claimed {fast}"),
+            format!("started {fast}"),
+            format!("ended {fast}: completed"),
+        ]
+    );
+    assert_eq!(
+        of(slow),
+        vec![
+            format!("claimed {slow}"),
+            format!("started {slow}"),
+            format!(
+                "ended {slow}: failed (will be retried): the handler's service failed: request timed out"
+            ),
+            format!("claimed {slow}"),
+            format!("started {slow}"),
+            format!("ended {slow}: completed"),
+        ]
+    );
+    // The global layer saw all three attempts.
+    assert_eq!(layered.load(Ordering::SeqCst), 3);
     host.shutdown();
     host.stopped().await.expect("drained");
     pool.close().await;

@@ -1,9 +1,10 @@
-//! Dispatch: one item on its own task under its lease — the handler's run, what to record
-//! for it ([`decide`]), and the write, with the lease kept renewed until it is written.
+//! Dispatch: one item on its own task under its lease — the claimed hooks and the handler's
+//! run, what to record for it ([`decide`]), the write, with the lease kept renewed until it
+//! is written, and the ended hooks with the ending derived from what was recorded.
 
 use super::*;
 
-/// Runs one claimed item: lease, handler, outcome.
+/// Runs one claimed item: lease, hooks, handler, outcome.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run_item(
     run: Arc<Run>,
@@ -19,6 +20,7 @@ pub(super) async fn run_item(
     let fence = item.fence;
     let span = crate::trace::attempt_span(&item, instance);
     let attempt = (item.attempt, item.max_attempts);
+    let hooked = Attempt::new(&q.name, item.kind.as_deref(), fence, instance, attempt);
     let lease = shared
         .leases
         .track(instance, fence, sent_at, q.settings.lease, &run.root);
@@ -31,45 +33,179 @@ pub(super) async fn run_item(
         lease.cancel(CancelReason::Evicted);
     }
 
-    let outcome = if lease.is_expired() {
+    let expired_before_start = lease.is_expired();
+    let (outcome, unrecorded) = if expired_before_start {
         // The claim took so long that its lease can no longer be trusted: never start.
         count(&q.name, "rejected_expired");
-        Some(Outcome::Release {
-            consume_attempt: false,
-        })
+        claimed_unguarded(&shared.hooks, &hooked, &q, &span).await;
+        (
+            Some(Outcome::Release {
+                consume_attempt: false,
+            }),
+            Ending::Unavailable(UnavailableReason::ExpiredBeforeStart),
+        )
     } else if lease.token().is_cancelled() {
-        None
+        // Turned away before it started (evicted, lease lost, the drain): what an abandoned
+        // run with that reason records — nothing for a lost lease, a release for the drain.
+        claimed_unguarded(&shared.hooks, &hooked, &q, &span).await;
+        let reason = lease.cancel_reason();
+        (
+            decide(
+                Ended::Abandoned,
+                reason,
+                q.settings.backoff.delay(item.attempt),
+            ),
+            unrecorded_ending(reason, false),
+        )
     } else {
-        execute(&run, &q, item, instance, &lease, &span).await
+        execute(&run, &q, item, instance, &lease, &span, &hooked).await
     };
 
-    if let Some(outcome) = outcome {
-        // Keep the lease renewed until the outcome is written.
-        let guard = lease.guard();
-        tokio::pin!(guard);
-        let write = recorder.record(instance, fence, outcome.clone());
-        tokio::pin!(write);
-        let mut guard_done = lease.token().is_cancelled();
-        let recorded = loop {
-            tokio::select! {
-                r = &mut write => break r,
-                _ = &mut guard, if !guard_done => guard_done = true,
+    let ending = match outcome {
+        Some(outcome) => {
+            // Keep the lease renewed until the outcome is written.
+            let guard = lease.guard();
+            tokio::pin!(guard);
+            let write = recorder.record(instance, fence, outcome.clone());
+            tokio::pin!(write);
+            let mut guard_done = lease.token().is_cancelled();
+            let recorded = loop {
+                tokio::select! {
+                    r = &mut write => break r,
+                    _ = &mut guard, if !guard_done => guard_done = true,
+                }
+            };
+            count(&q.name, outcome_label(&outcome, &recorded));
+            span.in_scope(|| log_outcome(&q.name, fence, attempt, &outcome, &recorded));
+            if expired_before_start {
+                unrecorded
+            } else {
+                recorded_ending(&outcome, recorded)
             }
-        };
-        count(&q.name, outcome_label(&outcome, &recorded));
-        span.in_scope(|| log_outcome(&q.name, fence, attempt, &outcome, &recorded));
-    }
+        }
+        None => unrecorded,
+    };
 
     lease.dispose();
     if let Ok(mut m) = run.in_flight.lock() {
         m.remove(&fence);
     }
     ::metrics::gauge!(metrics::IN_FLIGHT, "queue" => q.name.clone()).decrement(1.0);
+    ended_hooks(&shared.hooks, &hooked, &ending, &q, &span).await;
     drop(permit);
     slot_freed.notify_one();
 }
 
-/// The handler's run, and what to record for it (`None`: nothing, the lease is gone).
+/// The claimed hooks of an attempt turned away before it starts: no lease left to guard
+/// them, so each is bounded by the lease grace instead; their results are ignored.
+async fn claimed_unguarded(
+    hooks: &HookList,
+    attempt: &Attempt,
+    q: &QueueRuntime,
+    span: &tracing::Span,
+) {
+    let bound = q.settings.lease.grace;
+    for hook in hooks.iter() {
+        let call = AssertUnwindSafe(hook.claimed(attempt)).catch_unwind();
+        match tokio::time::timeout(bound, tracing::Instrument::instrument(call, span.clone()))
+            .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(panic)) => span.in_scope(|| {
+                tracing::error!(
+                    "a claimed hook panicked for item {} attempt {} in queue {:?} (turned away before it started): {}",
+                    attempt.id(),
+                    attempt.attempt(),
+                    attempt.queue(),
+                    panic_message(&panic)
+                )
+            }),
+            Err(_) => span.in_scope(|| {
+                tracing::warn!(
+                    "a claimed hook for item {} attempt {} in queue {:?} (turned away before it started) ran past {bound:?} and was dropped",
+                    attempt.id(),
+                    attempt.attempt(),
+                    attempt.queue()
+                )
+            }),
+        }
+    }
+}
+
+/// Every ended hook, in order, each bounded by the lease grace, its panics logged.
+async fn ended_hooks(
+    hooks: &HookList,
+    attempt: &Attempt,
+    ending: &Ending,
+    q: &QueueRuntime,
+    span: &tracing::Span,
+) {
+    let bound = q.settings.lease.grace;
+    for hook in hooks.iter() {
+        let call = AssertUnwindSafe(hook.ended(attempt, ending)).catch_unwind();
+        match tokio::time::timeout(bound, tracing::Instrument::instrument(call, span.clone()))
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(panic)) => span.in_scope(|| {
+                tracing::error!(
+                    "an ended hook panicked for item {} attempt {} in queue {:?} ({ending}): {}",
+                    attempt.id(),
+                    attempt.attempt(),
+                    attempt.queue(),
+                    panic_message(&panic)
+                )
+            }),
+            Err(_) => span.in_scope(|| {
+                tracing::warn!(
+                    "an ended hook for item {} attempt {} in queue {:?} ({ending}) ran past {bound:?} (the lease grace) and was dropped",
+                    attempt.id(),
+                    attempt.attempt(),
+                    attempt.queue()
+                )
+            }),
+        }
+    }
+}
+
+/// The ending of an attempt for which nothing was recorded: completed in the handler's own
+/// transaction, or its lease (or instance) gone.
+fn unrecorded_ending(reason: Option<CancelReason>, in_transaction: bool) -> Ending {
+    if in_transaction {
+        return Ending::Completed;
+    }
+    match reason {
+        Some(CancelReason::Evicted) => Ending::Unavailable(UnavailableReason::Evicted),
+        _ => Ending::Unavailable(UnavailableReason::LeaseLost),
+    }
+}
+
+/// The ending of a recorded outcome, from the state it left the item in (as
+/// [`outcome_label`] counts it).
+fn recorded_ending(outcome: &Outcome, recorded: crate::recorder::Recorded) -> Ending {
+    use workpump_coordinator::WorkState::*;
+    let error = || match outcome {
+        Outcome::Fail { error, .. } => error.clone(),
+        Outcome::Complete => "completed".to_owned(),
+        Outcome::Release { .. } => "released".to_owned(),
+    };
+    match recorded {
+        Err(error) => Ending::Unavailable(UnavailableReason::NotRecorded { error }),
+        Ok(None) => Ending::Unavailable(UnavailableReason::LeaseLost),
+        Ok(Some(state)) => match (outcome, state) {
+            (Outcome::Release { .. }, Available) => Ending::Released,
+            (_, Completed) => Ending::Completed,
+            (_, Available | Scheduled) => Ending::Failed { error: error() },
+            (_, Dead) => Ending::DeadLettered { error: error() },
+            (_, Cancelled) => Ending::Cancelled { error: error() },
+            (_, Running) => Ending::Released,
+        },
+    }
+}
+
+/// The claimed hooks, the started hooks and the handler's run, under the lease guard; what to
+/// record for it (`None`: nothing, the lease is gone or the handler completed the item in its
+/// transaction) and the ending when nothing is recorded.
 async fn execute(
     run: &Run,
     q: &QueueRuntime,
@@ -77,10 +213,15 @@ async fn execute(
     instance: InstanceId,
     lease: &Arc<dyn TrackedLease>,
     span: &tracing::Span,
-) -> Option<Outcome> {
+    hooked: &Attempt,
+) -> (Option<Outcome>, Ending) {
     let shared = &run.shared;
     let attempt = item.attempt;
-    let handler = q.handlers.get(&q.name, item.kind.as_deref());
+    let service = q
+        .handlers
+        .get(item.kind.as_deref())
+        .unwrap_or(&q.missing)
+        .clone();
     let ctx = Arc::new(JobContext {
         fence: item.fence,
         instance,
@@ -99,12 +240,39 @@ async fn execute(
         completed_in_transaction: Default::default(),
     });
     let started = Instant::now();
-    let handler = async {
-        match handler {
-            Ok(handler) => handler.call(item.payload, ctx.clone()).await,
-            // No handler for its kind here: a failed attempt naming the kind, retried.
-            Err(missing) => Ok(Err(JobError::retry(missing))),
+    let job = Job::new(item.payload, ctx.clone());
+    let hooks = &shared.hooks;
+    let handler = async move {
+        for hook in hooks.iter() {
+            match AssertUnwindSafe(hook.claimed(hooked)).catch_unwind().await {
+                Ok(Ok(())) => {}
+                // The attempt fails as the handler's error would; the handler never runs.
+                Ok(Err(e)) => return Ok(Err(e)),
+                Err(panic) => {
+                    return Ok(Err(JobError::retry(format!(
+                        "a claimed hook panicked: {}",
+                        panic_message(&panic)
+                    ))))
+                }
+            }
         }
+        for hook in hooks.iter() {
+            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| hook.started(hooked)))
+            {
+                tracing::error!(
+                    "a started hook panicked for item {} attempt {} in queue {:?}: {}",
+                    hooked.id(),
+                    hooked.attempt(),
+                    hooked.queue(),
+                    panic_message(&panic)
+                );
+            }
+        }
+        // A clone per attempt, made ready here: waiting for a layer (a concurrency limit)
+        // counts toward max_duration and is interrupted by lease loss.
+        let mut service = service;
+        let ready = service.ready().await?;
+        ready.call(job).await
     };
     let handler =
         AssertUnwindSafe(tracing::Instrument::instrument(handler, span.clone())).catch_unwind();
@@ -148,7 +316,8 @@ async fn execute(
             // Logged with the outcome it leads to (a failed attempt naming the panic).
             Ended::Panicked(panic_message(&panic))
         }
-        Some(Ok(Err(decode))) => Ended::Undecodable(decode),
+        // The handler's service (a middleware) failed: a retried failure naming the error.
+        Some(Ok(Err(e))) => Ended::Failed(service_error(e)),
         Some(Ok(Ok(Ok(())))) => {
             let in_transaction = ctx.completed_in_transaction.load(Ordering::Acquire);
             if in_transaction {
@@ -160,10 +329,11 @@ async fn execute(
     };
     ::metrics::histogram!(metrics::HANDLER_DURATION, "queue" => q.name.clone(), "result" => ended.label())
         .record(elapsed);
-    decide(
-        ended,
-        lease.cancel_reason(),
-        q.settings.backoff.delay(attempt),
+    let reason = lease.cancel_reason();
+    let in_transaction = ctx.completed_in_transaction.load(Ordering::Acquire);
+    (
+        decide(ended, reason, q.settings.backoff.delay(attempt)),
+        unrecorded_ending(reason, in_transaction),
     )
 }
 
