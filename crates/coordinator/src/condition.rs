@@ -14,7 +14,8 @@
 //! is a lock-free store when nothing changes, and the host reads the latest value when asked.
 //!
 //! Parts: a worker whose pieces fail independently (the claim worker's queues, its listener,
-//! its outcome writes) reports each through its own [`part`](HealthReporter::part), so one
+//! its outcome writes) reports each through its own [`part`](HealthReporter::part) or
+//! [`queue`](HealthReporter::queue), so one
 //! piece's success never hides another's failure; the worker's condition is the worst of its
 //! own and its parts' ([`HealthReporter::condition`]).
 
@@ -118,6 +119,7 @@ pub struct HealthReporter {
 struct Inner {
     condition: watch::Sender<Condition>,
     parts: Mutex<BTreeMap<String, HealthReporter>>,
+    queues: Mutex<BTreeMap<String, HealthReporter>>,
 }
 
 impl fmt::Debug for HealthReporter {
@@ -125,6 +127,7 @@ impl fmt::Debug for HealthReporter {
         f.debug_struct("HealthReporter")
             .field("condition", &*self.inner.condition.borrow())
             .field("parts", &self.parts())
+            .field("queues", &self.queues())
             .finish()
     }
 }
@@ -185,45 +188,66 @@ impl HealthReporter {
         self.inner.condition.borrow().clone()
     }
 
-    /// The worst of this reporter's own condition and its parts' ([`Condition::worst`]).
+    /// The worst of this reporter's own condition, its parts' and its queues'
+    /// ([`Condition::worst`]).
     pub fn condition(&self) -> Condition {
-        let parts = self.parts();
         let own = self.own();
-        Condition::worst(std::iter::once(&own).chain(parts.iter().map(|(_, c)| c)))
+        let (parts, queues) = (self.parts(), self.queues());
+        Condition::worst(
+            std::iter::once(&own)
+                .chain(parts.iter().map(|(_, c)| c))
+                .chain(queues.iter().map(|(_, c)| c)),
+        )
     }
 
-    /// The part `name` (a queue, `"listener"`, `"outcomes"`): its own reporter, created
-    /// healthy on first use; the same one for the same name.
+    /// The part `name` of this worker (the claim worker's `"listener"` and `"outcomes"`, a
+    /// scheduler's periodic job): its own reporter, created healthy on first use; the same
+    /// one for the same name.
     pub fn part(&self, name: &str) -> HealthReporter {
-        self.inner
-            .parts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(name.to_owned())
-            .or_default()
-            .clone()
+        entry(&self.inner.parts, name)
+    }
+
+    /// The part of this worker that serves queue `name` (the claim worker's claim loop of
+    /// it): like [`part`](Self::part), but the host's health lists it under the queue.
+    pub fn queue(&self, name: &str) -> HealthReporter {
+        entry(&self.inner.queues, name)
     }
 
     /// Every part's name and condition (each with its own parts folded in), in name order.
     pub fn parts(&self) -> Vec<(String, Condition)> {
-        let parts: Vec<(String, HealthReporter)> = self
-            .inner
-            .parts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|(n, r)| (n.clone(), r.clone()))
-            .collect();
-        parts
-            .into_iter()
-            .map(|(n, r)| (n, r.condition()))
-            .collect()
+        conditions(&self.inner.parts)
+    }
+
+    /// Every queue part's name and condition, in name order.
+    pub fn queues(&self) -> Vec<(String, Condition)> {
+        conditions(&self.inner.queues)
     }
 
     /// Watches this reporter's own condition (not its parts').
     pub fn subscribe(&self) -> watch::Receiver<Condition> {
         self.inner.condition.subscribe()
     }
+}
+
+fn entry(map: &Mutex<BTreeMap<String, HealthReporter>>, name: &str) -> HealthReporter {
+    map.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(name.to_owned())
+        .or_default()
+        .clone()
+}
+
+fn conditions(map: &Mutex<BTreeMap<String, HealthReporter>>) -> Vec<(String, Condition)> {
+    let reporters: Vec<(String, HealthReporter)> = map
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .map(|(n, r)| (n.clone(), r.clone()))
+        .collect();
+    reporters
+        .into_iter()
+        .map(|(n, r)| (n, r.condition()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -279,17 +303,17 @@ mod tests {
     #[test]
     fn a_part_s_failure_is_not_hidden_by_another_part_s_success() {
         let r = HealthReporter::new();
-        r.part("emails").degraded("claiming: connection refused");
-        r.part("reports").ok();
+        r.queue("emails").degraded("claiming: connection refused");
+        r.part("listener").ok();
         r.ok();
         assert!(matches!(r.condition(), Condition::Degraded { .. }));
         assert_eq!(r.own(), Condition::Healthy);
-        let parts = r.parts();
-        assert_eq!(parts.len(), 2);
-        assert_eq!(parts[0].0, "emails");
-        assert!(matches!(parts[0].1, Condition::Degraded { .. }));
-        assert_eq!(parts[1], ("reports".to_owned(), Condition::Healthy));
-        r.part("emails").ok();
+        let queues = r.queues();
+        assert_eq!(queues.len(), 1);
+        assert_eq!(queues[0].0, "emails");
+        assert!(matches!(queues[0].1, Condition::Degraded { .. }));
+        assert_eq!(r.parts(), vec![("listener".to_owned(), Condition::Healthy)]);
+        r.queue("emails").ok();
         assert_eq!(r.condition(), Condition::Healthy);
     }
 

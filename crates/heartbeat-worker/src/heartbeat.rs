@@ -13,7 +13,7 @@ use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    AliveLockReport, AliveLockSession, ConfigProblem, Identity, InstanceId, Liveness,
+    AliveLockReport, AliveLockSession, ConfigProblem, HealthReporter, Identity, InstanceId, Liveness,
     RecordHeartbeatOutcome, RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator, Worker,
     WorkerError,
 };
@@ -333,6 +333,7 @@ pub struct HeartbeatWorker {
     host_name: String,
     metadata: Value,
     status: watch::Sender<HeartbeatStatus>,
+    health: HealthReporter,
 }
 
 impl fmt::Debug for HeartbeatWorker {
@@ -378,7 +379,21 @@ impl HeartbeatWorker {
             host_name,
             metadata: instance_metadata(metadata),
             status: watch::Sender::new(status),
+            health: HealthReporter::new(),
         }
+    }
+
+    /// Reports through `health` (in a host: the heartbeat slot's reporter,
+    /// `WorkerContext::health`): degraded while beats fail (the streak and the last error),
+    /// healthy again at the next recorded beat.
+    pub fn with_health(mut self, health: HealthReporter) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// The reporter this worker reports its condition through.
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
     }
 
     /// The current status.
@@ -639,6 +654,7 @@ impl HeartbeatWorker {
                     );
                 }
                 let now = Instant::now();
+                self.health.ok();
                 self.status.send_modify(|s| {
                     s.instance = instance;
                     s.last_success = Some(now);
@@ -657,6 +673,8 @@ impl HeartbeatWorker {
                 if !matches!(e, Error::EvictedAgain { .. }) {
                     metrics::counter!(m::HEARTBEATS_TOTAL, m::RESULT => m::FAILED).increment(1);
                 }
+                self.health
+                    .degraded(format_args!("recording the heartbeat: {e}"));
                 let current = self.identity.current();
                 self.status.send_modify(|s| {
                     s.instance = current;

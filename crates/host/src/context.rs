@@ -54,7 +54,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use workpump_claim_worker::{ClaimConfig, ClaimStatus, ClaimWorker, Handlers};
 use workpump_coordinator::{
-    Identity, LeaseTracker, Liveness, PgCoordinator, WorkCoordinator, Worker,
+    HealthReporter, Identity, LeaseTracker, Liveness, PgCoordinator, WorkCoordinator, Worker,
 };
 use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
 use workpump_lease_renewal::LeaseRenewalWorker;
@@ -79,6 +79,8 @@ pub struct WorkerContext {
     config: HostConfig,
     /// The periodic jobs, declared in code and in `[periodic.<name>]`.
     periodic: Vec<PeriodicJob>,
+    /// The health reporter of the slot being built (a fresh one per slot).
+    health: HealthReporter,
     /// What the factories reported; the host takes it once every slot is built.
     reports: Mutex<Reports>,
 }
@@ -101,6 +103,7 @@ impl WorkerContext {
             handlers,
             config,
             periodic: Vec::new(),
+            health: HealthReporter::new(),
             reports: Mutex::default(),
         }
     }
@@ -192,6 +195,19 @@ impl WorkerContext {
         }
     }
 
+    /// The health reporter of the slot this factory fills: what
+    /// [`HostHandle::health`](crate::HostHandle::health) shows as this worker's condition
+    /// ([`WorkerHealth::condition`](crate::WorkerHealth::condition)), its parts and its
+    /// queues. Each slot gets its own; the built-in workers take it with `with_health`
+    /// (`HeartbeatWorker::new(..).with_health(ctx.health())`). A worker of your own reports
+    /// [`degraded`](HealthReporter::degraded) when a pass fails and will be retried (a
+    /// transient store error) and [`ok`](HealthReporter::ok) at the next success; one that
+    /// never reports counts as healthy while it runs. Supervision adds its own view: between
+    /// a failed run and its restart the worker is degraded, and stopped once it gave up.
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
+    }
+
     /// Hands the host the heartbeat worker's status: [`Health::heartbeat_fresh`],
     /// [`Health::alive_lock_held`] and readiness follow it (readiness waits while it says the
     /// last beat is missing or old). Unreported, the heartbeat counts as fresh and the lock
@@ -245,6 +261,12 @@ impl WorkerContext {
         self.periodic = jobs;
     }
 
+    /// Gives the next slot's factory a fresh health reporter, and returns it.
+    pub(crate) fn next_slot_health(&mut self) -> HealthReporter {
+        self.health = HealthReporter::new();
+        self.health.clone()
+    }
+
     pub(crate) fn set_lease_tracker(&mut self, tracker: Arc<dyn LeaseTracker>) {
         self.lease_tracker = Some(tracker);
     }
@@ -271,7 +293,8 @@ pub(crate) struct Reports {
 
 /// The lease slot's default: the lease-renewal worker and its tracker.
 pub(crate) fn default_lease(ctx: &WorkerContext) -> (Arc<dyn Worker>, Arc<dyn LeaseTracker>) {
-    let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone());
+    let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone())
+        .with_health(ctx.health());
     let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
     (Arc::new(worker), tracker)
 }
@@ -288,7 +311,8 @@ pub(crate) fn default_claim(ctx: &WorkerContext) -> Arc<dyn Worker> {
         ctx.identity(),
         ctx.handlers(),
         ctx.claim_config(),
-    );
+    )
+    .with_health(ctx.health());
     // A claim worker that does not claim (switched off, or no handlers) waits for no
     // registration: readiness does not wait for it.
     if worker.claims() {
@@ -309,7 +333,8 @@ pub(crate) fn default_heartbeat(ctx: &WorkerContext) -> Arc<dyn Worker> {
         *ctx.liveness(),
         ctx.host_name().to_owned(),
         json!({}),
-    );
+    )
+    .with_health(ctx.health());
     ctx.report_heartbeat_status(worker.subscribe_status());
     Arc::new(worker)
 }
@@ -322,7 +347,8 @@ pub(crate) fn default_maintenance(ctx: &WorkerContext) -> Arc<dyn Worker> {
         ctx.config().maintenance.clone(),
         *ctx.liveness(),
     )
-    .with_judge(ctx.identity());
+    .with_judge(ctx.identity())
+    .with_health(ctx.health());
     ctx.report_maintenance_status(worker.subscribe_status());
     Arc::new(worker)
 }
@@ -330,9 +356,12 @@ pub(crate) fn default_maintenance(ctx: &WorkerContext) -> Arc<dyn Worker> {
 /// The scheduler slot's default: enqueues the periodic jobs' items (`[scheduler]`), one per
 /// fire time across the fleet.
 pub(crate) fn default_scheduler(ctx: &WorkerContext) -> Arc<dyn Worker> {
-    Arc::new(SchedulerWorker::new(
-        ctx.coordinator(),
-        ctx.periodic_jobs(),
-        ctx.config().scheduler.clone(),
-    ))
+    Arc::new(
+        SchedulerWorker::new(
+            ctx.coordinator(),
+            ctx.periodic_jobs(),
+            ctx.config().scheduler.clone(),
+        )
+        .with_health(ctx.health()),
+    )
 }

@@ -114,6 +114,7 @@ mod client;
 mod config;
 mod context;
 mod env;
+mod health_http;
 mod host;
 pub mod metrics;
 mod supervise;
@@ -122,7 +123,7 @@ mod trace;
 use std::fmt;
 
 pub use client::Client;
-pub use config::{HostConfig, MetricsConfig, QueueConfig};
+pub use config::{HealthConfig, HostConfig, MetricsConfig, QueueConfig};
 pub use context::WorkerContext;
 pub use host::{Host, HostBuilder, HostHandle};
 pub use supervise::{GaveUp, SupervisionConfig};
@@ -132,7 +133,8 @@ pub use workpump_claim_worker::{
     QueueSettings, ATTEMPT_SPAN,
 };
 pub use workpump_coordinator::{
-    self as coordinator, CancelReason, EnqueueWorkOutcome, Enqueued, Fence, InstanceId, IntoWork,
+    self as coordinator, CancelReason, Condition, EnqueueWorkOutcome, Enqueued, Fence,
+    HealthReporter, InstanceId, IntoWork,
     JobArgs, Liveness, NewWork, Operations, PgCoordinator, Schedule, WorkCoordinator, WorkId,
     Worker,
 };
@@ -170,6 +172,15 @@ pub enum HostError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The health endpoints (`[health] listen`) could not be served.
+    #[error("health: {context}: {source}")]
+    Health {
+        /// What the host was doing (`binding the health endpoints to 127.0.0.1:9091`).
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A worker kept failing.
     #[error("worker {} failed {} times in a row; last: {}", .0.worker, .0.failures, .0.last_error)]
     WorkerGaveUp(GaveUp),
@@ -191,11 +202,17 @@ fn list(problems: &[workpump_coordinator::ConfigProblem]) -> String {
         .join("\n")
 }
 
-/// A readiness and liveness summary (see [`HostHandle::health`]).
+/// A readiness and liveness summary (see [`HostHandle::health`]), served as JSON on
+/// `/health` by the health endpoints (`[health] listen`; docs/operating.md, "Health").
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Health {
     /// The instance id the host runs as now.
     pub instance: InstanceId,
+    /// The overall condition: unhealthy when nothing can make progress (a worker gave up,
+    /// the host stopped with an error), degraded while some part fails and retries (a store
+    /// outage is degraded, never unhealthy), else healthy. [`reasons`](Self::reasons) says
+    /// why when it is not healthy.
+    pub status: HealthStatus,
     /// Ready for work: schema migrated, instance registered for claiming (by the heartbeat
     /// worker's first recorded beat, which the claim worker waits for; only a host that
     /// claims: one with claiming switched off or without handlers — enqueue-only,
@@ -203,8 +220,11 @@ pub struct Health {
     /// never registered, so it claims nothing and is never ready), heartbeat fresh, every
     /// worker running, not draining. A part whose worker reports no status (a replacement that does not report
     /// through its [`WorkerContext`]) counts as fine: readiness then only sees it running.
+    /// During a store outage it turns false once the last recorded beat is too old for its
+    /// cadence (about 12 s at the defaults), and true again at the first beat recorded after.
     pub ready: bool,
-    /// Alive: no worker has given up (a worker restarting after a failure is still alive).
+    /// Alive: [`status`](Self::status) is not unhealthy. A worker restarting after a failure,
+    /// or retrying a store that is down, is still alive; one that gave up is not.
     pub live: bool,
     /// The schema is migrated and the queues registered.
     pub schema_ready: bool,
@@ -226,8 +246,37 @@ pub struct Health {
     pub notification_queue_usage: Option<f64>,
     /// A drain has begun.
     pub stopping: bool,
-    /// Each worker and whether a run of it is in progress.
+    /// What is not healthy, one line each (`heartbeat: degraded since …: recording the
+    /// heartbeat: …`); empty when [`status`](Self::status) is healthy.
+    pub reasons: Vec<String>,
+    /// Each worker: whether a run is in progress, and its condition.
     pub workers: Vec<WorkerHealth>,
+    /// Each queue the claim worker serves, and its claim loop's condition.
+    pub queues: Vec<QueueHealth>,
+}
+
+/// The overall condition of a host ([`Health::status`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthStatus {
+    /// Every worker and queue is healthy.
+    Healthy,
+    /// Something fails and retries (a store outage, a lost LISTEN connection, a worker
+    /// restarting after a failure): it recovers by itself. Still live.
+    Degraded,
+    /// Nothing can make progress: a worker gave up, or the host stopped with an error.
+    /// Not live: restart the process.
+    Unhealthy,
+}
+
+impl fmt::Display for HealthStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HealthStatus::Healthy => "healthy",
+            HealthStatus::Degraded => "degraded",
+            HealthStatus::Unhealthy => "unhealthy",
+        })
+    }
 }
 
 /// One worker's state.
@@ -237,19 +286,50 @@ pub struct WorkerHealth {
     pub name: String,
     /// Whether a run is in progress (false while restarting).
     pub running: bool,
+    /// The worst of what the worker reports through its slot's
+    /// [`WorkerContext::health`] (its parts and queues included) and supervision's view
+    /// (degraded between a failed run and its restart, stopped once it gave up). A worker
+    /// that reports nothing is healthy while it runs.
+    pub condition: Condition,
+    /// The parts the worker reports separately (the claim worker's `listener` and
+    /// `outcomes`, the scheduler's periodic jobs), each with its condition.
+    pub parts: Vec<PartHealth>,
+}
+
+/// A part of a worker ([`WorkerHealth::parts`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PartHealth {
+    /// Its name.
+    pub name: String,
+    /// Its condition.
+    pub condition: Condition,
+}
+
+/// A queue's claim loop ([`Health::queues`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct QueueHealth {
+    /// The queue.
+    pub name: String,
+    /// Its claim loop's condition: degraded while its claims fail.
+    pub condition: Condition,
 }
 
 impl fmt::Display for Health {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "instance {}: {} (schema {}, heartbeat {}, lock {}, listener {})",
+            "instance {}: {}, {} (schema {}, heartbeat {}, lock {}, listener {})",
             self.instance,
+            self.status,
             if self.ready { "ready" } else { "not ready" },
             self.schema_ready,
             self.heartbeat_fresh,
             self.alive_lock_held,
             self.listener_healthy
-        )
+        )?;
+        for reason in &self.reasons {
+            write!(f, "; {reason}")?;
+        }
+        Ok(())
     }
 }
