@@ -662,6 +662,7 @@ async fn start(
         maintenance_status: reports.maintenance_status,
         heartbeat_config,
         bootstrap_health: bootstrap_health.clone(),
+        health_addr: health_listener.as_ref().and_then(|l| l.local_addr().ok()),
         workers: Default::default(),
     });
 
@@ -913,6 +914,8 @@ struct Inner {
     heartbeat_config: workpump_heartbeat_worker::HeartbeatConfig,
     /// Degraded while the schema gate waits for the store.
     bootstrap_health: HealthReporter,
+    /// Where the health endpoints listen, when served.
+    health_addr: Option<std::net::SocketAddr>,
     workers: std::sync::Mutex<Vec<Slot>>,
 }
 
@@ -1058,6 +1061,13 @@ impl HostHandle {
     /// [`Operations`](crate::Operations): cancel, retry or discard an item through it.
     pub fn pg(&self) -> Option<&PgCoordinator> {
         self.inner.pg.as_ref()
+    }
+
+    /// Where the health endpoints (`/livez`, `/readyz`, `/health`) are served, when
+    /// `[health] listen` is set: the bound address (with the port the system chose for port
+    /// 0).
+    pub fn health_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.health_addr
     }
 
     /// The instance id this host currently runs as.

@@ -252,7 +252,8 @@ mod tests {
         assert_eq!(gave_up.worker, "flaky");
         assert_eq!(gave_up.failures, 5);
         assert!(gave_up.last_error.contains("failure 5"), "{gave_up:?}");
-        match &*seen.borrow() {
+        let condition = seen.borrow().clone();
+        match condition {
             Condition::Stopped { why } => assert!(
                 why.contains("gave up after 5 failures") && why.contains("failure 5"),
                 "{why}"
