@@ -10,8 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use workpump_coordinator::{
     CompleteWorkParams, Error, FailDisposition, FailWorkParams, Failure, Fence, HealthReporter,
-    InstanceId,
-    OutcomeBatch, ReleaseWorkParams, WorkCoordinator, WorkState,
+    InstanceId, OutcomeBatch, ReleaseWorkParams, WorkCoordinator, WorkState,
 };
 
 use crate::metrics;

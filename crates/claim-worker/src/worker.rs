@@ -15,10 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use workpump_coordinator::{
-    CancelReason, ClaimWorkParams, ClaimedWork, Error, Fence, HealthReporter, Identity,
-    InstanceId, JobArgs,
-    LeaseTracker, ListenEvent, ListenParams, PgCoordinator, TrackedLease, WorkCoordinator, Worker,
-    WorkerError,
+    CancelReason, ClaimWorkParams, ClaimedWork, Error, Fence, HealthReporter, Identity, InstanceId,
+    JobArgs, LeaseTracker, ListenEvent, ListenParams, PgCoordinator, TrackedLease, WorkCoordinator,
+    Worker, WorkerError,
 };
 
 use crate::config::{ClaimConfig, QueueSettings};

@@ -176,11 +176,9 @@ impl HealthReporter {
 
     /// Gave up for good, because of `why`. Only a new reporter is healthy again.
     pub fn stopped(&self, why: impl fmt::Display) {
-        self.inner
-            .condition
-            .send_replace(Condition::Stopped {
-                why: why.to_string(),
-            });
+        self.inner.condition.send_replace(Condition::Stopped {
+            why: why.to_string(),
+        });
     }
 
     /// This reporter's own condition, without its parts'.

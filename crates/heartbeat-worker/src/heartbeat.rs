@@ -13,9 +13,9 @@ use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    AliveLockReport, AliveLockSession, ConfigProblem, HealthReporter, Identity, InstanceId, Liveness,
-    RecordHeartbeatOutcome, RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator, Worker,
-    WorkerError,
+    AliveLockReport, AliveLockSession, ConfigProblem, HealthReporter, Identity, InstanceId,
+    Liveness, RecordHeartbeatOutcome, RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator,
+    Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -673,8 +673,8 @@ impl HeartbeatWorker {
                 if !matches!(e, Error::EvictedAgain { .. }) {
                     metrics::counter!(m::HEARTBEATS_TOTAL, m::RESULT => m::FAILED).increment(1);
                 }
-                self.health
-                    .degraded(format_args!("recording the heartbeat: {e}"));
+                // The error names the beat ("recording the heartbeat of instance …: …").
+                self.health.degraded(&e);
                 let current = self.identity.current();
                 self.status.send_modify(|s| {
                     s.instance = current;

@@ -18,8 +18,10 @@
 //! the worker and the tracker, and the context every later factory sees carries that tracker
 //! (the lease factory's own context has none yet).
 //!
-//! What a worker hands back goes through the same context: a factory reports the status
-//! channels behind [`HostHandle::health`](crate::HostHandle::health) and readiness
+//! What a worker hands back goes through the same context: each slot's factory gets a fresh
+//! [`HealthReporter`] ([`health`](WorkerContext::health)) that the worker reports its
+//! condition through (one that never reports is healthy while it runs); a factory reports the
+//! status channels behind [`HostHandle::health`](crate::HostHandle::health) and readiness
 //! ([`report_heartbeat_status`](WorkerContext::report_heartbeat_status),
 //! [`report_claim_status`](WorkerContext::report_claim_status),
 //! [`report_maintenance_status`](WorkerContext::report_maintenance_status)) and the claim

@@ -83,7 +83,10 @@ async fn readyz(State(host): State<HostHandle>) -> Response {
     if health.ready {
         text(StatusCode::OK, "ready\n".to_owned())
     } else {
-        text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {health}\n"))
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {health}\n"),
+        )
     }
 }
 

@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use workpump_claim_worker::{ClaimStatus, Gate, Handler, Handlers, QueueSettings};
 use workpump_coordinator::{
     validate_queue_name, Condition, DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome,
-    Enqueued, HealthReporter, Identity, InstanceId, IntoWork, LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams,
-    WorkCoordinator, Worker,
+    Enqueued, HealthReporter, Identity, InstanceId, IntoWork, LeaseTracker, NewWork, PgCoordinator,
+    RegisterQueueParams, WorkCoordinator, Worker,
 };
 use workpump_heartbeat_worker::HeartbeatStatus;
 use workpump_maintenance::MaintenanceStatus;
@@ -24,8 +24,8 @@ use crate::context::{
     default_claim, default_heartbeat, default_lease, default_maintenance, default_scheduler,
     Factory, LeaseFactory, Wake, WorkerContext,
 };
-use crate::supervise::{supervise, GaveUp};
 use crate::health_http;
+use crate::supervise::{supervise, GaveUp};
 use crate::{metrics, HostError};
 
 /// The entry point: `Host::builder()`.
@@ -1124,32 +1124,34 @@ impl HostHandle {
         let heartbeat = i.heartbeat_status.as_ref().map(|s| *s.borrow());
         let claim = i.claim_status.as_ref().map(|s| *s.borrow());
         let mut queues = Vec::new();
-        let workers: Vec<crate::WorkerHealth> = i
-            .workers
-            .lock()
-            .map(|w| {
-                w.iter()
-                    .map(|slot| {
-                        let reported = slot.health.condition();
-                        let supervision = slot.supervision.borrow().clone();
-                        queues.extend(slot.health.queues().into_iter().map(|(name, condition)| {
-                            crate::QueueHealth { name, condition }
-                        }));
-                        crate::WorkerHealth {
-                            name: slot.name.clone(),
-                            running: *slot.running.borrow(),
-                            condition: Condition::worst([&supervision, &reported]),
-                            parts: slot
-                                .health
-                                .parts()
-                                .into_iter()
-                                .map(|(name, condition)| crate::PartHealth { name, condition })
-                                .collect(),
-                        }
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let workers: Vec<crate::WorkerHealth> =
+            i.workers
+                .lock()
+                .map(|w| {
+                    w.iter()
+                        .map(|slot| {
+                            let reported = slot.health.condition();
+                            let supervision = slot.supervision.borrow().clone();
+                            queues.extend(
+                                slot.health.queues().into_iter().map(|(name, condition)| {
+                                    crate::QueueHealth { name, condition }
+                                }),
+                            );
+                            crate::WorkerHealth {
+                                name: slot.name.clone(),
+                                running: *slot.running.borrow(),
+                                condition: Condition::worst([&supervision, &reported]),
+                                parts: slot
+                                    .health
+                                    .parts()
+                                    .into_iter()
+                                    .map(|(name, condition)| crate::PartHealth { name, condition })
+                                    .collect(),
+                            }
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
         let heartbeat_fresh = match &heartbeat {
             None => true,
             Some(s) => {

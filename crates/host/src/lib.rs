@@ -48,6 +48,11 @@
 //!   ([`HostBuilder::periodic`], `[periodic.<name>]`): one item per fire time across the
 //!   fleet (docs/periodic.md).
 //!
+//! [`HostHandle::health`] tells a degraded host (a part fails and retries: a store outage, a
+//! worker restarting) from an unhealthy one (a worker gave up), with the reasons; `[health]
+//! listen` serves it as `/livez`, `/readyz` and `/health` for orchestrator probes
+//! (docs/operating.md, "Health").
+//!
 //! Every metric, with its type, unit and labels, is listed in `docs/metrics.md`; the
 //! [`metrics`] module installs the Prometheus exporter with explicit histogram buckets and
 //! holds the [`metrics::catalog`] a test compares that list with.
@@ -87,7 +92,9 @@
 //! ```
 //!
 //! What the host reads back from its workers also goes through the context, for the built-in
-//! workers and yours alike: the status behind [`HostHandle::health`] and readiness
+//! workers and yours alike: each slot's [`HealthReporter`] ([`WorkerContext::health`]: the
+//! worker's [`Condition`], healthy, degraded with its reason while it retries, or stopped),
+//! the status behind [`HostHandle::health`] and readiness
 //! ([`WorkerContext::report_heartbeat_status`], [`report_claim_status`](WorkerContext::report_claim_status),
 //! [`report_maintenance_status`](WorkerContext::report_maintenance_status)) and what wakes
 //! the claim loops on a local enqueue ([`WorkerContext::report_wake`]). A replacement that
@@ -134,9 +141,8 @@ pub use workpump_claim_worker::{
 };
 pub use workpump_coordinator::{
     self as coordinator, CancelReason, Condition, EnqueueWorkOutcome, Enqueued, Fence,
-    HealthReporter, InstanceId, IntoWork,
-    JobArgs, Liveness, NewWork, Operations, PgCoordinator, Schedule, WorkCoordinator, WorkId,
-    Worker,
+    HealthReporter, InstanceId, IntoWork, JobArgs, Liveness, NewWork, Operations, PgCoordinator,
+    Schedule, WorkCoordinator, WorkId, Worker,
 };
 pub use workpump_heartbeat_worker::{HeartbeatConfig, LivenessMode};
 pub use workpump_lease_renewal::LeaseConfig;

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use chrono::Utc;
 use workpump_coordinator::{Condition, ConfigProblem, Worker};
 
 use crate::metrics;
@@ -293,7 +293,8 @@ mod tests {
             } => {
                 assert_eq!(failures, 1);
                 assert!(
-                    last_error.starts_with("restarting after: ") && last_error.contains("failure 1"),
+                    last_error.starts_with("restarting after: ")
+                        && last_error.contains("failure 1"),
                     "{last_error}"
                 );
             }

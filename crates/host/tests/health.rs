@@ -79,7 +79,9 @@ async fn a_worker_that_gives_up_is_stopped_with_its_reason_and_the_host_is_not_l
 }
 
 /// A maintenance replacement that only waits; the test reports through its slot's reporter.
-fn reporting_slot(slot: Arc<Mutex<Option<HealthReporter>>>) -> impl FnOnce(&workpump_host::WorkerContext) -> Arc<dyn Worker> + Send + 'static {
+fn reporting_slot(
+    slot: Arc<Mutex<Option<HealthReporter>>>,
+) -> impl FnOnce(&workpump_host::WorkerContext) -> Arc<dyn Worker> + Send + 'static {
     move |ctx| {
         *slot.lock().unwrap() = Some(ctx.health());
         Arc::new(support::Idle("maintenance")) as Arc<dyn Worker>
@@ -92,7 +94,9 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .await
         .expect("connect to the health endpoints");
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
         .await
         .expect("send the request");
     let mut response = String::new();
@@ -151,8 +155,11 @@ async fn the_endpoints_say_live_and_ready_while_degraded_and_name_the_reason() {
     assert_eq!(health.status, HealthStatus::Degraded, "{health}");
     assert!(health.live && health.ready, "{health}");
     assert!(
-        health.reasons.iter().any(|r| r.starts_with("maintenance: degraded since")
-            && r.contains("(2 failures): sweeping: connection refused again")),
+        health
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("maintenance: degraded since")
+                && r.contains("(2 failures): sweeping: connection refused again")),
         "{:?}",
         health.reasons
     );

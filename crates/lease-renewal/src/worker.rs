@@ -12,8 +12,9 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    ConfigProblem, Fence, HealthReporter, InstanceId, LeaseSettings, RenewLeasesOutcome, RenewLeasesParams,
-    RenewalStatus, WorkCoordinator, Worker, WorkerError, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
+    ConfigProblem, Fence, HealthReporter, InstanceId, LeaseSettings, RenewLeasesOutcome,
+    RenewLeasesParams, RenewalStatus, WorkCoordinator, Worker, WorkerError, DEFAULT_LEASE,
+    DEFAULT_MAX_DURATION,
 };
 
 use crate::handle::{Admission, Applied, Leases, RenewalRequest, Shared, SkipReason};

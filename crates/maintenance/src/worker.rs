@@ -13,8 +13,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, HealthReporter, Identity, Liveness,
-    MaintenanceDueOutcome, MaintenanceDueParams, PromoteScheduledParams,
+    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, HealthReporter,
+    Identity, Liveness, MaintenanceDueOutcome, MaintenanceDueParams, PromoteScheduledParams,
     PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth, QueueDepthParams,
     ServerStatusParams, WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
 };

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    ConfigProblem, Error, FirePeriodicOutcome, HealthReporter, FirePeriodicParams, FireResult, PeriodicFire,
-    WorkCoordinator, Worker, WorkerError,
+    ConfigProblem, Error, FirePeriodicOutcome, FirePeriodicParams, FireResult, HealthReporter,
+    PeriodicFire, WorkCoordinator, Worker, WorkerError,
 };
 
 use crate::metrics as m;
