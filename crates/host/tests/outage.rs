@@ -210,7 +210,7 @@ async fn a_database_outage_makes_health_degraded_never_unhealthy_and_it_recovers
 
     sampling.cancel();
     sampler.await.expect("the sampler ends");
-    let samples = samples.lock().unwrap();
+    let samples = std::mem::take(&mut *samples.lock().unwrap());
     assert!(samples.len() >= 100, "{} samples", samples.len());
     if let Some((at, h)) = samples.iter().find(|(_, h)| !h.live) {
         panic!("not live at {at:?}: {h}");
