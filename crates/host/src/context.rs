@@ -49,10 +49,10 @@
 //! (arrows stay coordinator ← workers ← host): a factory unpacks it into a worker's own
 //! constructor.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::watch;
 use workpump_claim_worker::{ClaimConfig, ClaimStatus, ClaimWorker, Handlers};
 use workpump_coordinator::{
@@ -83,6 +83,8 @@ pub struct WorkerContext {
     periodic: Vec<PeriodicJob>,
     /// The health reporter of the slot being built (a fresh one per slot).
     health: HealthReporter,
+    /// The host's health summary, once the host exists (`health_summary`).
+    summary: Arc<OnceLock<SummarySource>>,
     /// What the factories reported; the host takes it once every slot is built.
     reports: Mutex<Reports>,
 }
@@ -106,6 +108,7 @@ impl WorkerContext {
             config,
             periodic: Vec::new(),
             health: HealthReporter::new(),
+            summary: Arc::default(),
             reports: Mutex::default(),
         }
     }
@@ -210,6 +213,16 @@ impl WorkerContext {
         self.health.clone()
     }
 
+    /// The host's health in brief, as JSON (`{"status": "degraded", "reasons": [...]}`,
+    /// [`Health::summary`](crate::Health::summary)), read when called: the default heartbeat
+    /// factory stores it in the instance's metadata under `"health"` at every beat
+    /// (`HeartbeatWorker::with_live_metadata`), and the dashboard's instances page shows it.
+    /// `null` before the host has started.
+    pub fn health_summary(&self) -> impl Fn() -> Value + Send + Sync + 'static {
+        let summary = self.summary.clone();
+        move || summary.get().map_or(Value::Null, |read| read())
+    }
+
     /// Hands the host the heartbeat worker's status: [`Health::heartbeat_fresh`],
     /// [`Health::alive_lock_held`] and readiness follow it (readiness waits while it says the
     /// last beat is missing or old). Unreported, the heartbeat counts as fresh and the lock
@@ -263,6 +276,11 @@ impl WorkerContext {
         self.periodic = jobs;
     }
 
+    /// Where [`health_summary`](Self::health_summary) reads from, set once the host exists.
+    pub(crate) fn summary_source(&self) -> Arc<OnceLock<SummarySource>> {
+        self.summary.clone()
+    }
+
     /// Gives the next slot's factory a fresh health reporter, and returns it.
     pub(crate) fn next_slot_health(&mut self) -> HealthReporter {
         self.health = HealthReporter::new();
@@ -280,6 +298,9 @@ pub(crate) type Factory = Box<dyn FnOnce(&WorkerContext) -> Arc<dyn Worker> + Se
 /// A factory for the lease slot: the worker and the tracker it keeps leases for.
 pub(crate) type LeaseFactory =
     Box<dyn FnOnce(&WorkerContext) -> (Arc<dyn Worker>, Arc<dyn LeaseTracker>) + Send>;
+
+/// Reads the host's health summary ([`WorkerContext::health_summary`]).
+pub(crate) type SummarySource = Box<dyn Fn() -> Value + Send + Sync>;
 
 /// What wakes a queue's claim loop ([`WorkerContext::report_wake`]).
 pub(crate) type Wake = Arc<dyn Fn(&str) + Send + Sync>;
@@ -336,7 +357,8 @@ pub(crate) fn default_heartbeat(ctx: &WorkerContext) -> Arc<dyn Worker> {
         ctx.host_name().to_owned(),
         json!({}),
     )
-    .with_health(ctx.health());
+    .with_health(ctx.health())
+    .with_live_metadata("health", ctx.health_summary());
     ctx.report_heartbeat_status(worker.subscribe_status());
     Arc::new(worker)
 }

@@ -627,6 +627,7 @@ async fn start(
         None => None,
     };
     // What health and enqueue read: only what the factories reported, defaults included.
+    let summary = ctx.summary_source();
     let reports = ctx.into_reports();
     if reports.heartbeat_status.is_none() {
         tracing::info!(
@@ -691,6 +692,13 @@ async fn start(
         });
         workers.push((worker, token, running_tx, supervision_tx));
     }
+    // The heartbeat's metadata carries the health summary (WorkerContext::health_summary).
+    let weak = Arc::downgrade(&inner);
+    let _ = summary.set(Box::new(move || {
+        weak.upgrade().map_or(serde_json::Value::Null, |inner| {
+            HostHandle { inner }.health().summary()
+        })
+    }));
     let host = inner.clone();
     ::metrics::gauge!(metrics::HOST_UP).increment(1.0);
     tokio::spawn(async move {

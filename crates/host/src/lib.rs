@@ -261,6 +261,37 @@ pub struct Health {
     pub queues: Vec<QueueHealth>,
 }
 
+/// At most this many reasons go into [`Health::summary`], each cut to
+/// [`SUMMARY_REASON_CHARS`] characters.
+pub const SUMMARY_REASONS: usize = 8;
+/// See [`SUMMARY_REASONS`].
+pub const SUMMARY_REASON_CHARS: usize = 240;
+
+impl Health {
+    /// The status and the reasons in brief, as JSON: `{"status": "degraded", "reasons":
+    /// ["heartbeat: degraded since …"]}` (at most [`SUMMARY_REASONS`] reasons, each cut to
+    /// [`SUMMARY_REASON_CHARS`] characters). The heartbeat stores it in the instance's
+    /// metadata under `"health"`, so the dashboard's instances page (and anything that reads
+    /// the instances, `Operations::list_instances`) shows each instance's condition as of its
+    /// last recorded beat.
+    pub fn summary(&self) -> serde_json::Value {
+        let reasons: Vec<String> = self
+            .reasons
+            .iter()
+            .take(SUMMARY_REASONS)
+            .map(|r| {
+                if r.chars().count() > SUMMARY_REASON_CHARS {
+                    let cut: String = r.chars().take(SUMMARY_REASON_CHARS - 1).collect();
+                    format!("{cut}…")
+                } else {
+                    r.clone()
+                }
+            })
+            .collect();
+        serde_json::json!({ "status": self.status, "reasons": reasons })
+    }
+}
+
 /// The overall condition of a host ([`Health::status`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use workpump_coordinator::{FakeCoordinator, WorkerError};
+use workpump_coordinator::{FakeCoordinator, ListInstancesParams, Operations, WorkerError};
 use workpump_host::{
     handler_fn, Condition, HealthReporter, HealthStatus, Host, HostError, Job, Worker,
 };
@@ -118,8 +118,9 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoints_say_live_and_ready_while_degraded_and_name_the_reason() {
     let slot = Arc::new(Mutex::new(None));
+    let fake = FakeCoordinator::new();
     let host = Host::builder()
-        .coordinator(Arc::new(FakeCoordinator::new()))
+        .coordinator(Arc::new(fake.clone()))
         .handler("q", noop())
         .configure(|c| c.health.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0))))
         .maintenance_worker(reporting_slot(slot.clone()))
@@ -146,6 +147,22 @@ async fn the_endpoints_say_live_and_ready_while_degraded_and_name_the_reason() {
     assert_eq!(json["ready"], true);
     assert_eq!(json["queues"][0]["name"], "q", "{json}");
     assert_eq!(json["queues"][0]["condition"]["state"], "healthy");
+    // The heartbeat's metadata carries the summary (the dashboard's instances page shows it).
+    let instances = fake
+        .list_instances(ListInstancesParams {})
+        .await
+        .expect("the fake answers");
+    let me = instances
+        .instances
+        .iter()
+        .find(|i| i.instance == host.instance())
+        .expect("the host's instance");
+    assert_eq!(
+        me.metadata["health"],
+        serde_json::json!({ "status": "healthy", "reasons": [] }),
+        "{:?}",
+        me.metadata
+    );
 
     // Degraded: live and ready, the reason named.
     let reporter = slot.lock().unwrap().clone().expect("the factory ran");
