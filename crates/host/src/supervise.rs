@@ -1,7 +1,7 @@
 //! Supervision: every worker runs under a child token; one that fails or panics is logged,
 //! counted and restarted with exponential backoff and jitter; one that keeps failing ends
 //! the host with an error that names it. Between a failure and its restart the worker's
-//! supervision condition is degraded ("restarting after: <error>"); once it gave up, stopped.
+//! supervision condition is degraded (`restarting after: <error>`); once it gave up, stopped.
 
 use std::sync::Arc;
 use std::time::Duration;
