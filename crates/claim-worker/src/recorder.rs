@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use workpump_coordinator::{
-    CompleteWorkParams, Error, FailDisposition, FailWorkParams, Failure, Fence, InstanceId,
-    OutcomeBatch, ReleaseWorkParams, WorkCoordinator, WorkState,
+    CompleteWorkParams, Error, FailDisposition, FailWorkParams, Failure, Fence, HealthReporter,
+    InstanceId, OutcomeBatch, ReleaseWorkParams, WorkCoordinator, WorkState,
 };
 
 use crate::metrics;
@@ -47,12 +47,15 @@ pub(crate) struct Recorder {
 
 impl Recorder {
     /// The recorder and its writer loop (to be awaited by the owner).
+    /// `health` is degraded while writes fail (after their retries) and healthy again at
+    /// the next write the store answered.
     pub(crate) fn new(
         coordinator: Arc<dyn WorkCoordinator>,
         batch: usize,
+        health: HealthReporter,
     ) -> (Recorder, impl std::future::Future<Output = ()>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Recorder { tx }, write_loop(coordinator, rx, batch))
+        (Recorder { tx }, write_loop(coordinator, rx, batch, health))
     }
 
     /// Writes `outcome` for the claim and waits for the result.
@@ -81,10 +84,11 @@ async fn write_loop(
     coordinator: Arc<dyn WorkCoordinator>,
     mut rx: mpsc::UnboundedReceiver<Request>,
     batch: usize,
+    health: HealthReporter,
 ) {
     let mut pending = Vec::with_capacity(batch);
     while rx.recv_many(&mut pending, batch).await > 0 {
-        flush(&*coordinator, std::mem::take(&mut pending)).await;
+        flush(&*coordinator, std::mem::take(&mut pending), &health).await;
     }
 }
 
@@ -95,7 +99,7 @@ enum Kind {
     Release(bool),
 }
 
-async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>) {
+async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>, health: &HealthReporter) {
     let mut groups: BTreeMap<(InstanceId, Kind), Vec<Request>> = BTreeMap::new();
     for r in requests {
         let kind = match &r.outcome {
@@ -120,6 +124,7 @@ async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>) {
             .increment(1);
         match result {
             Ok(batch) => {
+                health.ok();
                 // One record per distinct claim (the store answers a repeated claim once, with
                 // its first outcome): every request for a claim gets that claim's record.
                 let records: HashMap<Fence, Option<WorkState>> = batch
@@ -143,6 +148,10 @@ async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>) {
                     "writing {} {label} outcomes failed: {e}; their items will be reclaimed when the leases lapse",
                     group.len()
                 );
+                health.degraded(format_args!(
+                    "writing {} {label} outcomes: {e} (their items are reclaimed when their leases lapse)",
+                    group.len()
+                ));
                 let message = e.to_string();
                 for request in group {
                     let _ = request.reply.send(Err(message.clone()));
@@ -268,7 +277,7 @@ mod tests {
             .await
             .unwrap();
         let (a, b) = (claimed.items[0].fence, claimed.items[1].fence);
-        let (recorder, writer) = Recorder::new(Arc::new(fake.clone()), 100);
+        let (recorder, writer) = Recorder::new(Arc::new(fake.clone()), 100, HealthReporter::new());
         let writer = tokio::spawn(writer);
         fake.clear_calls();
         let (first, second, other) = tokio::join!(

@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use workpump_coordinator::{
-    CancelReason, ClaimWorkParams, ClaimedWork, Error, Fence, Identity, InstanceId, JobArgs,
-    LeaseTracker, ListenEvent, ListenParams, PgCoordinator, TrackedLease, WorkCoordinator, Worker,
-    WorkerError,
+    CancelReason, ClaimWorkParams, ClaimedWork, Error, Fence, HealthReporter, Identity, InstanceId,
+    JobArgs, LeaseTracker, ListenEvent, ListenParams, PgCoordinator, TrackedLease, WorkCoordinator,
+    Worker, WorkerError,
 };
 
 use crate::config::{ClaimConfig, QueueSettings};
@@ -286,6 +286,7 @@ struct Shared {
     waker: Waker,
     status: watch::Sender<ClaimStatus>,
     hooks: HookList,
+    health: HealthReporter,
 }
 
 /// What the claim worker is doing, for health reports.
@@ -365,8 +366,32 @@ impl ClaimWorker {
                 waker,
                 status,
                 hooks: hooks.into(),
+                health: HealthReporter::new(),
             }),
         }
+    }
+
+    /// Reports through `health` (in a host: the claim slot's reporter,
+    /// `WorkerContext::health`): each queue's claim loop as that queue
+    /// ([`HealthReporter::queue`]: degraded while its claims fail), the wake listener as the
+    /// part `"listener"` (degraded while LISTEN is unavailable: the loops still poll, at the
+    /// tight base) and the outcome writes as `"outcomes"` (degraded while they fail: those
+    /// items are reclaimed once their leases lapse). Each is healthy again at its next
+    /// success. Call it before the worker is shared.
+    pub fn with_health(mut self, health: HealthReporter) -> Self {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.health = health,
+            None => tracing::error!(
+                "ClaimWorker::with_health called on a worker already in use; its health is \
+                 not reported"
+            ),
+        }
+        self
+    }
+
+    /// The reporter this worker reports its condition through.
+    pub fn health(&self) -> HealthReporter {
+        self.shared.health.clone()
     }
 
     /// Whether this worker claims at all: it is enabled and has handlers. One that does not
@@ -403,6 +428,7 @@ impl Worker for ClaimWorker {
         let (recorder, writer) = Recorder::new(
             self.shared.coordinator.clone(),
             self.shared.config.outcome_batch,
+            self.shared.health.part("outcomes"),
         );
         let writer = tokio::spawn(writer);
         let control = TaskTracker::new();

@@ -398,6 +398,17 @@ async fn when_the_listener_fails_the_loop_pins_to_the_base_and_catches_up_when_i
     let down = gaps(&s.claim_times());
     assert!(down.len() >= 7, "polls every base while down: {down:?}");
     assert!(down.iter().all(|g| *g == 250), "{down:?}");
+    // Degraded meanwhile, saying it still polls; the queue itself is fine.
+    let health = s.worker.health();
+    let listener = &health.parts()[0];
+    assert_eq!(listener.0, "listener");
+    match &listener.1 {
+        Condition::Degraded { last_error, .. } => {
+            assert!(last_error.contains("polling every 250ms"), "{last_error}")
+        }
+        other => panic!("expected the listener degraded, got {other:?}"),
+    }
+    assert_eq!(health.queues(), vec![("q".to_owned(), Condition::Healthy)]);
     s.fake.set_listeners_down(false);
     s.fake.clear_calls();
     // The listener reconnects (its retry delay is at most the backoff cap), the loop polls
@@ -410,6 +421,48 @@ async fn when_the_listener_fails_the_loop_pins_to_the_base_and_catches_up_when_i
         g[tight..].iter().all(|g| *g >= 5000) && g.len() > tight,
         "back to the relaxed cadence after reconnecting: {g:?}"
     );
+    assert_eq!(s.worker.health().condition(), Condition::Healthy);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_claims_degrade_their_queue_with_the_error_until_a_claim_succeeds() {
+    let s = start(tight(), 10, None).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.fake.fail_next(Method::ClaimWork, 3);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while s.worker.health().condition().is_healthy() {
+        assert!(tokio::time::Instant::now() < deadline, "never degraded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match s.worker.health().queues().as_slice() {
+        [(
+            queue,
+            Condition::Degraded {
+                last_error,
+                failures,
+                ..
+            },
+        )] => {
+            assert_eq!(queue, "q");
+            assert_eq!(*failures, 1);
+            assert!(
+                last_error.starts_with("claiming from \"q\": "),
+                "{last_error}"
+            );
+        }
+        other => panic!("expected q degraded, got {other:?}"),
+    }
+    // Three failures, then the next poll succeeds (within the 10 s backoff cap).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !s.worker.health().condition().is_healthy() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never healthy again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(s.fake.calls_of(Method::ClaimWork).len() >= 4);
     s.stop().await;
 }
 

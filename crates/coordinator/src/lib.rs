@@ -38,6 +38,7 @@
 //! durations, never timestamps they computed), and every write on a leased item is fenced on
 //! the owning instance and the claim token minted by the claim.
 
+mod condition;
 mod coordinator;
 pub mod duration_ms;
 mod error;
@@ -62,6 +63,7 @@ mod recorded_metrics;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use condition::{Condition, HealthReporter};
 pub use coordinator::{AliveLockSession, WakeListener, WorkCoordinator};
 pub use error::{Error, LockHolder, Result};
 #[cfg(feature = "testing")]

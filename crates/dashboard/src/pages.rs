@@ -505,6 +505,12 @@ pub(crate) struct InstanceRow {
     pub(crate) alive: bool,
     pub(crate) leases: String,
     pub(crate) in_flight: String,
+    /// Its health as of its last beat (`metadata.health.status`: healthy, degraded,
+    /// unhealthy), empty when it reports none (an older host, or a heartbeat worker of one's
+    /// own that does not carry it).
+    pub(crate) health: String,
+    /// Why it is not healthy (`metadata.health.reasons`), one per line.
+    pub(crate) health_reasons: Vec<String>,
 }
 
 impl InstanceRow {
@@ -528,6 +534,28 @@ impl InstanceRow {
                 .map(|q| format!("{}: {}", q.queue, q.items))
                 .collect::<Vec<_>>()
                 .join(", "),
+            health: i.metadata["health"]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            health_reasons: i.metadata["health"]["reasons"]
+                .as_array()
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|r| r.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The badge class of its health.
+    pub(crate) fn health_class(&self) -> &'static str {
+        match self.health.as_str() {
+            "healthy" => "s-completed",
+            "degraded" => "s-running",
+            "unhealthy" => "s-dead",
+            _ => "s-cancelled",
         }
     }
 }

@@ -87,6 +87,60 @@ async fn login(app: &Router) -> (String, String) {
     (cookie, csrf)
 }
 
+/// A host's heartbeat carries its health summary (`metadata.health`); the instances page
+/// shows it with the reasons, and "not reported" for an instance without one.
+#[tokio::test]
+async fn the_instances_page_shows_each_instance_s_health_and_its_reasons() {
+    use workpump_coordinator::{
+        AliveLockReport, InstanceId, RecordHeartbeatParams, WorkCoordinator,
+    };
+    let (fresh, items) = store().await;
+    let degraded = InstanceId::new();
+    fresh
+        .coordinator
+        .record_heartbeat(RecordHeartbeatParams {
+            instance: degraded,
+            host: "degraded-host".into(),
+            metadata: serde_json::json!({
+                "pid": 7,
+                "health": {
+                    "status": "degraded",
+                    "reasons": ["claim: degraded since 2026-12-02T03:22:01Z (3 failures): LISTEN unavailable"]
+                }
+            }),
+            stale_after: std::time::Duration::from_secs(30),
+            dead_after: Some(std::time::Duration::from_secs(300)),
+            lock_grace: None,
+            alive_lock: AliveLockReport::Unreported,
+            registering: true,
+        })
+        .await
+        .expect("heartbeat");
+    let app = dashboard(&fresh.coordinator, Access::ReadOnly);
+    let page = get(&app, "/instances", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let row = |id: &str| {
+        let start = page.body.find(id).expect("the instance's row");
+        let end = page.body[start..]
+            .find("</tr>")
+            .map_or(page.body.len(), |e| start + e);
+        page.body[start..end].to_owned()
+    };
+    let degraded_row = row(&degraded.0.to_string());
+    assert!(
+        degraded_row.contains("class=\"badge s-running\">degraded<"),
+        "{degraded_row}"
+    );
+    assert!(
+        degraded_row.contains(
+            "claim: degraded since 2026-12-02T03:22:01Z (3 failures): LISTEN unavailable"
+        ),
+        "{degraded_row}"
+    );
+    let silent_row = row(&items.instance.0.to_string());
+    assert!(silent_row.contains("not reported"), "{silent_row}");
+}
+
 #[tokio::test]
 async fn every_page_renders_a_store_with_work_in_every_state() {
     let (fresh, items) = store().await;

@@ -13,9 +13,9 @@ use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    AliveLockReport, AliveLockSession, ConfigProblem, Identity, InstanceId, Liveness,
-    RecordHeartbeatOutcome, RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator, Worker,
-    WorkerError,
+    AliveLockReport, AliveLockSession, ConfigProblem, HealthReporter, Identity, InstanceId,
+    Liveness, RecordHeartbeatOutcome, RecordHeartbeatParams, TakeAliveLockParams, WorkCoordinator,
+    Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -333,7 +333,13 @@ pub struct HeartbeatWorker {
     host_name: String,
     metadata: Value,
     status: watch::Sender<HeartbeatStatus>,
+    health: HealthReporter,
+    /// Metadata keys whose values are read at every beat (`with_live_metadata`).
+    live_metadata: Vec<(String, LiveMetadata)>,
 }
+
+/// A metadata value read at every beat ([`HeartbeatWorker::with_live_metadata`]).
+pub type LiveMetadata = Arc<dyn Fn() -> Value + Send + Sync>;
 
 impl fmt::Debug for HeartbeatWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -378,7 +384,38 @@ impl HeartbeatWorker {
             host_name,
             metadata: instance_metadata(metadata),
             status: watch::Sender::new(status),
+            health: HealthReporter::new(),
+            live_metadata: Vec::new(),
         }
+    }
+
+    /// Stores `value()`, read at every beat, under `key` in the instance's metadata (beside
+    /// the fixed keys): something that changes while the instance runs, such as the host's
+    /// health summary (the host stores `"health"` this way; the dashboard's instances page
+    /// shows it). A later call with the same key replaces the earlier one. Keep it small and
+    /// cheap: it is written with every beat.
+    pub fn with_live_metadata(
+        mut self,
+        key: impl Into<String>,
+        value: impl Fn() -> Value + Send + Sync + 'static,
+    ) -> Self {
+        let key = key.into();
+        self.live_metadata.retain(|(k, _)| *k != key);
+        self.live_metadata.push((key, Arc::new(value)));
+        self
+    }
+
+    /// Reports through `health` (in a host: the heartbeat slot's reporter,
+    /// `WorkerContext::health`): degraded while beats fail (the streak and the last error),
+    /// healthy again at the next recorded beat.
+    pub fn with_health(mut self, health: HealthReporter) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// The reporter this worker reports its condition through.
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
     }
 
     /// The current status.
@@ -639,6 +676,7 @@ impl HeartbeatWorker {
                     );
                 }
                 let now = Instant::now();
+                self.health.ok();
                 self.status.send_modify(|s| {
                     s.instance = instance;
                     s.last_success = Some(now);
@@ -657,6 +695,8 @@ impl HeartbeatWorker {
                 if !matches!(e, Error::EvictedAgain { .. }) {
                     metrics::counter!(m::HEARTBEATS_TOTAL, m::RESULT => m::FAILED).increment(1);
                 }
+                // The error names the beat ("recording the heartbeat of instance …: …").
+                self.health.degraded(&e);
                 let current = self.identity.current();
                 self.status.send_modify(|s| {
                     s.instance = current;
@@ -709,7 +749,7 @@ impl HeartbeatWorker {
         let params = RecordHeartbeatParams {
             instance,
             host: self.host_name.clone(),
-            metadata: self.metadata.clone(),
+            metadata: self.beat_metadata(),
             stale_after: self.liveness.stale_after,
             dead_after: self.liveness.dead_after,
             lock_grace: self.liveness.lock_grace,
@@ -837,6 +877,19 @@ impl HeartbeatWorker {
         }
         open.held = held;
         held
+    }
+}
+
+impl HeartbeatWorker {
+    /// The fixed metadata with the live keys' current values.
+    fn beat_metadata(&self) -> Value {
+        let mut metadata = self.metadata.clone();
+        if let Value::Object(map) = &mut metadata {
+            for (key, value) in &self.live_metadata {
+                map.insert(key.clone(), value());
+            }
+        }
+        metadata
     }
 }
 

@@ -137,8 +137,9 @@ pub mod metrics;
 mod tests;
 
 pub use heartbeat::{
-    AliveLock, BeatOutcome, HeartbeatConfig, HeartbeatStatus, HeartbeatWorker, LivenessMode,
-    DEFAULT_FAST_INTERVAL_MS, DEFAULT_SLOW_INTERVAL_MS, LIVENESS_SECTION, MAX_SETTING_MS, NAME,
+    AliveLock, BeatOutcome, HeartbeatConfig, HeartbeatStatus, HeartbeatWorker, LiveMetadata,
+    LivenessMode, DEFAULT_FAST_INTERVAL_MS, DEFAULT_SLOW_INTERVAL_MS, LIVENESS_SECTION,
+    MAX_SETTING_MS, NAME,
 };
 
 use std::time::Duration;

@@ -9,10 +9,10 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams,
-    FakeCoordinator, Identity, InstanceId, IsInstanceAliveParams, Liveness, Method, NewWork,
-    Operations, RecordHeartbeatParams, RecordedMetrics, RegisterQueueParams, TakeAliveLockParams,
-    WorkCoordinator, Worker, WorkerError,
+    AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, Condition, EnqueueWorkParams,
+    FakeCoordinator, Identity, InstanceId, IsInstanceAliveParams, ListInstancesParams, Liveness,
+    Method, NewWork, Operations, RecordHeartbeatParams, RecordedMetrics, RegisterQueueParams,
+    TakeAliveLockParams, WorkCoordinator, Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -409,6 +409,85 @@ async fn a_failed_heartbeat_is_counted_and_retried_after_100_ms() {
         recorder.counter(m::HEARTBEATS_TOTAL, &[(m::RESULT, m::OK)]),
         3
     );
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_beat_degrades_the_worker_naming_the_error_and_the_next_recorded_one_heals_it() {
+    let fake = store();
+    let identity = Identity::new();
+    let worker = worker(&fake, &identity, table_only());
+    let health = worker.health();
+    let t0 = Instant::now();
+    let run = start(&worker);
+    sleep_until(t0 + secs(1)).await;
+    assert_eq!(health.condition(), Condition::Healthy);
+
+    // Beats at 10 s and 10.1 s fail; the one at 10.3 s is recorded.
+    fake.fail_next(Method::RecordHeartbeat, 2);
+    sleep_until(t0 + Duration::from_millis(10_150)).await;
+    match health.condition() {
+        Condition::Degraded {
+            last_error,
+            failures,
+            ..
+        } => {
+            assert_eq!(failures, 2);
+            assert!(
+                last_error.starts_with("recording the heartbeat"),
+                "{last_error}"
+            );
+        }
+        other => panic!("expected degraded, got {other:?}"),
+    }
+    sleep_until(t0 + Duration::from_millis(10_350)).await;
+    assert_eq!(
+        calls_at(&fake, Method::RecordHeartbeat, t0),
+        millis(&[0, 10_000, 10_100, 10_300])
+    );
+    assert_eq!(health.condition(), Condition::Healthy);
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn live_metadata_is_read_at_every_beat_beside_the_fixed_keys() {
+    let fake = store();
+    let identity = Identity::new();
+    let beats = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let worker = Arc::new(
+        HeartbeatWorker::new(
+            Arc::new(fake.clone()),
+            identity.clone(),
+            table_only(),
+            Liveness::default(),
+            "test-host".to_owned(),
+            json!({ "role": "test" }),
+        )
+        .with_live_metadata("beat", {
+            let beats = beats.clone();
+            move || json!(beats.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1)
+        }),
+    );
+    let t0 = Instant::now();
+    let run = start(&worker);
+    let metadata = || async {
+        fake.list_instances(ListInstancesParams {})
+            .await
+            .expect("the fake answers")
+            .instances
+            .into_iter()
+            .find(|i| i.instance == identity.current())
+            .expect("the instance is registered")
+            .metadata
+    };
+    sleep_until(t0 + secs(1)).await;
+    let first = metadata().await;
+    assert_eq!(
+        (first["beat"].clone(), first["role"].clone()),
+        (json!(1), json!("test"))
+    );
+    sleep_until(t0 + secs(11)).await;
+    assert_eq!(metadata().await["beat"], json!(2));
     run.stop().await;
 }
 

@@ -104,6 +104,8 @@ pub struct HostConfig {
     pub supervision: SupervisionConfig,
     /// The Prometheus endpoint (`[metrics]`).
     pub metrics: MetricsConfig,
+    /// The health endpoints for probes (`[health]`: `/livez`, `/readyz`, `/health`).
+    pub health: HealthConfig,
     /// Per-queue settings (`[queues.<name>]`); a queue without an entry uses the defaults.
     pub queues: BTreeMap<String, QueueConfig>,
     /// The worker that enqueues the periodic jobs' items (`[scheduler]`).
@@ -134,6 +136,7 @@ impl Default for HostConfig {
             maintenance: MaintenanceConfig::default(),
             supervision: SupervisionConfig::default(),
             metrics: MetricsConfig::default(),
+            health: HealthConfig::default(),
             queues: BTreeMap::new(),
             scheduler: SchedulerConfig::default(),
             periodic: BTreeMap::new(),
@@ -160,6 +163,19 @@ impl Default for MetricsConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9187)),
         }
     }
+}
+
+/// The health endpoints an orchestrator probes (docs/operating.md, "Health"): `/livez` (200
+/// unless the host is unhealthy: a worker gave up or the host stopped with an error; a store
+/// outage keeps it 200), `/readyz` (200 when [`Health::ready`](crate::Health::ready), else
+/// 503) and `/health` (the [`Health`](crate::Health) as JSON; 503 when unhealthy).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Where to serve them (`"0.0.0.0:9091"` for probes from outside the pod's network
+    /// namespace); a port that cannot be bound fails the start. **Default: none (not
+    /// served).**
+    pub listen: Option<SocketAddr>,
 }
 
 /// One queue's settings; unset fields take the defaults (`[lease]` for the lease settings).

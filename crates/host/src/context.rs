@@ -18,8 +18,10 @@
 //! the worker and the tracker, and the context every later factory sees carries that tracker
 //! (the lease factory's own context has none yet).
 //!
-//! What a worker hands back goes through the same context: a factory reports the status
-//! channels behind [`HostHandle::health`](crate::HostHandle::health) and readiness
+//! What a worker hands back goes through the same context: each slot's factory gets a fresh
+//! [`HealthReporter`] ([`health`](WorkerContext::health)) that the worker reports its
+//! condition through (one that never reports is healthy while it runs); a factory reports the
+//! status channels behind [`HostHandle::health`](crate::HostHandle::health) and readiness
 //! ([`report_heartbeat_status`](WorkerContext::report_heartbeat_status),
 //! [`report_claim_status`](WorkerContext::report_claim_status),
 //! [`report_maintenance_status`](WorkerContext::report_maintenance_status)) and the claim
@@ -47,14 +49,14 @@
 //! (arrows stay coordinator ← workers ← host): a factory unpacks it into a worker's own
 //! constructor.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::watch;
 use workpump_claim_worker::{ClaimConfig, ClaimStatus, ClaimWorker, Handlers};
 use workpump_coordinator::{
-    Identity, LeaseTracker, Liveness, PgCoordinator, WorkCoordinator, Worker,
+    HealthReporter, Identity, LeaseTracker, Liveness, PgCoordinator, WorkCoordinator, Worker,
 };
 use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
 use workpump_lease_renewal::LeaseRenewalWorker;
@@ -79,6 +81,10 @@ pub struct WorkerContext {
     config: HostConfig,
     /// The periodic jobs, declared in code and in `[periodic.<name>]`.
     periodic: Vec<PeriodicJob>,
+    /// The health reporter of the slot being built (a fresh one per slot).
+    health: HealthReporter,
+    /// The host's health summary, once the host exists (`health_summary`).
+    summary: Arc<OnceLock<SummarySource>>,
     /// What the factories reported; the host takes it once every slot is built.
     reports: Mutex<Reports>,
 }
@@ -101,6 +107,8 @@ impl WorkerContext {
             handlers,
             config,
             periodic: Vec::new(),
+            health: HealthReporter::new(),
+            summary: Arc::default(),
             reports: Mutex::default(),
         }
     }
@@ -192,6 +200,29 @@ impl WorkerContext {
         }
     }
 
+    /// The health reporter of the slot this factory fills: what
+    /// [`HostHandle::health`](crate::HostHandle::health) shows as this worker's condition
+    /// ([`WorkerHealth::condition`](crate::WorkerHealth::condition)), its parts and its
+    /// queues. Each slot gets its own; the built-in workers take it with `with_health`
+    /// (`HeartbeatWorker::new(..).with_health(ctx.health())`). A worker of your own reports
+    /// [`degraded`](HealthReporter::degraded) when a pass fails and will be retried (a
+    /// transient store error) and [`ok`](HealthReporter::ok) at the next success; one that
+    /// never reports counts as healthy while it runs. Supervision adds its own view: between
+    /// a failed run and its restart the worker is degraded, and stopped once it gave up.
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
+    }
+
+    /// The host's health in brief, as JSON (`{"status": "degraded", "reasons": [...]}`,
+    /// [`Health::summary`](crate::Health::summary)), read when called: the default heartbeat
+    /// factory stores it in the instance's metadata under `"health"` at every beat
+    /// (`HeartbeatWorker::with_live_metadata`), and the dashboard's instances page shows it.
+    /// `null` before the host has started.
+    pub fn health_summary(&self) -> impl Fn() -> Value + Send + Sync + 'static {
+        let summary = self.summary.clone();
+        move || summary.get().map_or(Value::Null, |read| read())
+    }
+
     /// Hands the host the heartbeat worker's status: [`Health::heartbeat_fresh`],
     /// [`Health::alive_lock_held`] and readiness follow it (readiness waits while it says the
     /// last beat is missing or old). Unreported, the heartbeat counts as fresh and the lock
@@ -245,6 +276,17 @@ impl WorkerContext {
         self.periodic = jobs;
     }
 
+    /// Where [`health_summary`](Self::health_summary) reads from, set once the host exists.
+    pub(crate) fn summary_source(&self) -> Arc<OnceLock<SummarySource>> {
+        self.summary.clone()
+    }
+
+    /// Gives the next slot's factory a fresh health reporter, and returns it.
+    pub(crate) fn next_slot_health(&mut self) -> HealthReporter {
+        self.health = HealthReporter::new();
+        self.health.clone()
+    }
+
     pub(crate) fn set_lease_tracker(&mut self, tracker: Arc<dyn LeaseTracker>) {
         self.lease_tracker = Some(tracker);
     }
@@ -256,6 +298,9 @@ pub(crate) type Factory = Box<dyn FnOnce(&WorkerContext) -> Arc<dyn Worker> + Se
 /// A factory for the lease slot: the worker and the tracker it keeps leases for.
 pub(crate) type LeaseFactory =
     Box<dyn FnOnce(&WorkerContext) -> (Arc<dyn Worker>, Arc<dyn LeaseTracker>) + Send>;
+
+/// Reads the host's health summary ([`WorkerContext::health_summary`]).
+pub(crate) type SummarySource = Box<dyn Fn() -> Value + Send + Sync>;
 
 /// What wakes a queue's claim loop ([`WorkerContext::report_wake`]).
 pub(crate) type Wake = Arc<dyn Fn(&str) + Send + Sync>;
@@ -271,7 +316,8 @@ pub(crate) struct Reports {
 
 /// The lease slot's default: the lease-renewal worker and its tracker.
 pub(crate) fn default_lease(ctx: &WorkerContext) -> (Arc<dyn Worker>, Arc<dyn LeaseTracker>) {
-    let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone());
+    let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone())
+        .with_health(ctx.health());
     let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
     (Arc::new(worker), tracker)
 }
@@ -288,7 +334,8 @@ pub(crate) fn default_claim(ctx: &WorkerContext) -> Arc<dyn Worker> {
         ctx.identity(),
         ctx.handlers(),
         ctx.claim_config(),
-    );
+    )
+    .with_health(ctx.health());
     // A claim worker that does not claim (switched off, or no handlers) waits for no
     // registration: readiness does not wait for it.
     if worker.claims() {
@@ -309,7 +356,9 @@ pub(crate) fn default_heartbeat(ctx: &WorkerContext) -> Arc<dyn Worker> {
         *ctx.liveness(),
         ctx.host_name().to_owned(),
         json!({}),
-    );
+    )
+    .with_health(ctx.health())
+    .with_live_metadata("health", ctx.health_summary());
     ctx.report_heartbeat_status(worker.subscribe_status());
     Arc::new(worker)
 }
@@ -322,7 +371,8 @@ pub(crate) fn default_maintenance(ctx: &WorkerContext) -> Arc<dyn Worker> {
         ctx.config().maintenance.clone(),
         *ctx.liveness(),
     )
-    .with_judge(ctx.identity());
+    .with_judge(ctx.identity())
+    .with_health(ctx.health());
     ctx.report_maintenance_status(worker.subscribe_status());
     Arc::new(worker)
 }
@@ -330,9 +380,12 @@ pub(crate) fn default_maintenance(ctx: &WorkerContext) -> Arc<dyn Worker> {
 /// The scheduler slot's default: enqueues the periodic jobs' items (`[scheduler]`), one per
 /// fire time across the fleet.
 pub(crate) fn default_scheduler(ctx: &WorkerContext) -> Arc<dyn Worker> {
-    Arc::new(SchedulerWorker::new(
-        ctx.coordinator(),
-        ctx.periodic_jobs(),
-        ctx.config().scheduler.clone(),
-    ))
+    Arc::new(
+        SchedulerWorker::new(
+            ctx.coordinator(),
+            ctx.periodic_jobs(),
+            ctx.config().scheduler.clone(),
+        )
+        .with_health(ctx.health()),
+    )
 }

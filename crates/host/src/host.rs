@@ -10,9 +10,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use workpump_claim_worker::{ClaimStatus, Gate, Handler, Handlers, QueueSettings};
 use workpump_coordinator::{
-    validate_queue_name, DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome, Enqueued,
-    Identity, InstanceId, IntoWork, LeaseTracker, NewWork, PgCoordinator, RegisterQueueParams,
-    WorkCoordinator, Worker,
+    validate_queue_name, Condition, DatabaseUrl, DeregisterInstanceParams, EnqueueWorkOutcome,
+    Enqueued, HealthReporter, Identity, InstanceId, IntoWork, LeaseTracker, NewWork, PgCoordinator,
+    RegisterQueueParams, WorkCoordinator, Worker,
 };
 use workpump_heartbeat_worker::HeartbeatStatus;
 use workpump_maintenance::MaintenanceStatus;
@@ -24,6 +24,7 @@ use crate::context::{
     default_claim, default_heartbeat, default_lease, default_maintenance, default_scheduler,
     Factory, LeaseFactory, Wake, WorkerContext,
 };
+use crate::health_http;
 use crate::supervise::{supervise, GaveUp};
 use crate::{metrics, HostError};
 
@@ -644,6 +645,7 @@ async fn start(
         .collect();
     let service = config.service.clone();
     let heartbeat_config = config.heartbeat.clone();
+    let config_health_listen = config.health.listen;
 
     // Every slot through the same path: a factory (the user's, else the default) called with
     // one context. The lease slot first: it supplies the tracker the claim worker needs.
@@ -655,20 +657,27 @@ async fn start(
         handlers,
         config,
     );
+    // Each slot's factory sees a fresh health reporter (WorkerContext::health).
+    let lease_health = ctx.next_slot_health();
     let (lease_worker, tracker) = lease.unwrap_or_else(|| Box::new(default_lease))(&ctx);
     ctx.set_lease_tracker(tracker);
+    let claim_health = ctx.next_slot_health();
     let claim = claim.unwrap_or_else(|| Box::new(default_claim))(&ctx);
+    let heartbeat_health = ctx.next_slot_health();
     let heartbeat = heartbeat.unwrap_or_else(|| Box::new(default_heartbeat))(&ctx);
+    let maintenance_health = ctx.next_slot_health();
     let maintenance = maintenance.unwrap_or_else(|| Box::new(default_maintenance))(&ctx);
     // The scheduler only when there is something to schedule (or a factory of the user's).
     let has_periodic = !periodic.is_empty();
     ctx.set_periodic_jobs(periodic);
+    let scheduler_health = ctx.next_slot_health();
     let scheduler = match scheduler {
         Some(factory) => Some(factory(&ctx)),
         None if has_periodic => Some(default_scheduler(&ctx)),
         None => None,
     };
     // What health and enqueue read: only what the factories reported, defaults included.
+    let summary = ctx.summary_source();
     let reports = ctx.into_reports();
     if reports.heartbeat_status.is_none() {
         tracing::info!(
@@ -677,8 +686,14 @@ async fn start(
         );
     }
 
+    // The health endpoints, bound before anything runs so a bad address fails the start.
+    let health_listener = match config_health_listen {
+        Some(addr) => Some(health_http::bind(addr).await?),
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     let (schema_ready_tx, schema_ready) = watch::channel(false);
+    let bootstrap_health = HealthReporter::new();
     let (done_tx, done) = watch::channel(None);
     let client = match &pg {
         Some(pg) => Client::from_pg(pg.clone()),
@@ -697,6 +712,8 @@ async fn start(
         claim_status: reports.claim_status,
         maintenance_status: reports.maintenance_status,
         heartbeat_config,
+        bootstrap_health: bootstrap_health.clone(),
+        health_addr: health_listener.as_ref().and_then(|l| l.local_addr().ok()),
         workers: Default::default(),
     });
 
@@ -707,22 +724,31 @@ async fn start(
     let mut workers = Vec::new();
     // The scheduler produces work: it stops with claiming, when a drain begins.
     let slots = [
-        (claim, claim_token.clone()),
-        (lease_worker, rest_token.clone()),
-        (heartbeat, rest_token.clone()),
-        (maintenance, rest_token.clone()),
+        (claim, claim_token.clone(), claim_health),
+        (lease_worker, rest_token.clone(), lease_health),
+        (heartbeat, rest_token.clone(), heartbeat_health),
+        (maintenance, rest_token.clone(), maintenance_health),
     ]
     .into_iter()
-    .chain(scheduler.map(|s| (s, claim_token.clone())));
-    for (worker, token) in slots {
-        let (running_tx, running_rx) = watch::channel(false);
-        inner
-            .workers
-            .lock()
-            .expect("workers lock")
-            .push((worker.name().to_owned(), running_rx));
-        workers.push((worker, token, running_tx));
+    .chain(scheduler.map(|s| (s, claim_token.clone(), scheduler_health)));
+    for (worker, token, health) in slots {
+        let (running_tx, running) = watch::channel(false);
+        let (supervision_tx, supervision) = watch::channel(Condition::Healthy);
+        inner.workers.lock().expect("workers lock").push(Slot {
+            name: worker.name().to_owned(),
+            running,
+            supervision,
+            health,
+        });
+        workers.push((worker, token, running_tx, supervision_tx));
     }
+    // The heartbeat's metadata carries the health summary (WorkerContext::health_summary).
+    let weak = Arc::downgrade(&inner);
+    let _ = summary.set(Box::new(move || {
+        weak.upgrade().map_or(serde_json::Value::Null, |inner| {
+            HostHandle { inner }.health().summary()
+        })
+    }));
     let host = inner.clone();
     ::metrics::gauge!(metrics::HOST_UP).increment(1.0);
     tokio::spawn(async move {
@@ -735,15 +761,17 @@ async fn start(
             queues,
             service,
             host.shutdown.clone(),
+            host.bootstrap_health.clone(),
         )
         .await;
         let result = if ready {
             schema_ready_tx.send_replace(true);
             let mut supervisors = tokio::task::JoinSet::new();
-            for (i, (worker, token, running)) in workers.into_iter().enumerate() {
+            for (i, (worker, token, running, condition)) in workers.into_iter().enumerate() {
                 let supervision = supervision.clone();
                 supervisors.spawn(async move {
-                    (i == 0, supervise(worker, token, supervision, running).await)
+                    let result = supervise(worker, token, supervision, running, condition).await;
+                    (i == 0, result)
                 });
             }
             run_host(
@@ -764,7 +792,11 @@ async fn start(
         let _ = done_tx.send(Some(result.map_err(Arc::new)));
     });
     tracing::info!("workpump host started as instance {}", identity.current());
-    Ok(HostHandle { inner })
+    let handle = HostHandle { inner };
+    if let Some(listener) = health_listener {
+        tokio::spawn(health_http::serve(listener, handle.clone()));
+    }
+    Ok(handle)
 }
 
 /// A declaration whose settings the store did not apply: say whose settings stay, naming both
@@ -802,6 +834,7 @@ async fn bootstrap(
     queues: Vec<(String, i32)>,
     service: Option<String>,
     shutdown: CancellationToken,
+    health: HealthReporter,
 ) -> bool {
     let mut delay = Duration::from_millis(250);
     let mut logged = false;
@@ -831,9 +864,13 @@ async fn bootstrap(
                 if logged {
                     tracing::info!("the store is ready");
                 }
+                health.ok();
                 return true;
             }
             Err(e) => {
+                health.degraded(format_args!(
+                    "waiting for the store (migrating and registering queues): {e}"
+                ));
                 if !logged {
                     let hint = if migrate && e.to_string().contains("permission denied") {
                         " (this role may not migrate: run the migrations as the migrator and set \
@@ -933,7 +970,22 @@ struct Inner {
     claim_status: Option<watch::Receiver<ClaimStatus>>,
     maintenance_status: Option<watch::Receiver<MaintenanceStatus>>,
     heartbeat_config: workpump_heartbeat_worker::HeartbeatConfig,
-    workers: std::sync::Mutex<Vec<(String, watch::Receiver<bool>)>>,
+    /// Degraded while the schema gate waits for the store.
+    bootstrap_health: HealthReporter,
+    /// Where the health endpoints listen, when served.
+    health_addr: Option<std::net::SocketAddr>,
+    workers: std::sync::Mutex<Vec<Slot>>,
+}
+
+/// One supervised worker, as health reads it.
+struct Slot {
+    name: String,
+    /// Whether a run is in progress.
+    running: watch::Receiver<bool>,
+    /// Supervision's view: degraded between a failure and the restart, stopped once given up.
+    supervision: watch::Receiver<Condition>,
+    /// What the worker reports (its slot's `WorkerContext::health`).
+    health: HealthReporter,
 }
 
 /// A running host. Cheap to clone.
@@ -1069,6 +1121,13 @@ impl HostHandle {
         self.inner.pg.as_ref()
     }
 
+    /// Where the health endpoints (`/livez`, `/readyz`, `/health`) are served, when
+    /// `[health] listen` is set: the bound address (with the port the system chose for port
+    /// 0).
+    pub fn health_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.health_addr
+    }
+
     /// The instance id this host currently runs as.
     pub fn instance(&self) -> InstanceId {
         self.inner.identity.current()
@@ -1095,7 +1154,7 @@ impl HostHandle {
             let workers: Vec<watch::Receiver<bool>> = i
                 .workers
                 .lock()
-                .map(|w| w.iter().map(|(_, r)| r.clone()).collect())
+                .map(|w| w.iter().map(|s| s.running.clone()).collect())
                 .unwrap_or_default();
             let mut any_worker: futures::stream::FuturesUnordered<_> = workers
                 .into_iter()
@@ -1113,24 +1172,44 @@ impl HostHandle {
         }
     }
 
-    /// A readiness and liveness summary for the embedding service's health endpoint.
+    /// A readiness and liveness summary for the embedding service's health endpoint, with
+    /// each worker's and each queue's [`Condition`] and the overall
+    /// [`HealthStatus`](crate::HealthStatus) (docs/operating.md, "Health"). Cheap: it reads
+    /// watch channels, no store call.
     pub fn health(&self) -> crate::Health {
         let i = &self.inner;
         let schema_ready = *i.schema_ready.borrow();
         let heartbeat = i.heartbeat_status.as_ref().map(|s| *s.borrow());
         let claim = i.claim_status.as_ref().map(|s| *s.borrow());
-        let workers: Vec<crate::WorkerHealth> = i
-            .workers
-            .lock()
-            .map(|w| {
-                w.iter()
-                    .map(|(name, running)| crate::WorkerHealth {
-                        name: name.clone(),
-                        running: *running.borrow(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut queues = Vec::new();
+        let workers: Vec<crate::WorkerHealth> =
+            i.workers
+                .lock()
+                .map(|w| {
+                    w.iter()
+                        .map(|slot| {
+                            let reported = slot.health.condition();
+                            let supervision = slot.supervision.borrow().clone();
+                            queues.extend(
+                                slot.health.queues().into_iter().map(|(name, condition)| {
+                                    crate::QueueHealth { name, condition }
+                                }),
+                            );
+                            crate::WorkerHealth {
+                                name: slot.name.clone(),
+                                running: *slot.running.borrow(),
+                                condition: Condition::worst([&supervision, &reported]),
+                                parts: slot
+                                    .health
+                                    .parts()
+                                    .into_iter()
+                                    .map(|(name, condition)| crate::PartHealth { name, condition })
+                                    .collect(),
+                            }
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
         let heartbeat_fresh = match &heartbeat {
             None => true,
             Some(s) => {
@@ -1148,10 +1227,40 @@ impl HostHandle {
         let registered = claim.is_none_or(|c| c.registered.is_some());
         let stopping = i.shutdown.is_cancelled();
         let all_running = workers.iter().all(|w| w.running);
+        let stopped_with_error = match &*i.done.borrow() {
+            Some(Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        // What is not healthy, one line each.
+        let mut reasons = Vec::new();
+        if let Some(e) = &stopped_with_error {
+            reasons.push(format!("host: {e}"));
+        }
+        let schema = i.bootstrap_health.condition();
+        if !schema.is_healthy() {
+            reasons.push(format!("schema: {schema}"));
+        }
+        for w in &workers {
+            if !w.condition.is_healthy() {
+                reasons.push(format!("{}: {}", w.name, w.condition));
+            }
+        }
+        let any_stopped = workers
+            .iter()
+            .any(|w| matches!(w.condition, Condition::Stopped { .. }));
+        let status = if stopped_with_error.is_some() || any_stopped {
+            crate::HealthStatus::Unhealthy
+        } else if !reasons.is_empty() {
+            crate::HealthStatus::Degraded
+        } else {
+            crate::HealthStatus::Healthy
+        };
         crate::Health {
             instance: i.identity.current(),
-            // A worker restarting after a panic is not a dead host; one that gave up is.
-            live: !matches!(*i.done.borrow(), Some(Err(_))),
+            status,
+            // A worker restarting after a failure, or retrying a store that is down, is not a
+            // dead host; one that gave up is.
+            live: status != crate::HealthStatus::Unhealthy,
             ready: schema_ready && registered && heartbeat_fresh && all_running && !stopping,
             schema_ready,
             heartbeat_fresh,
@@ -1162,7 +1271,9 @@ impl HostHandle {
                 .as_ref()
                 .and_then(|s| s.borrow().notification_queue_usage),
             stopping,
+            reasons,
             workers,
+            queues,
         }
     }
 }

@@ -48,6 +48,11 @@
 //!   ([`HostBuilder::periodic`], `[periodic.<name>]`): one item per fire time across the
 //!   fleet (docs/periodic.md).
 //!
+//! [`HostHandle::health`] tells a degraded host (a part fails and retries: a store outage, a
+//! worker restarting) from an unhealthy one (a worker gave up), with the reasons; `[health]
+//! listen` serves it as `/livez`, `/readyz` and `/health` for orchestrator probes
+//! (docs/operating.md, "Health").
+//!
 //! Every metric, with its type, unit and labels, is listed in `docs/metrics.md`; the
 //! [`metrics`] module installs the Prometheus exporter with explicit histogram buckets and
 //! holds the [`metrics::catalog`] a test compares that list with.
@@ -87,7 +92,9 @@
 //! ```
 //!
 //! What the host reads back from its workers also goes through the context, for the built-in
-//! workers and yours alike: the status behind [`HostHandle::health`] and readiness
+//! workers and yours alike: each slot's [`HealthReporter`] ([`WorkerContext::health`]: the
+//! worker's [`Condition`], healthy, degraded with its reason while it retries, or stopped),
+//! the status behind [`HostHandle::health`] and readiness
 //! ([`WorkerContext::report_heartbeat_status`], [`report_claim_status`](WorkerContext::report_claim_status),
 //! [`report_maintenance_status`](WorkerContext::report_maintenance_status)) and what wakes
 //! the claim loops on a local enqueue ([`WorkerContext::report_wake`]). A replacement that
@@ -114,6 +121,7 @@ mod client;
 mod config;
 mod context;
 mod env;
+mod health_http;
 mod host;
 pub mod metrics;
 mod supervise;
@@ -122,7 +130,7 @@ mod trace;
 use std::fmt;
 
 pub use client::Client;
-pub use config::{HostConfig, MetricsConfig, QueueConfig};
+pub use config::{HealthConfig, HostConfig, MetricsConfig, QueueConfig};
 pub use context::WorkerContext;
 pub use host::{Host, HostBuilder, HostHandle};
 pub use supervise::{GaveUp, SupervisionConfig};
@@ -133,9 +141,9 @@ pub use workpump_claim_worker::{
     QueueSettings, ServiceHandler, UnavailableReason, ATTEMPT_SPAN,
 };
 pub use workpump_coordinator::{
-    self as coordinator, CancelReason, EnqueueWorkOutcome, Enqueued, Fence, InstanceId, IntoWork,
-    JobArgs, Liveness, NewWork, Operations, PgCoordinator, Schedule, WorkCoordinator, WorkId,
-    Worker,
+    self as coordinator, CancelReason, Condition, EnqueueWorkOutcome, Enqueued, Fence,
+    HealthReporter, InstanceId, IntoWork, JobArgs, Liveness, NewWork, Operations, PgCoordinator,
+    Schedule, WorkCoordinator, WorkId, Worker,
 };
 pub use workpump_heartbeat_worker::{HeartbeatConfig, LivenessMode};
 pub use workpump_lease_renewal::LeaseConfig;
@@ -171,6 +179,15 @@ pub enum HostError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The health endpoints (`[health] listen`) could not be served.
+    #[error("health: {context}: {source}")]
+    Health {
+        /// What the host was doing (`binding the health endpoints to 127.0.0.1:9091`).
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A worker kept failing.
     #[error("worker {} failed {} times in a row; last: {}", .0.worker, .0.failures, .0.last_error)]
     WorkerGaveUp(GaveUp),
@@ -192,11 +209,17 @@ fn list(problems: &[workpump_coordinator::ConfigProblem]) -> String {
         .join("\n")
 }
 
-/// A readiness and liveness summary (see [`HostHandle::health`]).
+/// A readiness and liveness summary (see [`HostHandle::health`]), served as JSON on
+/// `/health` by the health endpoints (`[health] listen`; docs/operating.md, "Health").
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Health {
     /// The instance id the host runs as now.
     pub instance: InstanceId,
+    /// The overall condition: unhealthy when nothing can make progress (a worker gave up,
+    /// the host stopped with an error), degraded while some part fails and retries (a store
+    /// outage is degraded, never unhealthy), else healthy. [`reasons`](Self::reasons) says
+    /// why when it is not healthy.
+    pub status: HealthStatus,
     /// Ready for work: schema migrated, instance registered for claiming (by the heartbeat
     /// worker's first recorded beat, which the claim worker waits for; only a host that
     /// claims: one with claiming switched off or without handlers — enqueue-only,
@@ -204,8 +227,11 @@ pub struct Health {
     /// never registered, so it claims nothing and is never ready), heartbeat fresh, every
     /// worker running, not draining. A part whose worker reports no status (a replacement that does not report
     /// through its [`WorkerContext`]) counts as fine: readiness then only sees it running.
+    /// During a store outage it turns false once the last recorded beat is too old for its
+    /// cadence (about 12 s at the defaults), and true again at the first beat recorded after.
     pub ready: bool,
-    /// Alive: no worker has given up (a worker restarting after a failure is still alive).
+    /// Alive: [`status`](Self::status) is not unhealthy. A worker restarting after a failure,
+    /// or retrying a store that is down, is still alive; one that gave up is not.
     pub live: bool,
     /// The schema is migrated and the queues registered.
     pub schema_ready: bool,
@@ -227,8 +253,68 @@ pub struct Health {
     pub notification_queue_usage: Option<f64>,
     /// A drain has begun.
     pub stopping: bool,
-    /// Each worker and whether a run of it is in progress.
+    /// What is not healthy, one line each (`heartbeat: degraded since …: recording the
+    /// heartbeat: …`); empty when [`status`](Self::status) is healthy.
+    pub reasons: Vec<String>,
+    /// Each worker: whether a run is in progress, and its condition.
     pub workers: Vec<WorkerHealth>,
+    /// Each queue the claim worker serves, and its claim loop's condition.
+    pub queues: Vec<QueueHealth>,
+}
+
+/// At most this many reasons go into [`Health::summary`], each cut to
+/// [`SUMMARY_REASON_CHARS`] characters.
+pub const SUMMARY_REASONS: usize = 8;
+/// See [`SUMMARY_REASONS`].
+pub const SUMMARY_REASON_CHARS: usize = 240;
+
+impl Health {
+    /// The status and the reasons in brief, as JSON: `{"status": "degraded", "reasons":
+    /// ["heartbeat: degraded since …"]}` (at most [`SUMMARY_REASONS`] reasons, each cut to
+    /// [`SUMMARY_REASON_CHARS`] characters). The heartbeat stores it in the instance's
+    /// metadata under `"health"`, so the dashboard's instances page (and anything that reads
+    /// the instances, `Operations::list_instances`) shows each instance's condition as of its
+    /// last recorded beat.
+    pub fn summary(&self) -> serde_json::Value {
+        let reasons: Vec<String> = self
+            .reasons
+            .iter()
+            .take(SUMMARY_REASONS)
+            .map(|r| {
+                if r.chars().count() > SUMMARY_REASON_CHARS {
+                    let cut: String = r.chars().take(SUMMARY_REASON_CHARS - 1).collect();
+                    format!("{cut}…")
+                } else {
+                    r.clone()
+                }
+            })
+            .collect();
+        serde_json::json!({ "status": self.status, "reasons": reasons })
+    }
+}
+
+/// The overall condition of a host ([`Health::status`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthStatus {
+    /// Every worker and queue is healthy.
+    Healthy,
+    /// Something fails and retries (a store outage, a lost LISTEN connection, a worker
+    /// restarting after a failure): it recovers by itself. Still live.
+    Degraded,
+    /// Nothing can make progress: a worker gave up, or the host stopped with an error.
+    /// Not live: restart the process.
+    Unhealthy,
+}
+
+impl fmt::Display for HealthStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HealthStatus::Healthy => "healthy",
+            HealthStatus::Degraded => "degraded",
+            HealthStatus::Unhealthy => "unhealthy",
+        })
+    }
 }
 
 /// One worker's state.
@@ -238,19 +324,50 @@ pub struct WorkerHealth {
     pub name: String,
     /// Whether a run is in progress (false while restarting).
     pub running: bool,
+    /// The worst of what the worker reports through its slot's
+    /// [`WorkerContext::health`] (its parts and queues included) and supervision's view
+    /// (degraded between a failed run and its restart, stopped once it gave up). A worker
+    /// that reports nothing is healthy while it runs.
+    pub condition: Condition,
+    /// The parts the worker reports separately (the claim worker's `listener` and
+    /// `outcomes`, the scheduler's periodic jobs), each with its condition.
+    pub parts: Vec<PartHealth>,
+}
+
+/// A part of a worker ([`WorkerHealth::parts`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PartHealth {
+    /// Its name.
+    pub name: String,
+    /// Its condition.
+    pub condition: Condition,
+}
+
+/// A queue's claim loop ([`Health::queues`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct QueueHealth {
+    /// The queue.
+    pub name: String,
+    /// Its claim loop's condition: degraded while its claims fail.
+    pub condition: Condition,
 }
 
 impl fmt::Display for Health {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "instance {}: {} (schema {}, heartbeat {}, lock {}, listener {})",
+            "instance {}: {}, {} (schema {}, heartbeat {}, lock {}, listener {})",
             self.instance,
+            self.status,
             if self.ready { "ready" } else { "not ready" },
             self.schema_ready,
             self.heartbeat_fresh,
             self.alive_lock_held,
             self.listener_healthy
-        )
+        )?;
+        for reason in &self.reasons {
+            write!(f, "; {reason}")?;
+        }
+        Ok(())
     }
 }

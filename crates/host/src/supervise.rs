@@ -1,15 +1,17 @@
 //! Supervision: every worker runs under a child token; one that fails or panics is logged,
 //! counted and restarted with exponential backoff and jitter; one that keeps failing ends
-//! the host with an error that names it.
+//! the host with an error that names it. Between a failure and its restart the worker's
+//! supervision condition is degraded (`restarting after: <error>`); once it gave up, stopped.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use workpump_coordinator::{ConfigProblem, Worker};
+use workpump_coordinator::{Condition, ConfigProblem, Worker};
 
 use crate::metrics;
 
@@ -84,21 +86,27 @@ pub struct GaveUp {
 }
 
 /// Runs `worker` until `shutdown`, restarting it when it fails. `running` is true while a
-/// run is in progress (for health reports).
+/// run is in progress, and `condition` says how supervision sees it (for health reports):
+/// healthy while a run is in progress, degraded between a failure and the restart, stopped
+/// once it gave up.
 pub(crate) async fn supervise(
     worker: Arc<dyn Worker>,
     shutdown: CancellationToken,
     config: SupervisionConfig,
     running: watch::Sender<bool>,
+    condition: watch::Sender<Condition>,
 ) -> Result<(), GaveUp> {
     let name = worker.name().to_owned();
     // The series exists from the start, so a first restart shows in `increase()`.
     ::metrics::counter!(metrics::WORKER_RESTARTS, "worker" => name.clone()).increment(0);
     let mut failures = 0u32;
+    // The first failure of the current streak.
+    let mut streak_since = Utc::now();
     loop {
         let token = shutdown.child_token();
         let started = Instant::now();
         running.send_replace(true);
+        condition.send_replace(Condition::Healthy);
         let w = worker.clone();
         let result = tokio::spawn(async move { w.run(token).await }).await;
         running.send_replace(false);
@@ -114,10 +122,16 @@ pub(crate) async fn supervise(
         if started.elapsed() > Duration::from_millis(config.restart_max_ms) {
             failures = 0;
         }
+        if failures == 0 {
+            streak_since = Utc::now();
+        }
         failures += 1;
         ::metrics::counter!(metrics::WORKER_RESTARTS, "worker" => name.clone()).increment(1);
         if failures >= config.max_consecutive_failures {
             tracing::error!("worker {name} failed {failures} times in a row, giving up: {error}");
+            condition.send_replace(Condition::Stopped {
+                why: format!("gave up after {failures} failures in a row; last: {error}"),
+            });
             return Err(GaveUp {
                 worker: name,
                 failures,
@@ -125,6 +139,11 @@ pub(crate) async fn supervise(
             });
         }
         let delay = config.delay(failures);
+        condition.send_replace(Condition::Degraded {
+            since: streak_since,
+            last_error: format!("restarting after: {error}"),
+            failures: failures.into(),
+        });
         tracing::warn!("worker {name} {error}; restarting in {delay:?} (failure {failures})");
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -194,12 +213,14 @@ mod tests {
         });
         let shutdown = CancellationToken::new();
         let (running, rx) = watch::channel(false);
+        let (condition, _) = watch::channel(Condition::Healthy);
         let started = Instant::now();
         let task = tokio::spawn(supervise(
             worker.clone(),
             shutdown.clone(),
             config(),
             running,
+            condition,
         ));
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(worker.runs.load(Ordering::SeqCst), 4);
@@ -218,12 +239,73 @@ mod tests {
             panic: false,
         });
         let (running, _rx) = watch::channel(false);
-        let gave_up = supervise(worker.clone(), CancellationToken::new(), config(), running)
-            .await
-            .unwrap_err();
+        let (condition, seen) = watch::channel(Condition::Healthy);
+        let gave_up = supervise(
+            worker.clone(),
+            CancellationToken::new(),
+            config(),
+            running,
+            condition,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(gave_up.worker, "flaky");
         assert_eq!(gave_up.failures, 5);
         assert!(gave_up.last_error.contains("failure 5"), "{gave_up:?}");
+        let condition = seen.borrow().clone();
+        match condition {
+            Condition::Stopped { why } => assert!(
+                why.contains("gave up after 5 failures") && why.contains("failure 5"),
+                "{why}"
+            ),
+            other => panic!("expected stopped, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn between_a_failure_and_its_restart_the_worker_is_degraded_with_the_error() {
+        let worker = Arc::new(Flaky {
+            runs: AtomicU32::new(0),
+            fail_first: 2,
+            panic: false,
+        });
+        let shutdown = CancellationToken::new();
+        let (running, _rx) = watch::channel(false);
+        let (condition, mut seen) = watch::channel(Condition::Healthy);
+        let task = tokio::spawn(supervise(
+            worker.clone(),
+            shutdown.clone(),
+            config(),
+            running,
+            condition,
+        ));
+        // The first failure: degraded during the ~100 ms restart delay.
+        let degraded = seen
+            .wait_for(|c| matches!(c, Condition::Degraded { .. }))
+            .await
+            .unwrap()
+            .clone();
+        match degraded {
+            Condition::Degraded {
+                last_error,
+                failures,
+                ..
+            } => {
+                assert_eq!(failures, 1);
+                assert!(
+                    last_error.starts_with("restarting after: ")
+                        && last_error.contains("failure 1"),
+                    "{last_error}"
+                );
+            }
+            _ => unreachable!(),
+        }
+        // The third run keeps running: healthy again.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(worker.runs.load(Ordering::SeqCst), 3);
+        assert_eq!(*seen.borrow(), Condition::Healthy);
+        shutdown.cancel();
+        assert_eq!(task.await.unwrap(), Ok(()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -235,7 +317,14 @@ mod tests {
         });
         let shutdown = CancellationToken::new();
         let (running, _rx) = watch::channel(false);
-        let task = tokio::spawn(supervise(worker, shutdown.clone(), config(), running));
+        let (condition, _) = watch::channel(Condition::Healthy);
+        let task = tokio::spawn(supervise(
+            worker,
+            shutdown.clone(),
+            config(),
+            running,
+            condition,
+        ));
         tokio::time::sleep(Duration::from_millis(50)).await;
         shutdown.cancel();
         assert_eq!(task.await.unwrap(), Ok(()));

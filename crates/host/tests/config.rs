@@ -68,6 +68,27 @@ fn the_liveness_section_holds_the_cutoffs_with_none_for_a_rule_turned_off() {
 }
 
 #[test]
+fn the_health_section_sets_where_the_endpoints_listen_and_a_bad_address_is_refused_by_key() {
+    assert_eq!(
+        load("").expect("loads").health.listen,
+        None,
+        "off by default"
+    );
+    let config = load("[health]\nlisten = \"0.0.0.0:9091\"\n").expect("loads");
+    assert_eq!(
+        config.health.listen,
+        Some(std::net::SocketAddr::from(([0, 0, 0, 0], 9091)))
+    );
+    match load("[health]\nlisten = \"port 9091\"\n") {
+        Err(HostError::ConfigLoad(msg)) => {
+            let msg = msg.to_string();
+            assert!(msg.contains("health.listen"), "{msg}")
+        }
+        other => panic!("loaded: {other:?}"),
+    }
+}
+
+#[test]
 fn a_cutoff_still_set_in_heartbeat_or_maintenance_is_refused_naming_its_new_key() {
     for section in ["heartbeat", "maintenance"] {
         for key in ["stale_after_ms", "dead_after_ms", "lock_grace_ms"] {

@@ -1,5 +1,6 @@
-//! The `[liveness]` keys from the environment (`WORKPUMP_LIVENESS__*`), and the former
-//! `WORKPUMP_HEARTBEAT__*` cutoff variables refused naming their new key. One test in its own
+//! The `[liveness]` keys from the environment (`WORKPUMP_LIVENESS__*`), the former
+//! `WORKPUMP_HEARTBEAT__*` cutoff variables refused naming their new key, and
+//! `WORKPUMP_HEALTH__LISTEN`. One test in its own
 //! binary: it sets process-wide environment variables.
 
 use std::time::Duration;
@@ -48,4 +49,12 @@ fn liveness_keys_come_from_the_environment_and_a_moved_variable_is_refused_by_na
         HostConfig::load(None).expect("loads").liveness,
         Liveness::default()
     );
+
+    // The health endpoints like any other section.
+    std::env::set_var("WORKPUMP_HEALTH__LISTEN", "0.0.0.0:9091");
+    assert_eq!(
+        HostConfig::load(None).expect("loads").health.listen,
+        Some(std::net::SocketAddr::from(([0, 0, 0, 0], 9091)))
+    );
+    std::env::remove_var("WORKPUMP_HEALTH__LISTEN");
 }

@@ -12,8 +12,9 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    ConfigProblem, Fence, InstanceId, LeaseSettings, RenewLeasesOutcome, RenewLeasesParams,
-    RenewalStatus, WorkCoordinator, Worker, WorkerError, DEFAULT_LEASE, DEFAULT_MAX_DURATION,
+    ConfigProblem, Fence, HealthReporter, InstanceId, LeaseSettings, RenewLeasesOutcome,
+    RenewLeasesParams, RenewalStatus, WorkCoordinator, Worker, WorkerError, DEFAULT_LEASE,
+    DEFAULT_MAX_DURATION,
 };
 
 use crate::handle::{Admission, Applied, Leases, RenewalRequest, Shared, SkipReason};
@@ -294,6 +295,7 @@ pub struct LeaseRenewalWorker {
     /// Per-run state that must survive a restart of `run`: the channel's receiver and the
     /// requests taken from it but not yet sent (their handles wait for them).
     state: tokio::sync::Mutex<RunState>,
+    health: HealthReporter,
 }
 
 struct RunState {
@@ -335,7 +337,21 @@ impl LeaseRenewalWorker {
                 calls: JoinSet::new(),
                 in_flight: HashMap::new(),
             }),
+            health: HealthReporter::new(),
         }
+    }
+
+    /// Reports through `health` (in a host: the lease slot's reporter,
+    /// `WorkerContext::health`): degraded while `renew_leases` calls fail or time out (the
+    /// handles keep their deadlines meanwhile), healthy again at the next answered call.
+    pub fn with_health(mut self, health: HealthReporter) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// The reporter this worker reports its condition through.
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
     }
 
     /// What dispatchers register their claimed items with. Cheap to clone.
@@ -381,7 +397,7 @@ impl Worker for LeaseRenewalWorker {
                 _ = shutdown.cancelled() => break,
                 joined = st.calls.join_next_with_id(), if !st.calls.is_empty() => {
                     if let Some(joined) = joined {
-                        settle(st, joined);
+                        settle(st, joined, &self.health);
                     }
                 }
                 request = st.rx.recv() => match request {
@@ -409,7 +425,7 @@ impl LeaseRenewalWorker {
         let st = &mut *state;
         let mut counts = RenewalCounts::default();
         while let Some(joined) = st.calls.try_join_next_with_id() {
-            counts += settle(st, joined);
+            counts += settle(st, joined, &self.health);
         }
         self.top_up(st);
         let take = st.pending.len().min(self.max_batch());
@@ -547,13 +563,13 @@ impl LeaseRenewalWorker {
                 joined = st.calls.join_next_with_id() => {
                     let Some(joined) = joined else { break };
                     let done = joined_id(&joined) == id;
-                    counts += settle(st, joined);
+                    counts += settle(st, joined, &self.health);
                     if done {
                         break;
                     }
                 }
                 _ = sleep_until(shortest) => {
-                    counts += abandon(st, id, sent_at);
+                    counts += abandon(st, id, sent_at, &self.health);
                     if st.calls.len() >= 2 {
                         tracing::warn!(
                             "a second renew_leases call outlived its timeout; waiting for one of \
@@ -562,7 +578,7 @@ impl LeaseRenewalWorker {
                         tokio::select! {
                             joined = st.calls.join_next_with_id() => {
                                 if let Some(joined) = joined {
-                                    counts += settle(st, joined);
+                                    counts += settle(st, joined, &self.health);
                                 }
                             }
                             _ = shutdown.cancelled() => {}
@@ -613,12 +629,22 @@ fn release(entries: &[(Fence, Weak<Shared>)]) {
 
 /// Gives up waiting for call `id`: it keeps running; its requests are released so the next
 /// batch can carry them again.
-fn abandon(st: &mut RunState, id: tokio::task::Id, sent_at: Instant) -> RenewalCounts {
+fn abandon(
+    st: &mut RunState,
+    id: tokio::task::Id,
+    sent_at: Instant,
+    health: &HealthReporter,
+) -> RenewalCounts {
     let Some(call) = st.in_flight.get_mut(&id) else {
         return RenewalCounts::default();
     };
     call.abandoned = true;
     release(&call.entries);
+    health.degraded(format_args!(
+        "renewing {} leases: the renew_leases call timed out after {:?}",
+        call.entries.len(),
+        sent_at.elapsed()
+    ));
     ::metrics::counter!(metrics::ABANDONED_CALLS_TOTAL).increment(1);
     ::metrics::counter!(metrics::RENEWAL_CALLS_TOTAL, "outcome" => "timed_out").increment(1);
     ::metrics::histogram!(metrics::RENEWAL_CALL_DURATION_SECONDS)
@@ -645,6 +671,7 @@ fn settle(
         ),
         JoinError,
     >,
+    health: &HealthReporter,
 ) -> RenewalCounts {
     let id = joined_id(&joined);
     let Some(call) = st.in_flight.remove(&id) else {
@@ -670,6 +697,10 @@ fn settle(
                 ::metrics::counter!(metrics::RENEWALS_TOTAL, "result" => "failed_call")
                     .increment(call.entries.len() as u64);
                 counts.failed_call += call.entries.len();
+                health.degraded(format_args!(
+                    "renewing {} leases: {error}",
+                    call.entries.len()
+                ));
             }
             tracing::warn!(
                 leases = call.entries.len(),
@@ -683,6 +714,7 @@ fn settle(
     if !call.abandoned {
         ::metrics::counter!(metrics::RENEWAL_CALLS_TOTAL, "outcome" => "ok").increment(1);
     }
+    health.ok();
     let replies: HashMap<Fence, (RenewalStatus, bool)> = outcome
         .items
         .iter()

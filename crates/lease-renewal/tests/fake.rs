@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
-    AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, EnqueueWorkParams,
+    AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, Condition, EnqueueWorkParams,
     FakeCoordinator, Fence, InstanceId, Method, NewWork, RecordHeartbeatParams,
     RegisterQueueParams, WorkCoordinator, Worker,
 };
@@ -234,6 +234,21 @@ async fn the_token_fires_at_exactly_deadline_minus_grace_when_every_renewal_call
     // Both ticks before the fence were tried; a failed call is not a lost lease.
     assert_eq!(rig.renew_calls(), vec![(secs(20.2), 1), (secs(40.2), 1)]);
     assert!(h.is_expired());
+    // The worker reports the failing calls: degraded, two in a row, with the error.
+    match rig.worker.health().condition() {
+        Condition::Degraded {
+            last_error,
+            failures,
+            ..
+        } => {
+            assert_eq!(failures, 2);
+            assert!(
+                last_error.starts_with("renewing 1 leases: "),
+                "{last_error}"
+            );
+        }
+        other => panic!("expected degraded, got {other:?}"),
+    }
     shutdown.cancel();
     run.await.expect("run ends");
 }

@@ -284,15 +284,27 @@ async fn run_starts_again_after_a_shutdown() {
 // -- failures ---------------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-async fn a_failed_sweep_is_counted_and_the_next_one_still_runs() {
+async fn a_failed_sweep_is_counted_degrades_the_worker_and_the_next_one_still_runs() {
     let recorder = RecordedMetrics::default();
     let _guard = recorder.set_local();
     let fake = store();
     let w = worker(&fake, five_seconds());
+    let health = w.health();
     fake.fail_next(Method::PromoteScheduled, 1);
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
-    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    // Degraded after the failed sweep, naming the step; healthy after the next one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    match health.condition() {
+        workpump_coordinator::Condition::Degraded {
+            last_error,
+            failures: 1,
+            ..
+        } => assert!(last_error.contains("promote_scheduled"), "{last_error}"),
+        other => panic!("expected degraded, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
+    assert_eq!(health.condition(), workpump_coordinator::Condition::Healthy);
     stop(shutdown, task).await;
     assert_eq!(
         call_times(&fake, Method::PromoteScheduled, start),

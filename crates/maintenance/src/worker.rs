@@ -13,8 +13,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, Identity, Liveness,
-    MaintenanceDueOutcome, MaintenanceDueParams, PromoteScheduledParams,
+    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, HealthReporter,
+    Identity, Liveness, MaintenanceDueOutcome, MaintenanceDueParams, PromoteScheduledParams,
     PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth, QueueDepthParams,
     ServerStatusParams, WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
 };
@@ -387,6 +387,8 @@ pub struct MaintenanceWorker {
     last_depth_sample: Mutex<Option<Instant>>,
     /// The (queue, state) gauges published so far, so one that vanished is set back to 0.
     published_depths: Mutex<HashSet<(String, WorkState)>>,
+    /// Degraded while sweeps fail (`with_health`).
+    health: HealthReporter,
 }
 
 impl fmt::Debug for MaintenanceWorker {
@@ -416,7 +418,21 @@ impl MaintenanceWorker {
             status: watch::Sender::new(MaintenanceStatus::default()),
             last_depth_sample: Mutex::new(None),
             published_depths: Mutex::new(HashSet::new()),
+            health: HealthReporter::new(),
         }
+    }
+
+    /// Reports through `health` (in a host: the maintenance slot's reporter,
+    /// `WorkerContext::health`): degraded while sweeps fail (the last error names the failed
+    /// steps), healthy again after the next sweep without a failed step.
+    pub fn with_health(mut self, health: HealthReporter) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// The reporter this worker reports its condition through.
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
     }
 
     /// Sweeps as the instance `identity` currently is: `cleanup_stale_instances` never reaps
@@ -487,8 +503,14 @@ impl Worker for MaintenanceWorker {
                 _ = shutdown.cancelled() => return Ok(()),
                 // A failed sweep was logged and counted inside; the next one runs on time.
                 report = self.run_once() => match report {
-                    Ok(r) => r.dead_peer_pending,
-                    Err(e) => e.report.dead_peer_pending,
+                    Ok(r) => {
+                        self.health.ok();
+                        r.dead_peer_pending
+                    }
+                    Err(e) => {
+                        self.health.degraded(&e);
+                        e.report.dead_peer_pending
+                    }
                 },
             };
             let now = Instant::now();

@@ -217,9 +217,23 @@ async fn a_store_outage_longer_than_the_period_is_a_misfire_and_the_schedule_goe
     let failed = w.run_once(&mut plans).await.expect("logged, not returned");
     assert_eq!(failed.failed, 1);
     assert_eq!(plans.planned(0), Some(planned), "kept for the retry");
+    // The job's part is degraded meanwhile, naming it.
+    let parts = w.health().parts();
+    assert_eq!(parts.len(), 1);
+    assert_eq!(parts[0].0, "tick");
+    match &parts[0].1 {
+        workpump_coordinator::Condition::Degraded { last_error, .. } => {
+            assert!(
+                last_error.starts_with("periodic job \"tick\": "),
+                "{last_error}"
+            )
+        }
+        other => panic!("expected degraded, got {other:?}"),
+    }
     tokio::time::advance(Duration::from_secs(3)).await;
     fake.set_unreachable(false);
     let back = w.run_once(&mut plans).await.expect("back");
+    assert!(w.health().condition().is_healthy());
     assert_eq!((back.enqueued, back.missed), (0, 1), "{back:?}");
     assert!(plans.planned(0).expect("planned") > fake.now());
     tokio::time::sleep_until(plans.next_wake().expect("a wake")).await;

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    ConfigProblem, Error, FirePeriodicOutcome, FirePeriodicParams, FireResult, PeriodicFire,
-    WorkCoordinator, Worker, WorkerError,
+    ConfigProblem, Error, FirePeriodicOutcome, FirePeriodicParams, FireResult, HealthReporter,
+    PeriodicFire, WorkCoordinator, Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -109,6 +109,7 @@ pub struct SchedulerWorker {
     coordinator: Arc<dyn WorkCoordinator>,
     jobs: Arc<[PeriodicJob]>,
     config: SchedulerConfig,
+    health: HealthReporter,
 }
 
 /// What one [`SchedulerWorker::run_once`] did, summed over the jobs it stepped.
@@ -177,7 +178,22 @@ impl SchedulerWorker {
             coordinator,
             jobs: jobs.into(),
             config,
+            health: HealthReporter::new(),
         }
+    }
+
+    /// Reports through `health` (in a host: the scheduler slot's reporter,
+    /// `WorkerContext::health`), one part per periodic job: degraded while its
+    /// `fire_periodic` calls fail (retried after `retry_ms`), healthy again at the next
+    /// answered call.
+    pub fn with_health(mut self, health: HealthReporter) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// The reporter this worker reports its condition through.
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
     }
 
     /// The jobs it runs.
@@ -211,10 +227,15 @@ impl SchedulerWorker {
         report: &mut TickReport,
     ) -> Result<(), Error> {
         let fingerprint = job.fingerprint();
+        let health = self.health.part(job.name());
         let out = match self.call(job, &fingerprint, plan.planned).await {
-            Ok(out) => out,
+            Ok(out) => {
+                health.ok();
+                out
+            }
             Err(e @ Error::Unsupported { .. }) => return Err(e),
             Err(e) => {
+                health.degraded(format_args!("periodic job {:?}: {e}", job.name()));
                 report.failed += 1;
                 warn!(
                     schedule = job.name(),

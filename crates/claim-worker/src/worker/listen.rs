@@ -7,6 +7,8 @@ use super::*;
 pub(super) async fn listen_loop(run: Arc<Run>, stop: CancellationToken) {
     let shared = &run.shared;
     let mut delay = shared.config.base();
+    let health = shared.health.part("listener");
+    let base = shared.config.base();
     loop {
         let opened = tokio::select! {
             _ = stop.cancelled() => return,
@@ -16,6 +18,9 @@ pub(super) async fn listen_loop(run: Arc<Run>, stop: CancellationToken) {
             Ok(l) => l,
             Err(e) => {
                 tracing::debug!("LISTEN unavailable, polling instead: {e}");
+                health.degraded(format_args!(
+                    "LISTEN unavailable, polling every {base:?} instead: {e}"
+                ));
                 run.set_gate(Gate::Unavailable);
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -33,6 +38,7 @@ pub(super) async fn listen_loop(run: Arc<Run>, stop: CancellationToken) {
             match event {
                 Ok(ListenEvent::Connected) => {
                     delay = shared.config.base();
+                    health.ok();
                     run.set_gate(Gate::Healthy);
                     // Anything sent while it was down was missed: catch up.
                     ::metrics::counter!(metrics::WAKES, "source" => "reconnect").increment(1);
@@ -44,9 +50,17 @@ pub(super) async fn listen_loop(run: Arc<Run>, stop: CancellationToken) {
                         n.notify_one();
                     }
                 }
-                Ok(ListenEvent::Disconnected) => run.set_gate(Gate::Unavailable),
+                Ok(ListenEvent::Disconnected) => {
+                    health.degraded(format_args!(
+                        "the LISTEN connection was lost; polling every {base:?} until it is back"
+                    ));
+                    run.set_gate(Gate::Unavailable);
+                }
                 Err(e) => {
                     tracing::debug!("LISTEN reconnect failed: {e}");
+                    health.degraded(format_args!(
+                        "LISTEN reconnect failed, polling every {base:?} instead: {e}"
+                    ));
                     run.set_gate(Gate::Unavailable);
                     tokio::select! {
                         _ = stop.cancelled() => return,

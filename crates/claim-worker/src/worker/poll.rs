@@ -18,6 +18,7 @@ pub(super) async fn claim_loop(
     let mut empty: u32 = 0;
     let mut unknown_reported = false;
     let queue = q.name.clone();
+    let health = shared.health.queue(&queue);
     loop {
         // Registered under the current identity?
         let instance = tokio::select! {
@@ -63,6 +64,7 @@ pub(super) async fn claim_loop(
         }
         let full = match result {
             Ok(out) => {
+                health.ok();
                 let n = out.items.len();
                 let result = if n == 0 { "empty" } else { "items" };
                 ::metrics::counter!(metrics::POLLS, "queue" => queue.clone(), "result" => result)
@@ -113,6 +115,9 @@ pub(super) async fn claim_loop(
                 // and keep polling with backoff until the queue exists.
                 ::metrics::counter!(metrics::POLLS, "queue" => queue.clone(), "result" => "unknown_queue")
                     .increment(1);
+                health.degraded(format_args!(
+                    "claiming from {queue:?}: the store says this queue is not registered"
+                ));
                 if !unknown_reported {
                     tracing::error!(
                         "claiming from {queue:?}: the store says this queue is not registered, so \
@@ -128,6 +133,7 @@ pub(super) async fn claim_loop(
                 ::metrics::counter!(metrics::POLLS, "queue" => queue.clone(), "result" => "error")
                     .increment(1);
                 tracing::warn!("claiming from {queue:?} failed: {e}");
+                health.degraded(format_args!("claiming from {queue:?}: {e}"));
                 empty = empty.saturating_add(1);
                 false
             }
