@@ -579,9 +579,9 @@ fn validate_name(name: &str) -> Result<()> {
 
 /// Where throwaway clusters live: `CARGO_TARGET_DIR` if set (a relative one is taken from the
 /// workspace root, as cargo does); else the cargo target directory the running binary was
-/// built into (tests, examples and xtask run from `<target>/<profile>/...`; cargo marks the
-/// directory with `CACHEDIR.TAG`), which is right also when this crate comes from a registry;
-/// else `<workspace root>/target`.
+/// built into (tests, examples and xtask run from `<target>/<profile>/...`; see
+/// [`cargo_target_of`]), which is right also when this crate comes from a registry; else
+/// `<workspace root>/target`.
 fn target_dir() -> PathBuf {
     if let Some(dir) = env::var_os("CARGO_TARGET_DIR").filter(|dir| !dir.is_empty()) {
         return workspace_root().join(dir);
@@ -593,11 +593,13 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
-/// The cargo target directory holding `exe`: its nearest ancestor with a `CACHEDIR.TAG`.
+/// The cargo target directory holding `exe`: its nearest ancestor with cargo's marks of one,
+/// `.rustc_info.json` (written on every build) or `CACHEDIR.TAG` (written when cargo itself
+/// created the directory).
 fn cargo_target_of(exe: &Path) -> Option<PathBuf> {
     exe.ancestors()
         .skip(1)
-        .find(|dir| dir.join("CACHEDIR.TAG").is_file())
+        .find(|dir| dir.join(".rustc_info.json").is_file() || dir.join("CACHEDIR.TAG").is_file())
         .map(Path::to_owned)
 }
 
@@ -733,7 +735,12 @@ mod tests {
         let exe = env::current_exe().expect("exe");
         let target = cargo_target_of(&exe).expect("a target directory above the test binary");
         assert!(exe.starts_with(&target));
-        assert!(target.join("CACHEDIR.TAG").is_file());
+        assert!(target.join(".rustc_info.json").is_file() || target.join("CACHEDIR.TAG").is_file());
+        // Test binaries live in <target>/<profile>/deps.
+        assert_eq!(
+            exe.parent().and_then(Path::parent).and_then(Path::parent),
+            Some(&*target)
+        );
         assert_eq!(cargo_target_of(Path::new("/no/such/dir/binary")), None);
     }
 
