@@ -26,6 +26,11 @@ CREATE SEQUENCE claim_token_seq AS bigint CACHE 100;
 
 CREATE SEQUENCE work_id_seq AS bigint CACHE 100;
 
+-- The order of the items of one ordering key: drawn by enqueue_work under the key's lock, and
+-- not cached, so that for one key it follows commit order (ids do not: each session caches
+-- its own range of work_id_seq). Drawn only for keyed items.
+CREATE SEQUENCE ordering_seq AS bigint;
+
 -- Queues: a named stream of work with its own settings. Enqueueing to a queue that has no row
 -- here is refused (unknown queue), so a typo never creates work nobody will claim.
 -- owner: the service whose declarations set the queue's settings (register_queue): the first
@@ -140,9 +145,12 @@ CREATE TABLE work (
     -- Every failed attempt: [{attempt, at, instance, error, kind}], oldest first.
     errors           jsonb       NOT NULL DEFAULT '[]',
     unique_key       text,
-    -- The ordering key: items of one queue and key run one at a time, in id order (which is
-    -- their commit order: enqueue_work holds the key's lock until commit). NULL: unordered.
+    -- The ordering key: items of one queue and key run one at a time, in ordering_seq order
+    -- (their commit order: enqueue_work draws it under the key's lock, held until commit).
+    -- NULL: unordered.
     ordering_key     text,
+    -- Its place in its key's order (ordering_seq); set exactly when ordering_key is.
+    ordering_seq     bigint,
     created_at       timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,
     -- An owner without an expiry could never be reclaimed (three-valued logic): impossible.
@@ -158,6 +166,7 @@ CREATE TABLE work (
     CONSTRAINT work_kind_in_range CHECK (kind IS NULL OR length(kind) BETWEEN 1 AND 128),
     CONSTRAINT work_ordering_key_in_range CHECK (ordering_key IS NULL OR length(ordering_key) BETWEEN 1 AND 128),
     -- Only an item of an ordering key waits behind its key's head.
+    CONSTRAINT work_ordering_seq_iff_key CHECK ((ordering_key IS NULL) = (ordering_seq IS NULL)),
     CONSTRAINT work_blocked_has_ordering_key CHECK (state <> 'blocked' OR ordering_key IS NOT NULL),
     CONSTRAINT work_metadata_is_object CHECK (metadata IS NULL OR jsonb_typeof(metadata) = 'object'),
     -- A waiting item never carries a cancel request: fail_work and release_work end a
@@ -188,8 +197,8 @@ CREATE INDEX work_finished ON work (state, finished_at) WHERE finished_at IS NOT
 CREATE UNIQUE INDEX work_unique_key ON work (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked');
 -- ordering keys: a key's unfinished items (and dead letters, which hold their key in a 'hold'
--- queue) in id order. Serves enqueue_work's "does the key have an unfinished item" probe,
+-- queue) in the key's order (ordering_seq). Serves enqueue_work's "does the key have an unfinished item" probe,
 -- ordering_advance's "has the key a head" probe and its "lowest blocked item", and the
 -- operator's list of keys held by a dead head. Unkeyed rows are never in it.
-CREATE INDEX work_ordering ON work (queue, ordering_key, id)
+CREATE INDEX work_ordering ON work (queue, ordering_key, ordering_seq)
     WHERE ordering_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked', 'dead');

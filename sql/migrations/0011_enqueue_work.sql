@@ -30,7 +30,9 @@
 --                   inserts a keyed item `blocked` when its key already has an unfinished item
 --                   (available, scheduled, running, blocked, or a dead letter in a queue that
 --                   holds dead heads) or an earlier item of this batch; otherwise as above.
---                   So for one key, enqueue order is commit order, and ids follow it.
+--                   Each keyed item draws its place in its key's order from ordering_seq
+--                   under the lock, so for one key enqueue order is commit order (ids, drawn
+--                   from a cached sequence, need not follow it across sessions).
 -- Ids are drawn from work_id_seq up front, so each result maps to its input without relying
 -- on the order of RETURNING.
 --
@@ -70,6 +72,7 @@ DECLARE
     v_inserted boolean[];
     v_keyed    boolean;
     v_key_ord  bigint[];
+    v_seq      bigint[];
     r          record;
 BEGIN
     IF v_n = 0 THEN
@@ -125,18 +128,24 @@ BEGIN
                 FROM unnest(p_queues, p_ordering_keys) WITH ORDINALITY AS u(q, k, i)) x
             ORDER BY x.i);
         FOR r IN
-            SELECT DISTINCT u.q, u.k FROM unnest(p_queues, p_ordering_keys) AS u(q, k)
-            WHERE u.k IS NOT NULL
-            ORDER BY u.q COLLATE "C", u.k COLLATE "C"
+            SELECT x.q, x.k FROM (
+                SELECT DISTINCT u.q, u.k FROM unnest(p_queues, p_ordering_keys) AS u(q, k)
+                WHERE u.k IS NOT NULL) x
+            ORDER BY x.q COLLATE "C", x.k COLLATE "C"
         LOOP
             PERFORM ordering_lock(r.q, r.k);
         END LOOP;
+        -- Each keyed item's place in its key's order, drawn under the locks (batch order).
+        v_seq := ARRAY(
+            SELECT CASE WHEN u.k IS NOT NULL THEN nextval('ordering_seq') END
+            FROM unnest(p_ordering_keys) WITH ORDINALITY AS u(k, i)
+            ORDER BY u.i);
     END IF;
 
     v_ids := ARRAY(SELECT nextval('work_id_seq') FROM generate_series(1, v_n));
 
     INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind, metadata,
-                      ordering_key)
+                      ordering_key, ordering_seq)
     SELECT v_ids[t.i], t.q,
            CASE WHEN t.okey IS NOT NULL AND (
                     v_key_ord[t.i] > 1
@@ -147,7 +156,7 @@ BEGIN
                     THEN 'blocked'::work_state
                 WHEN t.due <= v_now THEN 'available'::work_state
                 ELSE 'scheduled'::work_state END,
-           coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due, t.p, t.ukey, t.k, t.md, t.okey
+           coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due, t.p, t.ukey, t.k, t.md, t.okey, v_seq[t.i]
     FROM (
         SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
                          WHEN u.ra IS NOT NULL THEN v_now + u.ra

@@ -10,8 +10,8 @@
 --   'retry'   a dead letter -> available, due now, attempts reset (retry_dead_work);
 --             its queue's claimers are woken unless the queue is paused; a dead letter of an
 --             ordering key whose key has another head meanwhile (a 'skip' queue ran the next
---             item), or behind a lower id of its key retried in the same call, goes to
---             blocked instead and runs when its turn comes (lowest id first);
+--             item), or behind an earlier item of its key retried in the same call, goes to
+--             blocked instead and runs when its turn comes (in its key's order);
 --   'cancel'  available, scheduled or blocked -> cancelled at once; running -> cancel
 --             requested (cancel_work);
 --   'discard' a finished item (completed, dead, cancelled) -> deleted (discard_work);
@@ -85,10 +85,11 @@ BEGIN
     -- The ordering locks of the items' keys, before any row lock (see the header).
     IF p_action <> 'run_now' THEN
         FOR r IN
-            SELECT DISTINCT w.queue AS q, w.ordering_key AS k FROM work w
-            WHERE w.id = ANY (p_ids) AND w.ordering_key IS NOT NULL
-              AND (p_action <> 'cancel' OR w.state <> 'running')
-            ORDER BY 1 COLLATE "C", 2 COLLATE "C"
+            SELECT x.q, x.k FROM (
+                SELECT DISTINCT w.queue AS q, w.ordering_key AS k FROM work w
+                WHERE w.id = ANY (p_ids) AND w.ordering_key IS NOT NULL
+                  AND (p_action <> 'cancel' OR w.state <> 'running')) x
+            ORDER BY x.q COLLATE "C", x.k COLLATE "C"
         LOOP
             PERFORM ordering_lock(r.q, r.k);
             v_kq := v_kq || r.q;
@@ -102,7 +103,7 @@ BEGIN
             FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
             ORDER BY u.id, u.ord
         ), locked AS MATERIALIZED (
-            SELECT w.id, w.state, w.queue, w.unique_key, w.ordering_key
+            SELECT w.id, w.state, w.queue, w.unique_key, w.ordering_key, w.ordering_seq
             FROM work w
             WHERE w.id IN (SELECT req.id FROM req)
             ORDER BY w.id
@@ -141,7 +142,7 @@ BEGIN
                                                       WHERE qs.name = o.queue AND qs.ordering_dead_head = 'hold'))))
                        OR EXISTS (SELECT 1 FROM locked l2
                                   WHERE l2.state = 'dead' AND l2.queue = l.queue
-                                    AND l2.ordering_key = l.ordering_key AND l2.id < l.id))
+                                    AND l2.ordering_key = l.ordering_key AND l2.ordering_seq < l.ordering_seq))
                        AS behind
             FROM req r LEFT JOIN locked l ON l.id = r.id
         ), retried AS (

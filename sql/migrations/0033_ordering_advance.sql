@@ -2,7 +2,7 @@
 -- ordering_advance(queues, keys) -> integer
 --
 -- Ordering keys (docs/ordering.md): the items of one queue and ordering key run one at a time,
--- in id order. A key's head is its item that may run: the one available, scheduled or running
+-- in their key's order (ordering_seq: commit order). A key's head is its item that may run: the one available, scheduled or running
 -- (at most one), or, in a queue whose ordering_dead_head is 'hold', a dead letter of the key.
 -- Every later item of the key waits `blocked`. Only the transitions that end a head hand the
 -- key on, and each does it in its own transaction by calling ordering_advance with the keys
@@ -16,13 +16,15 @@
 -- is all alive_lock_held_keys() reads; keep it so. A hash collision between two keys only
 -- serializes them more than needed. (The namespace constant is written only here.)
 -- Taken by enqueue_work for each key it inserts (sorted, so two batches never deadlock) and by
--- ordering_advance. Because enqueue_work holds it until its transaction commits, the ids of
--- one key are in commit order, and a later enqueue of the key sees every earlier one.
+-- ordering_advance. Because enqueue_work draws ordering_seq under it and holds it until its
+-- transaction commits, the order of one key is its commit order, and a later enqueue of the
+-- key sees every earlier one.
 --
 -- ordering_advance: for each distinct (queue, key) pair given (NULL keys ignored; an unkeyed
 -- row costs nothing), in sorted order: takes the key's lock, then, in a statement of its own
 -- (so that under READ COMMITTED it sees everything committed before it got the lock), looks
--- for a head; when there is none, the key's lowest-id blocked item becomes its head:
+-- for a head; when there is none, the key's first blocked item (lowest ordering_seq) becomes
+-- its head:
 -- available, due now (run_at = greatest(run_at, now()), so its pickup lag measures the queue,
 -- not the wait behind its key), or scheduled when its run_at is still ahead. A promoted
 -- available item wakes its queue's claimers (pg_notify(<schema>.wake, queue), unless paused).
@@ -66,10 +68,11 @@ BEGIN
             MESSAGE = 'ordering_advance: queues and keys must have the same length';
     END IF;
     FOR r IN
-        SELECT DISTINCT u.q, u.k
-        FROM unnest(p_queues, p_keys) AS u(q, k)
-        WHERE u.q IS NOT NULL AND u.k IS NOT NULL
-        ORDER BY u.q COLLATE "C", u.k COLLATE "C"
+        SELECT x.q, x.k FROM (
+            SELECT DISTINCT u.q, u.k
+            FROM unnest(p_queues, p_keys) AS u(q, k)
+            WHERE u.q IS NOT NULL AND u.k IS NOT NULL) x
+        ORDER BY x.q COLLATE "C", x.k COLLATE "C"
     LOOP
         PERFORM ordering_lock(r.q, r.k);
         SELECT q.ordering_dead_head = 'hold' INTO v_hold FROM queues q WHERE q.name = r.q;
@@ -88,7 +91,7 @@ BEGIN
         WHERE w.id = (
             SELECT b.id FROM work b
             WHERE b.queue = r.q AND b.ordering_key = r.k AND b.state = 'blocked'
-            ORDER BY b.id
+            ORDER BY b.ordering_seq
             LIMIT 1
             FOR UPDATE)
         RETURNING w.state INTO v_state;

@@ -37,7 +37,7 @@ BEGIN
           -- the key's lowest blocked item ...
           AND NOT EXISTS (SELECT 1 FROM work e
                           WHERE e.queue = b.queue AND e.ordering_key = b.ordering_key
-                            AND e.state = 'blocked' AND e.id < b.id)
+                            AND e.state = 'blocked' AND e.ordering_seq < b.ordering_seq)
           -- ... of a key without a head
           AND NOT EXISTS (SELECT 1 FROM work h
                           WHERE h.queue = b.queue AND h.ordering_key = b.ordering_key

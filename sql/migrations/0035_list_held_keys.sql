@@ -1,7 +1,7 @@
 -- list_held_keys(queue, limit) -> setof (queue, ordering_key, dead_id, blocked)
 --
 -- The ordering keys held by a dead head (docs/ordering.md): in queues whose ordering_dead_head
--- is 'hold', each key with a dead letter, one row per key: its lowest-id dead letter (retry it
+-- is 'hold', each key with a dead letter, one row per key: its first dead letter (retry it
 -- with retry_dead_work or drop it with discard_work to release the key) and how many items
 -- wait blocked behind it. Keys in id order of their dead letter, at most `limit`.
 -- Arguments: queue NULL (every queue) or a queue name; 1 <= limit <= 10000 (WP002 otherwise).
@@ -30,7 +30,7 @@ BEGIN
         JOIN queues q ON q.name = d.queue AND q.ordering_dead_head = 'hold'
         WHERE d.state = 'dead' AND d.ordering_key IS NOT NULL
           AND (p_queue IS NULL OR d.queue = p_queue)
-        ORDER BY d.queue, d.ordering_key, d.id
+        ORDER BY d.queue, d.ordering_key, d.ordering_seq
     ) k
     ORDER BY k.id
     LIMIT p_limit;

@@ -568,6 +568,7 @@ pub(crate) async fn settings(
     let changed = args.max_attempts.is_some() || owner.is_some();
     let now = ops
         .set_queue_settings(SetQueueSettingsParams {
+            ordering_dead_head: None,
             queue: args.queue.clone(),
             max_attempts: args.max_attempts,
             owner,

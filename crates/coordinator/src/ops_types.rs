@@ -737,6 +737,9 @@ pub struct SetQueueSettingsParams {
     /// `Some(Some(service))` hands the settings to that service, `Some(None)` to nobody (the
     /// next named declarer adopts them), `None` keeps the owner.
     pub owner: Option<Option<String>>,
+    /// What a dead head of an ordering key does from now on (docs/ordering.md); `None` keeps
+    /// it.
+    pub ordering_dead_head: Option<crate::OrderingDeadHead>,
 }
 
 impl SetQueueSettingsParams {
@@ -759,4 +762,64 @@ pub struct SetQueueSettingsOutcome {
     pub owner: Option<String>,
     /// The queue's default attempt limit.
     pub max_attempts: i32,
+    /// What a dead head of an ordering key does in the queue.
+    pub ordering_dead_head: crate::OrderingDeadHead,
+}
+
+// ---------------------------------------------------------------------------------------------
+// list_held_keys
+
+/// Lists the ordering keys held by a dead head (queues whose `ordering_dead_head` is `hold`).
+#[derive(Clone, Debug)]
+pub struct ListHeldKeysParams {
+    /// One queue, or `None` for every queue.
+    pub queue: Option<String>,
+    /// At most this many keys, 1 to 10 000. **Default: 100.**
+    pub limit: u32,
+}
+
+impl Default for ListHeldKeysParams {
+    fn default() -> Self {
+        ListHeldKeysParams {
+            queue: None,
+            limit: 100,
+        }
+    }
+}
+
+impl ListHeldKeysParams {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(q) = &self.queue {
+            crate::validate::validate_queue_name(q)?;
+        }
+        if !(1..=crate::MAX_SWEEP_BATCH).contains(&self.limit) {
+            return Err(Error::InvalidArgument(format!(
+                "list_held_keys: limit must be between 1 and {}, got {}",
+                crate::MAX_SWEEP_BATCH,
+                self.limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One ordering key held by a dead letter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeldKey {
+    /// Its queue.
+    pub queue: String,
+    /// The key.
+    pub ordering_key: String,
+    /// The dead letter that holds it (its lowest-id one): retry it (`retry_dead_work`) or
+    /// discard it (`discard_work`) to release the key.
+    pub dead_id: WorkId,
+    /// Items of the key waiting behind it.
+    pub blocked: u64,
+}
+
+/// The result of `list_held_keys`: the keys in id order of their dead letter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ListHeldKeysOutcome {
+    /// The held keys.
+    pub keys: Vec<HeldKey>,
 }

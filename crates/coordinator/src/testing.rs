@@ -138,6 +138,7 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
     for name in ["emails", "reports"] {
         store
             .register_queue(RegisterQueueParams {
+                ordering_dead_head: Default::default(),
                 max_attempts: 3,
                 ..RegisterQueueParams::new(name)
             })

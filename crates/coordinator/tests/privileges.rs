@@ -285,6 +285,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("register_queue");
     c.register_queue(RegisterQueueParams {
+        ordering_dead_head: Default::default(),
         max_attempts: 3,
         ..RegisterQueueParams::new(QUEUE)
     })
@@ -532,6 +533,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .expect("bulk_work_matching");
     }
     c.set_queue_settings(SetQueueSettingsParams {
+        ordering_dead_head: None,
         queue: QUEUE.into(),
         max_attempts: None,
         owner: Some(Some("ops".into())),

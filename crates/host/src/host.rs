@@ -815,6 +815,7 @@ async fn bootstrap(
             for (name, max_attempts) in &queues {
                 let stored = coordinator
                     .register_queue(RegisterQueueParams {
+                        ordering_dead_head: Default::default(),
                         name: name.clone(),
                         max_attempts: *max_attempts,
                         owner: service.clone(),

@@ -100,6 +100,7 @@ fn call_times(fake: &FakeCoordinator, method: Method, start: Instant) -> Vec<Dur
 
 async fn queue(fake: &FakeCoordinator, name: &str, max_attempts: i32) {
     fake.register_queue(RegisterQueueParams {
+        ordering_dead_head: Default::default(),
         name: name.into(),
         max_attempts,
         owner: None,

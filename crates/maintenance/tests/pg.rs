@@ -39,6 +39,7 @@ impl Store {
     async fn queue(&self, name: &str, max_attempts: i32) {
         self.coordinator
             .register_queue(RegisterQueueParams {
+                ordering_dead_head: Default::default(),
                 name: name.into(),
                 max_attempts,
                 owner: None,
