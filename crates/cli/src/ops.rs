@@ -26,8 +26,8 @@ pub(crate) struct FilterArgs {
     /// In this queue (repeat for several).
     #[arg(long = "queue", value_name = "QUEUE")]
     queues: Vec<String>,
-    /// In this state: available, scheduled, running, completed, dead, cancelled (repeat for
-    /// several).
+    /// In this state: available, scheduled, running, blocked, completed, dead, cancelled
+    /// (repeat for several).
     #[arg(long = "state", value_name = "STATE", value_parser = parse_state)]
     states: Vec<WorkState>,
     /// Of this job kind (repeat for several; an untyped item has none).
@@ -80,7 +80,7 @@ impl FilterArgs {
 fn parse_state(name: &str) -> Result<WorkState, String> {
     WorkState::parse(name).ok_or_else(|| {
         format!(
-            "unknown state {name:?}: one of available, scheduled, running, completed, dead, cancelled"
+            "unknown state {name:?}: one of available, scheduled, running, blocked, completed, dead, cancelled"
         )
     })
 }
@@ -205,6 +205,7 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
                 q.available.to_string(),
                 q.scheduled.to_string(),
                 q.running.to_string(),
+                q.blocked.to_string(),
                 q.pickup_lag.map_or_else(|| "-".to_owned(), secs),
                 format!("{:.1}", q.completed_per_minute.per_minute),
                 format!("{:.1}", q.failed_per_minute),
@@ -223,6 +224,7 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
             "available",
             "scheduled",
             "running",
+            "blocked",
             "lag",
             "done/min",
             "failed/min",

@@ -1778,10 +1778,11 @@ impl WorkCoordinator for FakeCoordinator {
 
     async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
         self.enter(Method::QueueDepth, 0).await?;
-        const STATES: [WorkState; 3] = [
+        const STATES: [WorkState; 4] = [
             WorkState::Available,
             WorkState::Scheduled,
             WorkState::Running,
+            WorkState::Blocked,
         ];
         let now = self.now();
         let st = self.state();
@@ -1797,7 +1798,8 @@ impl WorkCoordinator for FakeCoordinator {
             if let Some(i) = STATES.iter().position(|s| *s == r.state) {
                 let (items, oldest) = counts.entry((r.queue.clone(), i as u8)).or_default();
                 *items += 1;
-                if r.state != WorkState::Running && r.run_at <= now {
+                if matches!(r.state, WorkState::Available | WorkState::Scheduled) && r.run_at <= now
+                {
                     *oldest = Some(oldest.map_or(r.run_at, |o| o.min(r.run_at)));
                 }
             }
@@ -2108,6 +2110,7 @@ impl Operations for FakeCoordinator {
                     available: of(WorkState::Available),
                     scheduled: of(WorkState::Scheduled),
                     running: of(WorkState::Running),
+                    blocked: of(WorkState::Blocked),
                     completed,
                     dead,
                     cancelled,
@@ -2214,8 +2217,7 @@ impl Operations for FakeCoordinator {
                         matches!(
                             r.state,
                             WorkState::Available | WorkState::Scheduled | WorkState::Blocked
-                        )
-                            || (r.state == WorkState::Running && !r.cancel_requested)
+                        ) || (r.state == WorkState::Running && !r.cancel_requested)
                     }
                     BulkAction::Discard => r.state.is_finished(),
                     BulkAction::RunNow => r.state == WorkState::Scheduled,

@@ -446,6 +446,8 @@ pub struct QueueOverview {
     pub scheduled: u64,
     /// Leased or orphaned (exact).
     pub running: u64,
+    /// Waiting behind the head of their ordering key (exact).
+    pub blocked: u64,
     /// Completed and not yet pruned.
     pub completed: Count,
     /// Dead letters.

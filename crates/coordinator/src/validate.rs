@@ -11,8 +11,7 @@ use crate::error::{Error, Result};
 use crate::types::*;
 use crate::{
     MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH, MAX_KIND_CHARS, MAX_LEASE, MAX_ORDERING_KEY_CHARS,
-    MAX_PAYLOAD_BYTES,
-    MAX_PAYLOAD_DEPTH, MAX_SCHEDULE_AHEAD, MAX_UNIQUE_KEY_BYTES,
+    MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, MAX_SCHEDULE_AHEAD, MAX_UNIQUE_KEY_BYTES,
 };
 
 /// Checks a queue name: 1 to 128 characters from `A-Z a-z 0-9 _ . : -`, starting with a

@@ -10,6 +10,7 @@ use super::helpers::*;
 use super::Harness;
 use crate::ops_types::*;
 use crate::types::*;
+use WorkState::{Available, Blocked, Cancelled, Completed, Dead};
 
 fn keyed(q: &str, key: &str, n: i64) -> NewWork {
     NewWork::new(q, json!({ "n": n })).ordering_key(key)
@@ -35,8 +36,6 @@ async fn set_dead_head(h: &dyn Harness, q: &str, mode: OrderingDeadHead) {
         .expect("set ordering_dead_head");
 }
 
-use WorkState::{Available, Blocked, Cancelled, Completed, Dead, Running};
-
 /// Items of one key run one at a time in enqueue order (within a batch and across batches);
 /// items of other keys, and unkeyed items, are claimable beside them.
 pub async fn keyed_items_run_one_at_a_time_in_enqueue_order(h: &dyn Harness) {
@@ -53,10 +52,19 @@ pub async fn keyed_items_run_one_at_a_time_in_enqueue_order(h: &dyn Harness) {
     let first = claim(h, me, &["q"], 10).await;
     let mut claimed: Vec<WorkId> = first.items.iter().map(|c| c.fence.id).collect();
     claimed.sort();
-    assert_eq!(claimed, vec![a[0], b[0], free[0]], "one head per key, and the unkeyed item");
+    assert_eq!(
+        claimed,
+        vec![a[0], b[0], free[0]],
+        "one head per key, and the unkeyed item"
+    );
 
     let order = [a[0], a[1], a2[0]];
-    let mut fence = first.items.iter().find(|c| c.fence.id == a[0]).unwrap().fence;
+    let mut fence = first
+        .items
+        .iter()
+        .find(|c| c.fence.id == a[0])
+        .unwrap()
+        .fence;
     for next in &order[1..] {
         assert!(
             claim(h, me, &["q"], 10).await.items.is_empty(),
@@ -65,7 +73,10 @@ pub async fn keyed_items_run_one_at_a_time_in_enqueue_order(h: &dyn Harness) {
         complete(h, me, vec![fence]).await;
         let got = claim(h, me, &["q"], 10).await;
         assert_eq!(got.items.len(), 1);
-        assert_eq!(got.items[0].fence.id, *next, "the next of the key, in enqueue order");
+        assert_eq!(
+            got.items[0].fence.id, *next,
+            "the next of the key, in enqueue order"
+        );
         fence = got.items[0].fence;
     }
     complete(h, me, vec![fence]).await;
@@ -95,7 +106,10 @@ pub async fn a_retrying_head_keeps_its_key(h: &dyn Harness) {
     h.set_run_at(ids[0], chrono::Duration::seconds(-1)).await;
     let again = claim(h, me, &["q"], 10).await;
     assert_eq!(again.items.len(), 1);
-    assert_eq!(again.items[0].fence.id, ids[0], "the head again, not the next");
+    assert_eq!(
+        again.items[0].fence.id, ids[0],
+        "the head again, not the next"
+    );
     complete(h, me, vec![again.items[0].fence]).await;
     assert_eq!(row(h, ids[1]).await.state, Available);
 }
@@ -166,7 +180,11 @@ pub async fn a_dead_head_is_skipped_in_a_skip_queue(h: &dyn Harness) {
     assert_eq!(running.id, ids[1]);
 
     retry(h, ids[0]).await.expect("retry");
-    assert_eq!(row(h, ids[0]).await.state, Blocked, "behind the running head");
+    assert_eq!(
+        row(h, ids[0]).await.state,
+        Blocked,
+        "behind the running head"
+    );
     complete(h, me, vec![running]).await;
     assert_eq!(
         states(h, &[ids[0], late]).await,
@@ -226,8 +244,10 @@ pub async fn an_expired_last_attempt_of_a_head_follows_the_dead_head_rule(h: &dy
     let skipped = enqueue(h, vec![keyed("skip", "k", 0), keyed("skip", "k", 1)]).await;
     let a = claim_one(h, me, "hold").await.fence;
     let b = claim_one(h, me, "skip").await.fence;
-    h.set_lease_expiry(a.id, chrono::Duration::seconds(-5)).await;
-    h.set_lease_expiry(b.id, chrono::Duration::seconds(-5)).await;
+    h.set_lease_expiry(a.id, chrono::Duration::seconds(-5))
+        .await;
+    h.set_lease_expiry(b.id, chrono::Duration::seconds(-5))
+        .await;
     dead_letter(h, 100).await;
     assert_eq!(states(h, &held).await, vec![Dead, Blocked]);
     assert_eq!(states(h, &skipped).await, vec![Dead, Available]);
@@ -308,7 +328,10 @@ pub async fn enqueue_racing_completion_never_strands_a_key(h: &dyn Harness) {
     let mut done = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while done.len() < 60 {
-        assert!(tokio::time::Instant::now() < deadline, "the key drained in time");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the key drained in time"
+        );
         let got = claim(h, me, &["q"], 10).await;
         assert!(got.items.len() <= 1, "one item of the key at a time");
         for item in got.items {

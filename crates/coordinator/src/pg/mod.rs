@@ -1039,10 +1039,7 @@ impl WorkCoordinator for PgCoordinator {
             .fetch_one(self.control().await?)
             .await
             .map_err(|e| {
-                self.db_error(
-                    format!("repairing up to {} ordering keys", params.limit),
-                    e,
-                )
+                self.db_error(format!("repairing up to {} ordering keys", params.limit), e)
             })?;
         Ok(OrderingRepairOutcome {
             repaired: repaired.max(0) as u64,
@@ -1358,6 +1355,7 @@ impl Operations for PgCoordinator {
                 available: r.available.max(0) as u64,
                 scheduled: r.scheduled.max(0) as u64,
                 running: r.running.max(0) as u64,
+                blocked: r.blocked.max(0) as u64,
                 completed: Count {
                     items: r.completed.max(0) as u64,
                     exact: r.completed_exact,
@@ -1626,6 +1624,7 @@ struct OverviewRow {
     available: i64,
     scheduled: i64,
     running: i64,
+    blocked: i64,
     completed: i64,
     completed_exact: bool,
     dead: i64,
