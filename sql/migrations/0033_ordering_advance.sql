@@ -79,8 +79,8 @@ BEGIN
         IF EXISTS (
             SELECT 1 FROM work h
             WHERE h.queue = r.q AND h.ordering_key = r.k
-              AND (h.state IN ('available', 'scheduled', 'running')
-                   OR (h.state = 'dead' AND coalesce(v_hold, true)))
+              AND h.state IN ('available', 'scheduled', 'running', 'dead')
+              AND (h.state <> 'dead' OR coalesce(v_hold, true))
         ) THEN
             CONTINUE;
         END IF;
