@@ -9,8 +9,8 @@ use serde::Serialize;
 use workpump_coordinator::{
     BulkAction, BulkItem, BulkResult, BulkTotals, BulkWorkMatchingParams, BulkWorkParams,
     GetWorkParams, InstanceId, ListInstancesParams, ListWorkOutcome, ListWorkParams, Operations,
-    PauseQueueParams, QueueOverviewParams, ResumeQueueParams, SetQueueSettingsParams, WorkFilter,
-    WorkState, MAX_BULK_BATCH, MAX_PAGE_SIZE,
+    OrderingDeadHead, PauseQueueParams, QueueOverviewParams, ResumeQueueParams,
+    SetQueueSettingsParams, WorkFilter, WorkState, MAX_BULK_BATCH, MAX_PAGE_SIZE,
 };
 
 use crate::failure::{ExitCode, Failure};
@@ -162,6 +162,15 @@ pub(crate) struct SettingsArgs {
     /// Hand them to nobody: the next service that declares the queue adopts them.
     #[arg(long)]
     no_owner: bool,
+    /// What a dead head of an ordering key does: `hold` (the key waits for an operator) or
+    /// `skip` (the next item runs); docs/ordering.md.
+    #[arg(long, value_parser = parse_dead_head)]
+    ordering_dead_head: Option<OrderingDeadHead>,
+}
+
+fn parse_dead_head(name: &str) -> Result<OrderingDeadHead, String> {
+    OrderingDeadHead::parse(name)
+        .map_err(|_| format!("unknown ordering_dead_head {name:?}: hold or skip"))
 }
 
 #[derive(Debug, Args)]
@@ -567,10 +576,11 @@ pub(crate) async fn settings(
         (None, true) => Some(None),
         (None, false) => None,
     };
-    let changed = args.max_attempts.is_some() || owner.is_some();
+    let changed =
+        args.max_attempts.is_some() || owner.is_some() || args.ordering_dead_head.is_some();
     let now = ops
         .set_queue_settings(SetQueueSettingsParams {
-            ordering_dead_head: None,
+            ordering_dead_head: args.ordering_dead_head,
             queue: args.queue.clone(),
             max_attempts: args.max_attempts,
             owner,
@@ -582,14 +592,16 @@ pub(crate) async fn settings(
             "queue": args.queue,
             "max_attempts": now.max_attempts,
             "owner": now.owner,
+            "ordering_dead_head": now.ordering_dead_head,
         }));
     } else {
         println!(
-            "queue {:?}{}: max_attempts {}, owner {}",
+            "queue {:?}{}: max_attempts {}, owner {}, ordering_dead_head {}",
             args.queue,
             if changed { " now" } else { "" },
             now.max_attempts,
-            now.owner.as_deref().unwrap_or("nobody")
+            now.owner.as_deref().unwrap_or("nobody"),
+            now.ordering_dead_head
         );
     }
     Ok(())

@@ -550,6 +550,27 @@ async fn retry_cancel_discard_pause_and_resume_change_what_they_say_and_refuse_t
     assert!(shown.contains("max_attempts 7, owner billing"), "{shown}");
     let freed = json_of(url, &["settings", "emails", "--no-owner"], 0);
     assert_eq!(freed["owner"], Value::Null);
+    assert_eq!(freed["ordering_dead_head"], "hold");
+    let skip = json_of(
+        url,
+        &["settings", "emails", "--ordering-dead-head", "skip"],
+        0,
+    );
+    assert_eq!(skip["ordering_dead_head"], "skip");
+    let bad = workpump(&[
+        "settings",
+        "emails",
+        "--ordering-dead-head",
+        "drop",
+        "--database-url",
+        url,
+    ]);
+    expect_code(&bad, 2);
+    assert!(
+        text(&bad.stderr).contains("hold or skip"),
+        "{}",
+        text(&bad.stderr)
+    );
     let refused = workpump(&[
         "settings",
         "emails",

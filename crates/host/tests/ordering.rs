@@ -113,7 +113,7 @@ async fn keyed_items_run_one_at_a_time_in_enqueue_order_and_keys_run_side_by_sid
         .flat_map(|k| std::iter::repeat_n(k, PER_KEY as usize))
         .collect();
     picks.shuffle(&mut rand::rng());
-    let mut next_seq = vec![0u32; KEYS];
+    let mut next_seq = [0u32; KEYS];
     let items: Vec<NewWork> = picks
         .iter()
         .map(|&k| {
@@ -122,7 +122,7 @@ async fn keyed_items_run_one_at_a_time_in_enqueue_order_and_keys_run_side_by_sid
             Step {
                 key: format!("key-{k}"),
                 seq,
-                fail_first: (k + seq as usize) % 7 == 0,
+                fail_first: (k + seq as usize).is_multiple_of(7),
             }
             .to_work()
             .expect("serialises")
