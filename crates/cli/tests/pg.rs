@@ -260,10 +260,20 @@ async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
         (
             &emails["available"],
             &emails["scheduled"],
-            &emails["running"]
+            &emails["running"],
+            &emails["blocked"]
         ),
-        (&Value::from(2), &Value::from(2), &Value::from(1))
+        (
+            &Value::from(2),
+            &Value::from(2),
+            &Value::from(1),
+            &Value::from(1)
+        )
     );
+    let blocked = json_of(url, &["items", "list", "--state", "blocked"], 0);
+    assert_eq!(blocked["items"][0]["id"], items.blocked);
+    assert_eq!(blocked["items"][0]["state"], "blocked");
+    assert_eq!(blocked["items"].as_array().expect("items").len(), 1);
     assert_eq!(emails["dead"]["items"], 2);
     let table = expect_code(&workpump(&["queues", "--database-url", url]), 0);
     let header = table.lines().next().unwrap_or_default();

@@ -285,7 +285,6 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("register_queue");
     c.register_queue(RegisterQueueParams {
-        ordering_dead_head: Default::default(),
         max_attempts: 3,
         ..RegisterQueueParams::new(QUEUE)
     })

@@ -253,6 +253,58 @@ pub async fn an_expired_last_attempt_of_a_head_follows_the_dead_head_rule(h: &dy
     assert_eq!(states(h, &skipped).await, vec![Dead, Available]);
 }
 
+/// `ordering_dead_head` is one of the queue's settings: declared with it, kept against another
+/// service's declaration, changed by an operator.
+pub async fn the_dead_head_rule_is_a_queue_setting_with_one_owner(h: &dyn Harness) {
+    let c = h.coordinator();
+    let declared = c
+        .register_queue(
+            RegisterQueueParams::new("q")
+                .owned_by("billing")
+                .ordering_dead_head(OrderingDeadHead::Skip),
+        )
+        .await
+        .expect("declare");
+    assert_eq!(declared.ordering_dead_head, OrderingDeadHead::Skip);
+    let other = c
+        .register_queue(RegisterQueueParams::new("q").owned_by("shop"))
+        .await
+        .expect("declare");
+    assert!(
+        !other.applied,
+        "another service's hold does not replace billing's skip"
+    );
+    assert_eq!(other.ordering_dead_head, OrderingDeadHead::Skip);
+    let same = c
+        .register_queue(
+            RegisterQueueParams::new("q")
+                .owned_by("billing")
+                .ordering_dead_head(OrderingDeadHead::Hold),
+        )
+        .await
+        .expect("declare");
+    assert!(same.applied);
+    assert_eq!(same.ordering_dead_head, OrderingDeadHead::Hold);
+    let out = h
+        .operations()
+        .set_queue_settings(SetQueueSettingsParams {
+            queue: "q".into(),
+            max_attempts: None,
+            owner: None,
+            ordering_dead_head: Some(OrderingDeadHead::Skip),
+        })
+        .await
+        .expect("set");
+    assert_eq!(
+        (
+            out.ordering_dead_head,
+            out.owner.as_deref(),
+            out.max_attempts
+        ),
+        (OrderingDeadHead::Skip, Some("billing"), 10)
+    );
+}
+
 /// A key left without a head by a write outside the store's functions is found by the
 /// repair, which promotes its next item and counts it; a healthy store repairs nothing.
 pub async fn the_repair_promotes_the_next_item_of_a_key_left_without_a_head(h: &dyn Harness) {
