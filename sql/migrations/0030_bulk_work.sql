@@ -290,6 +290,7 @@ BEGIN
               (f.queues IS NULL OR w.queue = ANY (f.queues))
           AND (f.states IS NULL OR w.state = ANY (f.states))
           AND (f.kinds IS NULL OR w.kind = ANY (f.kinds))
+          AND (f.ordering_keys IS NULL OR w.ordering_key = ANY (f.ordering_keys))
           AND (f.instance IS NULL OR w.instance_id = f.instance)
           AND (f.created_since IS NULL OR w.created_at >= f.created_since)
           AND (f.created_before IS NULL OR w.created_at < f.created_before)

@@ -33,6 +33,9 @@ pub(crate) struct FilterArgs {
     /// Of this job kind (repeat for several; an untyped item has none).
     #[arg(long = "kind", value_name = "KIND")]
     kinds: Vec<String>,
+    /// Of this ordering key (repeat for several; an unkeyed item has none).
+    #[arg(long = "ordering-key", value_name = "KEY")]
+    ordering_keys: Vec<String>,
     /// Owned now by this instance (its id).
     #[arg(long, value_name = "ID")]
     instance: Option<uuid::Uuid>,
@@ -65,6 +68,9 @@ impl FilterArgs {
         }
         for k in &self.kinds {
             f = f.kind(k.clone());
+        }
+        for k in &self.ordering_keys {
+            f = f.ordering_key(k.clone());
         }
         if let Some(i) = self.instance {
             f = f.instance(InstanceId(i));
@@ -117,7 +123,7 @@ fn bad_when(text: &str) -> String {
 #[derive(Debug, Subcommand)]
 pub(crate) enum ItemsCommand {
     /// A page of items, newest first.
-    List(ListArgs),
+    List(Box<ListArgs>),
     /// One item: payload, checkpoint, every failed attempt, owner and lease.
     Show {
         /// The item's id.
@@ -365,6 +371,7 @@ pub(crate) async fn items(
                 w.cancel_requested.then(|| "yes".to_owned()),
             );
             push("unique key", w.unique_key.clone());
+            push("ordering key", w.ordering_key.clone());
             out.print_table(&["field", "value"], &rows);
             println!("\npayload:\n{}", pretty(&w.payload));
             if let Some(m) = &w.metadata {

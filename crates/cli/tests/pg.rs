@@ -274,6 +274,18 @@ async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
     assert_eq!(blocked["items"][0]["id"], items.blocked);
     assert_eq!(blocked["items"][0]["state"], "blocked");
     assert_eq!(blocked["items"].as_array().expect("items").len(), 1);
+    let of_key = json_of(url, &["items", "list", "--ordering-key", "customer-b"], 0);
+    let key_ids: Vec<i64> = of_key["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["id"].as_i64().expect("id"))
+        .collect();
+    assert_eq!(
+        key_ids,
+        vec![items.blocked, items.available[1]],
+        "newest first"
+    );
     assert_eq!(emails["dead"]["items"], 2);
     let table = expect_code(&workpump(&["queues", "--database-url", url]), 0);
     let header = table.lines().next().unwrap_or_default();

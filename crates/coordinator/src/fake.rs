@@ -223,6 +223,7 @@ impl Row {
             id: self.id,
             queue: self.queue.clone(),
             kind: self.kind.clone(),
+            ordering_key: self.ordering_key.clone(),
             state: self.state,
             priority: self.priority,
             attempt: self.attempt,
@@ -1960,6 +1961,7 @@ impl Operations for FakeCoordinator {
             if params.filter.matches(
                 &r.queue,
                 r.kind.as_deref(),
+                r.ordering_key.as_deref(),
                 r.state,
                 r.instance,
                 r.created_at,
@@ -2017,6 +2019,7 @@ impl Operations for FakeCoordinator {
                 checkpoint: r.checkpoint.clone(),
                 history: r.errors.iter().map(HistoryEntry::from_json).collect(),
                 unique_key: r.unique_key.clone(),
+                ordering_key: r.ordering_key.clone(),
             },
             now,
         })
@@ -2226,6 +2229,7 @@ impl Operations for FakeCoordinator {
                     params.filter.matches(
                         &r.queue,
                         r.kind.as_deref(),
+                        r.ordering_key.as_deref(),
                         r.state,
                         r.instance,
                         r.created_at,

@@ -70,6 +70,9 @@ pub struct WorkFilter {
     /// [`MAX_KIND_CHARS`](crate::MAX_KIND_CHARS) characters without control characters.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kinds: Vec<String>,
+    /// Its ordering key is one of these (an unkeyed item matches none; docs/ordering.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ordering_keys: Vec<String>,
     /// Its current owner (so only running items match).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<InstanceId>,
@@ -115,6 +118,12 @@ impl WorkFilter {
         self
     }
 
+    /// Adds an ordering key (see [`ordering_keys`](WorkFilter#structfield.ordering_keys)).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_keys.push(key.into());
+        self
+    }
+
     /// Only items this instance owns now.
     pub fn instance(mut self, instance: InstanceId) -> Self {
         self.instance = Some(instance);
@@ -157,6 +166,14 @@ impl WorkFilter {
                 other => other,
             })?;
         }
+        for key in &self.ordering_keys {
+            crate::validate::validate_ordering_key(key).map_err(|e| match e {
+                Error::InvalidArgument(why) => {
+                    Error::InvalidArgument(format!("{what}: filter key 'ordering_keys': {why}"))
+                }
+                other => other,
+            })?;
+        }
         if let Some(text) = &self.error_contains {
             if text.is_empty() || text.len() > MAX_FILTER_TEXT_BYTES || text.contains('\0') {
                 return Err(Error::InvalidArgument(format!(
@@ -176,6 +193,7 @@ impl WorkFilter {
         &self,
         queue: &str,
         kind: Option<&str>,
+        ordering_key: Option<&str>,
         state: WorkState,
         owner: Option<InstanceId>,
         created_at: DateTime<Utc>,
@@ -189,6 +207,8 @@ impl WorkFilter {
         (self.queues.is_empty() || self.queues.iter().any(|q| q == queue))
             && (self.states.is_empty() || self.states.contains(&state))
             && (self.kinds.is_empty() || kind.is_some_and(|k| self.kinds.iter().any(|x| x == k)))
+            && (self.ordering_keys.is_empty()
+                || ordering_key.is_some_and(|k| self.ordering_keys.iter().any(|x| x == k)))
             && self.instance.is_none_or(|i| owner == Some(i))
             && self.created_since.is_none_or(|b| created_at >= b)
             && self.created_before.is_none_or(|b| created_at < b)
@@ -269,6 +289,8 @@ pub struct WorkSummary {
     pub queue: String,
     /// Its job kind (`None`: untyped).
     pub kind: Option<String>,
+    /// Its ordering key (`None`: unordered).
+    pub ordering_key: Option<String>,
     /// Its state.
     pub state: WorkState,
     /// Its priority (lower runs first).
@@ -390,6 +412,8 @@ pub struct WorkDetail {
     pub history: Vec<HistoryEntry>,
     /// Its unique key.
     pub unique_key: Option<String>,
+    /// Its ordering key (docs/ordering.md).
+    pub ordering_key: Option<String>,
 }
 
 /// The result of `get_work`. An unknown id is [`Error::NotFound`].

@@ -436,6 +436,9 @@ pub(crate) async fn item(
     if let Some(key) = &w.unique_key {
         fields.push(("unique key", key.clone()));
     }
+    if let Some(key) = &w.ordering_key {
+        fields.push(("ordering key", key.clone()));
+    }
 
     let attempts: Vec<Attempt> = w
         .history

@@ -305,6 +305,49 @@ pub async fn the_dead_head_rule_is_a_queue_setting_with_one_owner(h: &dyn Harnes
     );
 }
 
+/// The operator finds a key's items by the filter, and reads an item's key.
+pub async fn the_operator_lists_a_keys_items_and_reads_an_items_key(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let ids = enqueue(
+        h,
+        vec![keyed("q", "a", 0), keyed("q", "b", 0), keyed("q", "a", 1)],
+    )
+    .await;
+    enqueue_n(h, "q", 1).await;
+    let ops = h.operations();
+    let listed = ops
+        .list_work(ListWorkParams {
+            filter: WorkFilter::new().ordering_key("a"),
+            ..ListWorkParams::default()
+        })
+        .await
+        .expect("list");
+    let got: Vec<(WorkId, WorkState)> = listed.items.iter().map(|i| (i.id, i.state)).collect();
+    assert_eq!(got, vec![(ids[2], Blocked), (ids[0], Available)]);
+    let blocked = ops
+        .list_work(ListWorkParams {
+            filter: WorkFilter::new().state(Blocked),
+            ..ListWorkParams::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(blocked.items.len(), 1);
+    let detail = ops
+        .get_work(GetWorkParams { id: ids[2] })
+        .await
+        .expect("get");
+    assert_eq!(detail.item.ordering_key.as_deref(), Some("a"));
+    assert_eq!(detail.item.state, Blocked);
+    let err = ops
+        .list_work(ListWorkParams {
+            filter: WorkFilter::new().ordering_key(""),
+            ..ListWorkParams::default()
+        })
+        .await
+        .expect_err("an empty key matches nothing");
+    assert!(err.to_string().contains("ordering_keys"), "{err}");
+}
+
 /// A key left without a head by a write outside the store's functions is found by the
 /// repair, which promotes its next item and counts it; a healthy store repairs nothing.
 pub async fn the_repair_promotes_the_next_item_of_a_key_left_without_a_head(h: &dyn Harness) {

@@ -1284,6 +1284,7 @@ impl Operations for PgCoordinator {
                 id,
                 queue: r.queue.ok_or_else(missing)?,
                 kind: r.kind,
+                ordering_key: r.ordering_key,
                 state: parse_state(r.state.as_deref().unwrap_or(""), ctx)?,
                 priority: r.priority.ok_or_else(missing)?,
                 attempt: r.attempt.ok_or_else(missing)?,
@@ -1333,6 +1334,7 @@ impl Operations for PgCoordinator {
                     .map(|a| a.iter().map(HistoryEntry::from_json).collect())
                     .unwrap_or_default(),
                 unique_key: r.unique_key,
+                ordering_key: r.ordering_key,
             },
             now: r.db_now,
         })
@@ -1574,6 +1576,7 @@ struct ListRow {
     id: Option<i64>,
     queue: Option<String>,
     kind: Option<String>,
+    ordering_key: Option<String>,
     state: Option<String>,
     priority: Option<i16>,
     attempt: Option<i32>,
@@ -1611,6 +1614,7 @@ struct DetailRow {
     checkpoint: Option<Value>,
     errors: Value,
     unique_key: Option<String>,
+    ordering_key: Option<String>,
     db_now: DateTime<Utc>,
 }
 
