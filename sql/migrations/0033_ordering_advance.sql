@@ -6,7 +6,8 @@
 -- (at most one), or, in a queue whose ordering_dead_head is 'hold', a dead letter of the key.
 -- Every later item of the key waits `blocked`. Only the transitions that end a head hand the
 -- key on, and each does it in its own transaction by calling ordering_advance with the keys
--- of the rows it ended: complete_work, fail_work (dead or cancelled), claim_work's step 2 and
+-- of the rows it ended: complete_work, fail_work and release_work (dead or cancelled),
+-- claim_work's step 2 and
 -- dead_letter_expired (orphans ended), bulk_work (cancel, discard; the single calls too),
 -- prune_finished (a dead head pruned) and ordering_repair.
 --

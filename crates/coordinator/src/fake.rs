@@ -1371,6 +1371,7 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::ReleaseWork, params.items.len()).await?;
         let now = self.now();
         let mut st = self.state();
+        let mut ended = Vec::new();
         let items = distinct(params.items.iter().copied(), |f| *f)
             .map(|f| {
                 let state = match st.work.get_mut(&f.id) {
@@ -1397,6 +1398,9 @@ impl WorkCoordinator for FakeCoordinator {
                             WorkState::Available
                         };
                         r.finish(next, now);
+                        if next.is_finished() {
+                            ended.extend(r.key());
+                        }
                         Some(next)
                     }
                     _ => None,
@@ -1404,6 +1408,7 @@ impl WorkCoordinator for FakeCoordinator {
                 OutcomeRecord { fence: f, state }
             })
             .collect();
+        st.advance(now, ended);
         Ok(OutcomeBatch { items })
     }
 

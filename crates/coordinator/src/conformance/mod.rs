@@ -153,6 +153,8 @@ macro_rules! conformance_suite {
             an_expired_last_attempt_of_a_head_follows_the_dead_head_rule,
             the_dead_head_rule_is_a_queue_setting_with_one_owner,
             the_operator_lists_a_keys_items_and_reads_an_items_key,
+            a_released_head_keeps_its_key_unless_it_ends,
+            a_keyed_item_turned_away_by_its_unique_key_leaves_the_next_as_head,
             the_repair_promotes_the_next_item_of_a_key_left_without_a_head,
             a_bad_ordering_key_is_refused_naming_the_item,
             enqueue_racing_completion_never_strands_a_key,

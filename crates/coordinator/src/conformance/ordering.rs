@@ -348,6 +348,52 @@ pub async fn the_operator_lists_a_keys_items_and_reads_an_items_key(h: &dyn Harn
     assert!(err.to_string().contains("ordering_keys"), "{err}");
 }
 
+/// A head released by a drain stays its key's head; a released head whose cancel was
+/// requested ends cancelled and hands its key on.
+pub async fn a_released_head_keeps_its_key_unless_it_ends(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let ids = enqueue(h, vec![keyed("q", "k", 0), keyed("q", "k", 1)]).await;
+    let release = |fence: Fence| async move {
+        h.coordinator()
+            .release_work(ReleaseWorkParams {
+                instance: me,
+                items: vec![fence],
+                consume_attempt: false,
+            })
+            .await
+            .expect("release")
+            .items[0]
+            .state
+    };
+    let head = claim_one(h, me, "q").await.fence;
+    assert_eq!(release(head).await, Some(Available));
+    assert_eq!(states(h, &ids).await, vec![Available, Blocked]);
+    let head = claim_one(h, me, "q").await.fence;
+    assert_eq!(head.id, ids[0]);
+    h.request_cancel(head.id).await;
+    assert_eq!(release(head).await, Some(Cancelled));
+    assert_eq!(row(h, ids[1]).await.state, Available);
+}
+
+/// When a batch's first item of a key is turned away by its unique key, the key's next item
+/// of the batch is its head, not stranded behind nothing.
+pub async fn a_keyed_item_turned_away_by_its_unique_key_leaves_the_next_as_head(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let holder = enqueue(h, vec![NewWork::new("q", json!({})).unique_key("u")]).await[0];
+    let out = h
+        .coordinator()
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![keyed("q", "k", 0).unique_key("u"), keyed("q", "k", 1)],
+        })
+        .await
+        .expect("enqueue")
+        .items;
+    assert_eq!((out[0].id, out[0].inserted), (holder, false));
+    assert!(out[1].inserted);
+    assert_eq!(row(h, out[1].id).await.state, Available);
+}
+
 /// A key left without a head by a write outside the store's functions is found by the
 /// repair, which promotes its next item and counts it; a healthy store repairs nothing.
 pub async fn the_repair_promotes_the_next_item_of_a_key_left_without_a_head(h: &dyn Harness) {
