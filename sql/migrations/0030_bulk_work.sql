@@ -54,6 +54,9 @@
 -- (sorted; not for run_now, nor, for a cancel, of items that were running when read), so an
 -- operator's action and a key's enqueue or promotion never interleave; after it, a cancelled
 -- or discarded head hands its key on (ordering_advance) in the same transaction.
+-- bulk_work_matching takes each candidate row's key with ordering_try_lock as it picks the
+-- row, before the row's lock, and skips a row whose key is busy (left for a later call, as a
+-- locked row is), so it never waits for a key while holding rows.
 -- Fencing: none; the operator is not a claim (a running item's claim is not disturbed by a
 -- cancel: only its flag is set). Clock rule: finished_at, run_at and the history's `at` are
 -- the database's now().
@@ -299,6 +302,11 @@ BEGIN
           AND (f.error_contains IS NULL OR EXISTS (
                   SELECT 1 FROM jsonb_array_elements(w.errors) e
                   WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))
+          -- A keyed row's key before the row (bulk_work's lock order), without waiting: a
+          -- row whose key another transaction holds is skipped, as a locked row is.
+          AND (w.ordering_key IS NULL OR p_action = 'run_now'
+               OR (p_action = 'cancel' AND w.state = 'running')
+               OR ordering_try_lock(w.queue, w.ordering_key))
         ORDER BY w.id
         LIMIT p_limit + 1
         FOR UPDATE SKIP LOCKED

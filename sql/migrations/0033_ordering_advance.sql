@@ -1,4 +1,5 @@
 -- ordering_lock(queue, key) -> void
+-- ordering_try_lock(queue, key) -> boolean
 -- ordering_advance(queues, keys) -> integer
 --
 -- Ordering keys (docs/ordering.md): the items of one queue and ordering key run one at a time,
@@ -15,7 +16,12 @@
 -- form, (namespace 0x77700001, hashtext(queue || chr(31) || key)): pg_locks shows it with
 -- objsubid = 2, a different lock space from the alive-locks' bigint keys (objsubid = 1), which
 -- is all alive_lock_held_keys() reads; keep it so. A hash collision between two keys only
--- serializes them more than needed. (The namespace constant is written only here.)
+-- serializes them more than needed. (The namespace constant is written only in ordering_lock
+-- and ordering_try_lock, below.)
+-- ordering_try_lock: the same lock without waiting; false when another transaction holds it.
+-- bulk_work_matching takes it in the filter of the rows it locks, so that it never holds a
+-- row while it waits for that row's key (a promotion holds the key and waits for the row):
+-- a row whose key is busy is left for a later call, as one whose row is locked.
 -- Taken by enqueue_work for each key it inserts (sorted, so two batches never deadlock) and by
 -- ordering_advance. Because enqueue_work draws ordering_seq under it and holds it until its
 -- transaction commits, the order of one key is its commit order, and a later enqueue of the
@@ -49,6 +55,16 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(2003828737, hashtext(p_queue || chr(31) || p_key));
+END;
+$$;
+
+CREATE FUNCTION ordering_try_lock(p_queue text, p_key text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN pg_try_advisory_xact_lock(2003828737, hashtext(p_queue || chr(31) || p_key));
 END;
 $$;
 
