@@ -151,8 +151,8 @@ BEGIN
                     v_key_ord[t.i] > 1
                     OR EXISTS (SELECT 1 FROM work h
                                WHERE h.queue = t.q AND h.ordering_key = t.okey
-                                 AND (h.state IN ('available', 'scheduled', 'running', 'blocked')
-                                      OR (h.state = 'dead' AND q.ordering_dead_head = 'hold'))))
+                                 AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
+                                 AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
                     THEN 'blocked'::work_state
                 WHEN t.due <= v_now THEN 'available'::work_state
                 ELSE 'scheduled'::work_state END,

@@ -41,10 +41,10 @@ BEGIN
           -- ... of a key without a head
           AND NOT EXISTS (SELECT 1 FROM work h
                           WHERE h.queue = b.queue AND h.ordering_key = b.ordering_key
-                            AND (h.state IN ('available', 'scheduled', 'running')
-                                 OR (h.state = 'dead' AND EXISTS (
-                                         SELECT 1 FROM queues q
-                                         WHERE q.name = h.queue AND q.ordering_dead_head = 'hold'))))
+                            AND h.state IN ('available', 'scheduled', 'running', 'dead')
+                            AND (h.state <> 'dead' OR EXISTS (
+                                    SELECT 1 FROM queues q
+                                    WHERE q.name = h.queue AND q.ordering_dead_head = 'hold')))
         LIMIT p_limit
     ) s;
     IF v_kk IS NULL THEN
