@@ -25,14 +25,16 @@
 --                   queue's handlers runs it
 --   metadata[i]     NULL, or a JSON object carried beside the payload (the trace context)
 --   ordering_keys[i] NULL, or the item's ordering key, 1..128 characters: items of one queue
---                   and key run one at a time in id order (docs/ordering.md). The batch takes
+--                   and key run one at a time in enqueue order (docs/ordering.md). The batch takes
 --                   each distinct key's lock (ordering_lock, sorted; held until commit), then
 --                   inserts a keyed item `blocked` when its key already has an unfinished item
 --                   (available, scheduled, running, blocked, or a dead letter in a queue that
 --                   holds dead heads) or an earlier item of this batch; otherwise as above.
 --                   Each keyed item draws its place in its key's order from ordering_seq
 --                   under the lock, so for one key enqueue order is commit order (ids, drawn
---                   from a cached sequence, need not follow it across sessions).
+--                   from a cached sequence, need not follow it across sessions). A batch with
+--                   ordering keys in a REPEATABLE READ or SERIALIZABLE transaction is refused
+--                   (WP002): its snapshot could hide a head that finished meanwhile.
 -- Ids are drawn from work_id_seq up front, so each result maps to its input without relying
 -- on the order of RETURNING.
 --
@@ -119,6 +121,15 @@ BEGIN
     -- Ordering keys: each distinct key's lock, in sorted order (two batches sharing keys never
     -- deadlock), before the inserts below look for the keys' unfinished items.
     v_keyed := EXISTS (SELECT 1 FROM unnest(p_ordering_keys) k WHERE k IS NOT NULL);
+    -- Under a transaction snapshot (REPEATABLE READ, SERIALIZABLE) the probe below could miss
+    -- a head that finished while this waited for the key's lock, and strand the item: refused.
+    IF v_keyed AND current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('enqueue_work: items with an ordering key must be enqueued in a READ COMMITTED '
+                             'transaction (this one is %s): under a transaction snapshot the key''s head may '
+                             'have finished unseen; nothing was enqueued',
+                             upper(current_setting('transaction_isolation')));
+    END IF;
     IF v_keyed THEN
         -- Each keyed item's place among this batch's items of its key (1: the first); only
         -- for a batch with keys, so an unkeyed batch's insert stays the plain one.

@@ -42,9 +42,10 @@
 -- two takes the lock second sees the other's committed rows: an enqueue that comes second
 -- sees the head finished (and inserts its item as the head); a transition that comes second
 -- sees the item inserted blocked (and promotes it). This needs statement snapshots taken after
--- the lock: call enqueue_work and the outcome functions under READ COMMITTED (the default);
--- under REPEATABLE READ a key may be left without a head, which ordering_repair finds and
--- counts (workpump_ordering_repairs_total).
+-- the lock: READ COMMITTED (the default). enqueue_work refuses keyed items under a
+-- transaction snapshot; a head ended under REPEATABLE READ (a transactional completion) may
+-- miss an item enqueued meanwhile, which ordering_repair finds, promotes and counts
+-- (workpump_ordering_repairs_total).
 -- Lock order: every caller locks the rows it changes first, then the keys (sorted); the
 -- promoted row is locked last, under its key's lock.
 -- Fencing: none; the callers fenced their own rows. Clock rule: run_at compares with now().

@@ -5,7 +5,7 @@
 -- key in a 'hold' queue) and promotes each one's next item (ordering_advance, which re-checks
 -- under the key's lock). That must never happen: every transition that ends a head promotes
 -- the next in its own transaction. A key can only be left headless by a write outside the
--- store's functions, or by an enqueue or outcome run under REPEATABLE READ (see
+-- store's functions, or by a head ended in a REPEATABLE READ transaction (see
 -- ordering_advance). The MaintenanceWorker calls it and counts what it returns in
 -- workpump_ordering_repairs_total, which must stay 0.
 --

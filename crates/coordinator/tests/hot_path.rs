@@ -852,3 +852,51 @@ async fn a_cancel_by_filter_skips_an_item_whose_key_is_busy_instead_of_waiting()
     assert!(done.items.iter().any(|i| i.id == ids[1]));
     pool.close().await;
 }
+
+/// A keyed enqueue under a transaction snapshot could miss a head that finished while it
+/// waited for the key's lock: refused, naming the isolation level, and nothing is written.
+/// An unkeyed one is fine there.
+#[tokio::test]
+async fn a_keyed_enqueue_in_a_repeatable_read_transaction_is_refused_naming_it() {
+    let (db, pool, c) = migrated().await;
+    let mut conn = PgConnection::connect(db.url()).await.expect("connect");
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    let err = c
+        .enqueue_with(
+            &mut conn,
+            EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!(1)).ordering_key("k")],
+            },
+        )
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("READ COMMITTED") && m.contains("REPEATABLE READ")),
+        "{err}"
+    );
+    sqlx::query("ROLLBACK")
+        .execute(&mut conn)
+        .await
+        .expect("rollback");
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    c.enqueue_with(
+        &mut conn,
+        EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!(2))],
+        },
+    )
+    .await
+    .expect("an unkeyed enqueue");
+    sqlx::query("COMMIT")
+        .execute(&mut conn)
+        .await
+        .expect("commit");
+    assert_eq!(count(&pool, "SELECT count(*) FROM workpump.work").await, 1);
+    pool.close().await;
+}

@@ -46,8 +46,8 @@ pub const PRUNED_TOMBSTONES_TOTAL: &str = "workpump_maintenance_pruned_tombstone
 
 /// Ordering keys found with blocked items but no head, and given their next item
 /// (`ordering_repair`). **Must stay 0**: every transition that ends a key's head promotes the
-/// next in its own transaction; a repair means a write outside the store's functions, or an
-/// enqueue or outcome run under REPEATABLE READ (docs/ordering.md).
+/// next in its own transaction; a repair means a write outside the store's functions, or a
+/// head ended in a REPEATABLE READ transaction (docs/ordering.md).
 pub const ORDERING_REPAIRS_TOTAL: &str = "workpump_ordering_repairs_total";
 
 /// Items per queue and state as last sampled; labels [`QUEUE`] and [`STATE`] (`available`,

@@ -901,8 +901,8 @@ impl MaintenanceWorker {
                         worker = NAME,
                         repaired = out.repaired,
                         "ordering keys had blocked items but no head; their next items were \
-                         promoted (a write outside the store's functions, or an enqueue or \
-                         outcome run under REPEATABLE READ; docs/ordering.md)"
+                         promoted (a write outside the store's functions, or a head ended in a \
+                         REPEATABLE READ transaction; docs/ordering.md)"
                     );
                 }
                 report.ordering_repairs += out.repaired;
