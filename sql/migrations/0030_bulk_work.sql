@@ -71,8 +71,8 @@ DECLARE
     v_results text[];
     v_states  work_state[];
     v_reasons text[];
-    v_kq      text[] := '{}';
-    v_kk      text[] := '{}';
+    v_kq      text[];
+    v_kk      text[];
     r         record;
 BEGIN
     IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard', 'run_now') THEN
@@ -95,8 +95,6 @@ BEGIN
             ORDER BY x.q COLLATE "C", x.k COLLATE "C"
         LOOP
             PERFORM ordering_lock(r.q, r.k);
-            v_kq := v_kq || r.q;
-            v_kk := v_kk || r.k;
         END LOOP;
     END IF;
 
@@ -112,7 +110,7 @@ BEGIN
             ORDER BY w.id
             FOR UPDATE
         ), decided AS MATERIALIZED (
-            SELECT r.id, r.ord, l.state, l.queue,
+            SELECT r.id, r.ord, l.state, l.queue, l.ordering_key,
                    CASE
                        WHEN l.id IS NULL THEN 'not_found'
                        WHEN p_action = 'retry' AND l.state <> 'dead' THEN 'refused'
@@ -134,8 +132,8 @@ BEGIN
                    END AS result,
                    -- A retried item of an ordering key waits when its key has another head:
                    -- an item available, scheduled or running, a dead letter held by a 'hold'
-                   -- queue that this call does not retry, or a lower id of the key that this
-                   -- call retries.
+                   -- queue that this call does not retry, or an earlier item of the key (in its
+                   -- order) that this call retries.
                    l.ordering_key IS NOT NULL AND p_action = 'retry' AND l.state = 'dead' AND (
                        EXISTS (SELECT 1 FROM work o
                                WHERE o.queue = l.queue AND o.ordering_key = l.ordering_key AND o.id <> l.id
@@ -196,17 +194,23 @@ BEGIN
                                      WHEN 'run_now' THEN 'only a scheduled item can be made due now'
                                      ELSE 'only a finished item can be discarded (cancel it first)'
                                  END
-                         END ORDER BY d.ord)
-        INTO v_ids, v_results, v_states, v_reasons
+                         END ORDER BY d.ord),
+               array_agg(d.queue) FILTER (WHERE d.ordering_key IS NOT NULL
+                                          AND d.result IN ('cancelled', 'discarded')),
+               array_agg(d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL
+                                                 AND d.result IN ('cancelled', 'discarded'))
+        INTO v_ids, v_results, v_states, v_reasons, v_kq, v_kk
         FROM decided d;
     EXCEPTION WHEN unique_violation THEN
         RAISE EXCEPTION USING ERRCODE = '40001',
             MESSAGE = 'bulk_work: a unique key of an item being retried was taken meanwhile; nothing was changed, call again';
     END;
 
-    -- Cancelled or discarded heads of ordering keys hand their keys on (a no-op for a key
-    -- that still has a head).
-    IF p_action IN ('cancel', 'discard') AND cardinality(v_kk) > 0 THEN
+    -- Cancelled or discarded items of ordering keys hand their keys on (a no-op for a key
+    -- that still has a head). Their keys' locks are held already, but for an item that was
+    -- running when read and became a waiting head before its row was locked (a retry):
+    -- ordering_advance takes that key's lock now, after the rows, as every outcome does.
+    IF v_kk IS NOT NULL THEN
         PERFORM ordering_advance(v_kq, v_kk);
     END IF;
 
