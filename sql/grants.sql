@@ -40,8 +40,9 @@ GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".periodic_schedules TO :"runtime"
 --                   may change it.
 GRANT SELECT ON TABLE :"schema".liveness_floor TO :"runtime";
 
--- nextval() on the id and claim-token sequences.
-GRANT USAGE ON SEQUENCE :"schema".work_id_seq, :"schema".claim_token_seq TO :"runtime";
+-- nextval() on the id, claim-token and ordering sequences.
+GRANT USAGE ON SEQUENCE :"schema".work_id_seq, :"schema".claim_token_seq, :"schema".ordering_seq
+    TO :"runtime";
 
 -- EXECUTE on functions is PUBLIC's by default: keep the schema's functions to the runtime
 -- role (and the migrator, their owner).

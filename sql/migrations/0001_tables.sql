@@ -12,14 +12,24 @@
 --   running    -> completed | scheduled/available (retry) | dead | cancelled | available (release)
 --   running, owner gone (instance_id NULL or lease_expiry < now()) -> running again under a new
 --   claim (orphan reclaim, attempt + 1) or dead (attempts used up)
+--   blocked    -> available/scheduled (ordering_advance: its ordering key's head ended) |
+--                 cancelled (an operator)
+-- An item with an ordering key waits `blocked` while an earlier item of its key (its queue's
+-- and key's head) is unfinished; only a key's head is ever available, scheduled or running
+-- (docs/ordering.md). 'blocked' comes last so that the order of the other states stays.
 CREATE TYPE work_state AS ENUM (
-    'available', 'scheduled', 'running', 'completed', 'dead', 'cancelled'
+    'available', 'scheduled', 'running', 'completed', 'dead', 'cancelled', 'blocked'
 );
 
 -- A fresh value per claim: the fence token. Never reused, never derived from the attempt count.
 CREATE SEQUENCE claim_token_seq AS bigint CACHE 100;
 
 CREATE SEQUENCE work_id_seq AS bigint CACHE 100;
+
+-- The order of the items of one ordering key: drawn by enqueue_work under the key's lock, and
+-- not cached, so that for one key it follows commit order (ids do not: each session caches
+-- its own range of work_id_seq). Drawn only for keyed items.
+CREATE SEQUENCE ordering_seq AS bigint;
 
 -- Queues: a named stream of work with its own settings. Enqueueing to a queue that has no row
 -- here is refused (unknown queue), so a typo never creates work nobody will claim.
@@ -33,6 +43,11 @@ CREATE TABLE queues (
     owner        text        CHECK (owner <> '' AND length(owner) <= 128),
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
+    -- What a dead letter does to the items of its ordering key behind it (docs/ordering.md):
+    -- 'hold' (the key waits until an operator retries or discards the dead head) or 'skip'
+    -- (the dead letter ends the head like a completion and the next item runs).
+    ordering_dead_head text  NOT NULL DEFAULT 'hold',
+    CONSTRAINT queues_ordering_dead_head_valid CHECK (ordering_dead_head IN ('hold', 'skip')),
     CONSTRAINT queues_name_valid CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'),
     CONSTRAINT queues_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000)
 );
@@ -130,6 +145,12 @@ CREATE TABLE work (
     -- Every failed attempt: [{attempt, at, instance, error, kind}], oldest first.
     errors           jsonb       NOT NULL DEFAULT '[]',
     unique_key       text,
+    -- The ordering key: items of one queue and key run one at a time, in ordering_seq order
+    -- (their commit order: enqueue_work draws it under the key's lock, held until commit).
+    -- NULL: unordered.
+    ordering_key     text,
+    -- Its place in its key's order (ordering_seq); set exactly when ordering_key is.
+    ordering_seq     bigint,
     created_at       timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,
     -- An owner without an expiry could never be reclaimed (three-valued logic): impossible.
@@ -137,16 +158,20 @@ CREATE TABLE work (
     CONSTRAINT work_only_running_is_owned CHECK (instance_id IS NULL OR state = 'running'),
     CONSTRAINT work_running_has_claim CHECK (state <> 'running' OR (claim_token IS NOT NULL AND attempt >= 1)),
     CONSTRAINT work_attempt_in_range CHECK (attempt >= 0 AND attempt <= max_attempts),
-    CONSTRAINT work_waiting_has_attempts_left CHECK (state NOT IN ('available', 'scheduled') OR attempt < max_attempts),
+    CONSTRAINT work_waiting_has_attempts_left CHECK (state NOT IN ('available', 'scheduled', 'blocked') OR attempt < max_attempts),
     CONSTRAINT work_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000),
     CONSTRAINT work_renewals_non_negative CHECK (renewals >= 0),
     CONSTRAINT work_finished_at_iff_finished CHECK ((finished_at IS NOT NULL) = (state IN ('completed', 'dead', 'cancelled'))),
     CONSTRAINT work_errors_is_array CHECK (jsonb_typeof(errors) = 'array'),
     CONSTRAINT work_kind_in_range CHECK (kind IS NULL OR length(kind) BETWEEN 1 AND 128),
+    CONSTRAINT work_ordering_key_in_range CHECK (ordering_key IS NULL OR length(ordering_key) BETWEEN 1 AND 128),
+    -- Only an item of an ordering key waits behind its key's head.
+    CONSTRAINT work_ordering_seq_iff_key CHECK ((ordering_key IS NULL) = (ordering_seq IS NULL)),
+    CONSTRAINT work_blocked_has_ordering_key CHECK (state <> 'blocked' OR ordering_key IS NOT NULL),
     CONSTRAINT work_metadata_is_object CHECK (metadata IS NULL OR jsonb_typeof(metadata) = 'object'),
     -- A waiting item never carries a cancel request: fail_work and release_work end a
     -- cancel-requested item cancelled instead of sending it back, so a cancel is never run.
-    CONSTRAINT work_waiting_is_not_cancel_requested CHECK (state NOT IN ('available', 'scheduled') OR NOT cancel_requested)
+    CONSTRAINT work_waiting_is_not_cancel_requested CHECK (state NOT IN ('available', 'scheduled', 'blocked') OR NOT cancel_requested)
 )
 -- A claim or renewal writes a row version that cannot be HOT (it changes state or
 -- lease_expiry, both indexed); with room left on the page the new version stays on the old
@@ -170,4 +195,10 @@ CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';
 CREATE INDEX work_finished ON work (state, finished_at) WHERE finished_at IS NOT NULL;
 -- unique keys hold while an item is unfinished.
 CREATE UNIQUE INDEX work_unique_key ON work (queue, unique_key)
-    WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running');
+    WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked');
+-- ordering keys: a key's unfinished items (and dead letters, which hold their key in a 'hold'
+-- queue) in the key's order (ordering_seq). Serves enqueue_work's "does the key have an unfinished item" probe,
+-- ordering_advance's "has the key a head" probe and its "lowest blocked item", and the
+-- operator's list of keys held by a dead head. Unkeyed rows are never in it.
+CREATE INDEX work_ordering ON work (queue, ordering_key, ordering_seq)
+    WHERE ordering_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked', 'dead');

@@ -20,7 +20,9 @@ AS $$
 $$;
 
 -- alive_lock_held_keys() -> setof (key, pid): every bigint advisory lock granted in this
--- database, as the signed key it was taken with, and the session holding it.
+-- database, as the signed key it was taken with, and the session holding it. Only the bigint
+-- form (objsubid = 1): the ordering keys' transaction locks (ordering_lock) use the two-int4
+-- form (objsubid = 2), a separate lock space that never shows here, and must stay so.
 CREATE FUNCTION alive_lock_held_keys() RETURNS TABLE (key bigint, pid integer)
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT

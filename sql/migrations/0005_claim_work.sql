@@ -4,7 +4,8 @@
 --   0. checks that the instance is registered (WP003 otherwise);
 --   1. promotes the queues' due scheduled rows (run_at <= now()) to available;
 --   2. ends orphans that must not run again: attempts used up -> dead (with an error entry),
---      cancel requested -> cancelled;
+--      cancel requested -> cancelled; an ended head of an ordering key hands its key on
+--      (ordering_advance; a dead one only in a queue that skips dead heads);
 --   3. reclaims orphans first (state running AND (instance_id IS NULL OR lease_expiry <
 --      now())): a released or expired lease; an expiry of exactly now() is still held;
 --   4. fills the rest with available due rows, priority (lower first) then run_at then id.
@@ -88,6 +89,8 @@ DECLARE
     v_unknown   text;
     v_known     bigint;
     v_reclaimed bigint[] := '{}';
+    v_kq        text[];
+    v_kk        text[];
 BEGIN
     IF p_instance IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'claim_work: instance must not be null';
@@ -150,6 +153,7 @@ BEGIN
     ) THEN
 
         -- 2. Orphans that must not run again.
+        WITH ended AS (
         UPDATE work w
         SET state = CASE WHEN w.cancel_requested THEN 'cancelled'::work_state ELSE 'dead'::work_state END,
             finished_at = v_now,
@@ -168,7 +172,16 @@ BEGIN
               AND o.queue = ANY (v_queues)
               AND (o.attempt >= o.max_attempts OR o.cancel_requested)
             LIMIT 1000
-            FOR UPDATE SKIP LOCKED));
+            FOR UPDATE SKIP LOCKED))
+        RETURNING w.queue, w.ordering_key
+        )
+        SELECT array_agg(e.queue) FILTER (WHERE e.ordering_key IS NOT NULL),
+               array_agg(e.ordering_key) FILTER (WHERE e.ordering_key IS NOT NULL)
+        INTO v_kq, v_kk
+        FROM ended e;
+        IF v_kk IS NOT NULL THEN
+            PERFORM ordering_advance(v_kq, v_kk);
+        END IF;
 
         -- 3. Reclaim orphans. Their rows are returned with step 4's, under one drain hint.
         WITH picked AS MATERIALIZED (

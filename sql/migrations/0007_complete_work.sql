@@ -8,6 +8,9 @@
 -- fence is ownership, and a reclaim changes the owner and the token atomically. (A completed
 -- item ends completed even when a cancel was requested meanwhile: the work is done.)
 --
+-- A completed item of an ordering key ends its key's head: the key's next item is promoted in
+-- the same transaction (ordering_advance, called only when the batch holds keyed items).
+--
 -- Result: one row per distinct requested pair (a repeated pair is answered once), in the
 -- order of its first occurrence. Empty list: nothing.
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs (WP002).
@@ -22,6 +25,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_hit bigint[];
+    v_kq  text[];
+    v_kk  text[];
 BEGIN
     IF p_instance IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'complete_work: instance must not be null';
@@ -38,18 +43,21 @@ BEGIN
     -- One primary-key probe per pair finds and locks the rows still fenced to the caller;
     -- the update then goes by id. (A join planned from the instance's running rows would
     -- cost rows × pairs.)
-    v_hit := ARRAY(
-        SELECT x.id
-        FROM unnest(p_ids, p_tokens) AS r(id, token)
-        CROSS JOIN LATERAL (
-            -- Only the primary key inside (LIMIT keeps the checks below from being pushed
-            -- in): no partial index on running rows can be chosen, whatever the statistics.
-            SELECT w.id, w.claim_token, w.instance_id, w.state FROM work w
-            WHERE w.id = r.id
-            LIMIT 1
-            FOR UPDATE
-        ) x
-        WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running');
+    -- The same probe collects the ordering keys of the rows it found (NULL for unkeyed work).
+    SELECT coalesce(array_agg(x.id), '{}'),
+           array_agg(x.queue) FILTER (WHERE x.ordering_key IS NOT NULL),
+           array_agg(x.ordering_key) FILTER (WHERE x.ordering_key IS NOT NULL)
+    INTO v_hit, v_kq, v_kk
+    FROM unnest(p_ids, p_tokens) AS r(id, token)
+    CROSS JOIN LATERAL (
+        -- Only the primary key inside (LIMIT keeps the checks below from being pushed
+        -- in): no partial index on running rows can be chosen, whatever the statistics.
+        SELECT w.id, w.claim_token, w.instance_id, w.state, w.queue, w.ordering_key FROM work w
+        WHERE w.id = r.id
+        LIMIT 1
+        FOR UPDATE
+    ) x
+    WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running';
 
     RETURN QUERY
     WITH done AS (
@@ -64,5 +72,10 @@ BEGIN
           ORDER BY u.id, u.token, u.ord) r
     LEFT JOIN done d ON d.id = r.id AND d.claim_token = r.token
     ORDER BY r.ord;
+
+    -- Completed heads of ordering keys hand their keys on (after the update above).
+    IF v_kk IS NOT NULL THEN
+        PERFORM ordering_advance(v_kq, v_kk);
+    END IF;
 END;
 $$;

@@ -20,6 +20,10 @@
 -- in queue_failures (the operator's failure rate, queue_overview), and the queue's buckets
 -- older than two hours go: one row upserted per queue of the batch, on the failure path only.
 --
+-- Ordering keys: an item that ends cancelled, or dead in a queue whose ordering_dead_head is
+-- 'skip', hands its key on in the same transaction (ordering_advance); a dead head in a 'hold'
+-- queue keeps its key, and a retried head (available or scheduled) stays its key's head
+-- through its backoff.
 -- Items retried at once wake their queues' claimers (pg_notify('<schema>.wake', queue)).
 -- Result: one row per distinct requested pair, in the order of its first occurrence: the
 -- state it went to, or NULL when the write was fenced out (the pair no longer matches a
@@ -43,7 +47,10 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_n integer := cardinality(p_ids);
+    v_n    integer := cardinality(p_ids);
+    v_wake text[];
+    v_kq   text[];
+    v_kk   text[];
 BEGIN
     IF p_instance IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'fail_work: instance must not be null';
@@ -132,12 +139,21 @@ BEGIN
     ORDER BY req.ord;
 
     -- Items retried at once are available again: wake their claimers (on commit, once per
-    -- queue).
-    PERFORM pg_notify(current_schema() || '.wake', q.queue)
-    FROM (SELECT DISTINCT x.queue
-          FROM unnest(p_ids, p_tokens) AS u(id, token)
-          CROSS JOIN LATERAL (
-              SELECT w.queue, w.state, w.claim_token FROM work w WHERE w.id = u.id LIMIT 1) x
-          WHERE x.state = 'available' AND x.claim_token = u.token) q;
+    -- queue). The same probe finds the ended items of ordering keys (dead or cancelled; the
+    -- token tells this call's, and a repeated one does no harm: ordering_advance is
+    -- idempotent).
+    SELECT array_agg(DISTINCT x.queue) FILTER (WHERE x.state = 'available'),
+           array_agg(x.queue) FILTER (WHERE x.ordering_key IS NOT NULL AND x.state IN ('dead', 'cancelled')),
+           array_agg(x.ordering_key) FILTER (WHERE x.ordering_key IS NOT NULL AND x.state IN ('dead', 'cancelled'))
+    INTO v_wake, v_kq, v_kk
+    FROM unnest(p_ids, p_tokens) AS u(id, token)
+    CROSS JOIN LATERAL (
+        SELECT w.queue, w.state, w.claim_token, w.ordering_key FROM work w WHERE w.id = u.id LIMIT 1) x
+    WHERE x.claim_token = u.token;
+    PERFORM pg_notify(current_schema() || '.wake', q) FROM unnest(v_wake) AS q;
+
+    IF v_kk IS NOT NULL THEN
+        PERFORM ordering_advance(v_kq, v_kk);
+    END IF;
 END;
 $$;

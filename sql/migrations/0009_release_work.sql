@@ -9,6 +9,8 @@
 -- history entry, kind 'cancelled', saying so: an operator's cancel is never lost to a release.
 --
 -- Wakes the claimers of every queue that got work back (pg_notify('<schema>.wake', queue)).
+-- A head of an ordering key that ends here (cancelled, or dead) hands its key on in the same
+-- transaction (ordering_advance); one released back to available stays its key's head.
 -- Result: one row per distinct requested pair, in the order of its first occurrence: the new
 -- state, or NULL when fenced out. A repeated pair is released and answered once.
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs; consume_attempt
@@ -23,6 +25,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_hit bigint[];
+    v_wake text[];
+    v_kq  text[];
+    v_kk  text[];
 BEGIN
     IF p_instance IS NULL OR p_consume_attempt IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -85,10 +90,19 @@ BEGIN
 
     -- Wake the claimers of the queues that got work back: peers take it at once (a drain's
     -- hand-over must not wait for their next poll). Delivered on commit, once per queue.
-    PERFORM pg_notify(current_schema() || '.wake', q.queue)
-    FROM (SELECT DISTINCT x.queue
-          FROM unnest(v_hit) AS u(id)
-          CROSS JOIN LATERAL (SELECT w.queue, w.state FROM work w WHERE w.id = u.id LIMIT 1) x
-          WHERE x.state = 'available') q;
+    -- The same probe finds the released heads of ordering keys that ended (cancelled, or
+    -- dead): they hand their keys on (ordering_advance; a dead one only in a queue that skips
+    -- dead heads). A head released back to available stays its key's head.
+    SELECT array_agg(DISTINCT x.queue) FILTER (WHERE x.state = 'available'),
+           array_agg(x.queue) FILTER (WHERE x.ordering_key IS NOT NULL AND x.state IN ('dead', 'cancelled')),
+           array_agg(x.ordering_key) FILTER (WHERE x.ordering_key IS NOT NULL AND x.state IN ('dead', 'cancelled'))
+    INTO v_wake, v_kq, v_kk
+    FROM unnest(v_hit) AS u(id)
+    CROSS JOIN LATERAL (SELECT w.queue, w.state, w.ordering_key FROM work w WHERE w.id = u.id LIMIT 1) x;
+    PERFORM pg_notify(current_schema() || '.wake', q) FROM unnest(v_wake) AS q;
+
+    IF v_kk IS NOT NULL THEN
+        PERFORM ordering_advance(v_kq, v_kk);
+    END IF;
 END;
 $$;

@@ -1,5 +1,5 @@
 -- enqueue_work(queues, payloads, priorities, run_after, run_at, unique_keys, max_attempts,
---              kinds, metadata)
+--              kinds, metadata, ordering_keys)
 --   -> setof (ord, id, inserted)
 --
 -- Inserts a batch of work items in one statement: element i of every list describes item i.
@@ -24,6 +24,17 @@
 --   kinds[i]        NULL (an untyped item), or the job kind, 1..128 characters: which of the
 --                   queue's handlers runs it
 --   metadata[i]     NULL, or a JSON object carried beside the payload (the trace context)
+--   ordering_keys[i] NULL, or the item's ordering key, 1..128 characters: items of one queue
+--                   and key run one at a time in enqueue order (docs/ordering.md). The batch takes
+--                   each distinct key's lock (ordering_lock, sorted; held until commit), then
+--                   inserts a keyed item `blocked` when its key already has an unfinished item
+--                   (available, scheduled, running, blocked, or a dead letter in a queue that
+--                   holds dead heads) or an earlier item of this batch; otherwise as above.
+--                   Each keyed item draws its place in its key's order from ordering_seq
+--                   under the lock, so for one key enqueue order is commit order (ids, drawn
+--                   from a cached sequence, need not follow it across sessions). A batch with
+--                   ordering keys in a REPEATABLE READ or SERIALIZABLE transaction is refused
+--                   (WP002): its snapshot could hide a head that finished meanwhile.
 -- Ids are drawn from work_id_seq up front, so each result maps to its input without relying
 -- on the order of RETURNING.
 --
@@ -45,7 +56,8 @@ CREATE FUNCTION enqueue_work(
     p_unique_keys  text[],
     p_max_attempts integer[],
     p_kinds        text[],
-    p_metadata     jsonb[]
+    p_metadata     jsonb[],
+    p_ordering_keys text[]
 )
 RETURNS TABLE (ord integer, id bigint, inserted boolean)
 LANGUAGE plpgsql VOLATILE
@@ -60,6 +72,10 @@ DECLARE
     v_bad      integer;
     v_answer   bigint[];
     v_inserted boolean[];
+    v_keyed    boolean;
+    v_key_ord  bigint[];
+    v_seq      bigint[];
+    r          record;
 BEGIN
     IF v_n = 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'enqueue_work: no items given';
@@ -71,9 +87,10 @@ BEGIN
     IF cardinality(p_payloads) IS DISTINCT FROM v_n OR cardinality(p_priorities) IS DISTINCT FROM v_n
        OR cardinality(p_run_after) IS DISTINCT FROM v_n OR cardinality(p_run_at) IS DISTINCT FROM v_n
        OR cardinality(p_unique_keys) IS DISTINCT FROM v_n OR cardinality(p_max_attempts) IS DISTINCT FROM v_n
-       OR cardinality(p_kinds) IS DISTINCT FROM v_n OR cardinality(p_metadata) IS DISTINCT FROM v_n THEN
+       OR cardinality(p_kinds) IS DISTINCT FROM v_n OR cardinality(p_metadata) IS DISTINCT FROM v_n
+       OR cardinality(p_ordering_keys) IS DISTINCT FROM v_n THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
-            MESSAGE = 'enqueue_work: queues, payloads, priorities, run_after, run_at, unique_keys, max_attempts, kinds and metadata must have the same length';
+            MESSAGE = 'enqueue_work: queues, payloads, priorities, run_after, run_at, unique_keys, max_attempts, kinds, metadata and ordering_keys must have the same length';
     END IF;
 
     SELECT t.q INTO v_unknown
@@ -86,38 +103,90 @@ BEGIN
     END IF;
 
     SELECT t.i INTO v_bad
-    FROM unnest(p_payloads, p_run_after, p_run_at, p_max_attempts, p_kinds, p_metadata)
-         WITH ORDINALITY AS t(p, ra, rat, ma, k, md, i)
+    FROM unnest(p_payloads, p_run_after, p_run_at, p_max_attempts, p_kinds, p_metadata, p_ordering_keys)
+         WITH ORDINALITY AS t(p, ra, rat, ma, k, md, ok, i)
     WHERE t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL) OR t.ra < interval '0'
        OR t.ma < 1 OR t.ma > 1000 OR length(t.k) NOT BETWEEN 1 AND 128
        OR (t.md IS NOT NULL AND jsonb_typeof(t.md) <> 'object')
+       OR length(t.ok) NOT BETWEEN 1 AND 128
     ORDER BY t.i LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('enqueue_work: item %s is invalid (payload must not be null; run_after and run_at '
                              'exclude each other; run_after must not be negative; max_attempts must be 1..1000; '
-                             'a kind has 1..128 characters; metadata is a JSON object)', v_bad);
+                             'a kind has 1..128 characters; metadata is a JSON object; an ordering key has '
+                             '1..128 characters)', v_bad);
+    END IF;
+
+    -- Ordering keys: each distinct key's lock, in sorted order (two batches sharing keys never
+    -- deadlock), before the inserts below look for the keys' unfinished items.
+    v_keyed := EXISTS (SELECT 1 FROM unnest(p_ordering_keys) k WHERE k IS NOT NULL);
+    -- Under a transaction snapshot (REPEATABLE READ, SERIALIZABLE) the probe below could miss
+    -- a head that finished while this waited for the key's lock, and strand the item: refused.
+    IF v_keyed AND current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('enqueue_work: items with an ordering key must be enqueued in a READ COMMITTED '
+                             'transaction (this one is %s): under a transaction snapshot the key''s head may '
+                             'have finished unseen; nothing was enqueued',
+                             upper(current_setting('transaction_isolation')));
+    END IF;
+    IF v_keyed THEN
+        -- Each keyed item's place among this batch's items of its key (1: the first); only
+        -- for a batch with keys, so an unkeyed batch's insert stays the plain one.
+        v_key_ord := ARRAY(
+            SELECT x.key_ord FROM (
+                SELECT u.i, row_number() OVER (PARTITION BY u.q, u.k ORDER BY u.i) AS key_ord
+                FROM unnest(p_queues, p_ordering_keys) WITH ORDINALITY AS u(q, k, i)) x
+            ORDER BY x.i);
+        FOR r IN
+            SELECT x.q, x.k FROM (
+                SELECT DISTINCT u.q, u.k FROM unnest(p_queues, p_ordering_keys) AS u(q, k)
+                WHERE u.k IS NOT NULL) x
+            ORDER BY x.q COLLATE "C", x.k COLLATE "C"
+        LOOP
+            PERFORM ordering_lock(r.q, r.k);
+        END LOOP;
+        -- Each keyed item's place in its key's order, drawn under the locks (batch order).
+        v_seq := ARRAY(
+            SELECT CASE WHEN u.k IS NOT NULL THEN nextval('ordering_seq') END
+            FROM unnest(p_ordering_keys) WITH ORDINALITY AS u(k, i)
+            ORDER BY u.i);
     END IF;
 
     v_ids := ARRAY(SELECT nextval('work_id_seq') FROM generate_series(1, v_n));
 
-    INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind, metadata)
+    INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind, metadata,
+                      ordering_key, ordering_seq)
     SELECT v_ids[t.i], t.q,
-           CASE WHEN t.due <= v_now THEN 'available'::work_state ELSE 'scheduled'::work_state END,
-           coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due, t.p, t.ukey, t.k, t.md
+           CASE WHEN t.okey IS NOT NULL AND (
+                    v_key_ord[t.i] > 1
+                    OR EXISTS (SELECT 1 FROM work h
+                               WHERE h.queue = t.q AND h.ordering_key = t.okey
+                                 AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
+                                 AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
+                    THEN 'blocked'::work_state
+                WHEN t.due <= v_now THEN 'available'::work_state
+                ELSE 'scheduled'::work_state END,
+           coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due, t.p, t.ukey, t.k, t.md, t.okey, v_seq[t.i]
     FROM (
         SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
                          WHEN u.ra IS NOT NULL THEN v_now + u.ra
                          ELSE v_now END AS due
         FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts,
-                    p_kinds, p_metadata)
-             WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, k, md, i)
+                    p_kinds, p_metadata, p_ordering_keys)
+             WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, k, md, okey, i)
     ) t
     JOIN queues q ON q.name = t.q
     ORDER BY t.i
     ON CONFLICT (queue, unique_key)
-        WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running')
+        WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked')
         DO NOTHING;
+
+    -- A keyed item inserted blocked behind an earlier item of this batch that a unique key
+    -- turned away has no head: hand each such key on (a no-op for a key with a head).
+    IF v_keyed AND EXISTS (SELECT 1 FROM unnest(p_unique_keys) k WHERE k IS NOT NULL) THEN
+        PERFORM ordering_advance(p_queues, p_ordering_keys);
+    END IF;
 
     PERFORM pg_notify(current_schema() || '.wake', d.q)
     FROM (
@@ -145,7 +214,7 @@ BEGIN
     LEFT JOIN LATERAL (
         SELECT x.id FROM work x
         WHERE w.id IS NULL AND x.queue = t.q AND x.unique_key = t.ukey
-          AND x.state IN ('available', 'scheduled', 'running')
+          AND x.state IN ('available', 'scheduled', 'running', 'blocked')
         LIMIT 1
     ) dup ON true
     LEFT JOIN LATERAL (

@@ -1,8 +1,11 @@
--- register_queue(name, max_attempts, owner) -> (applied, owner, max_attempts)
+-- register_queue(name, max_attempts, owner, ordering_dead_head)
+--   -> (applied, owner, max_attempts, ordering_dead_head)
 --
 -- Declares a queue: enqueue_work refuses queues that were never registered. Every host
 -- declares the queues it has handlers for, and those it only produces to, when it starts.
 --
+-- Settings: max_attempts and ordering_dead_head ('hold' or 'skip': what a dead letter does to
+-- the items of its ordering key behind it; docs/ordering.md).
 -- Queue settings have one owner, so that two services declaring the same queue never
 -- silently overwrite each other's settings (the last writer used to win):
 --   no such queue                      -> created with these settings, owned by `owner`;
@@ -13,19 +16,19 @@
 --   owned by `owner`                   -> the settings are applied (a service changes its own);
 --   owned by another service, or an anonymous declaration (owner NULL) of an existing queue
 --                                      -> NOT applied: the stored settings stay.
--- Result: applied (false only in the last case), and the queue's owner and max_attempts as
+-- Result: applied (false only in the last case), and the queue's owner and settings as
 -- stored after the call — in the last case the settings that won, so the caller can say who
 -- owns them (the host logs a warning naming both services). An operator changes the settings
 -- or hands the queue over with set_queue_settings.
 --
 -- Arguments: name of 1..128 characters from [A-Za-z0-9_.:-], starting with a letter or digit;
 -- max_attempts 1..1000 (the default for items that don't set their own); owner NULL or 1..128
--- characters. WP002 otherwise.
+-- characters; ordering_dead_head 'hold' or 'skip'. WP002 otherwise.
 -- Concurrency: the queue's row is locked while deciding, so two first declarations race
 -- safely: one creates, the other meets its settings.
 -- Clock rule: updated_at is the database's now().
-CREATE FUNCTION register_queue(p_name text, p_max_attempts integer, p_owner text)
-RETURNS TABLE (applied boolean, owner text, max_attempts integer)
+CREATE FUNCTION register_queue(p_name text, p_max_attempts integer, p_owner text, p_ordering_dead_head text)
+RETURNS TABLE (applied boolean, owner text, max_attempts integer, ordering_dead_head text)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
@@ -33,6 +36,7 @@ AS $$
 DECLARE
     v_owner text;
     v_max   integer;
+    v_head  text;
 BEGIN
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -47,26 +51,36 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = 'register_queue: owner must be null or 1 to 128 characters';
     END IF;
+    IF p_ordering_dead_head IS NULL OR p_ordering_dead_head NOT IN ('hold', 'skip') THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('register_queue: ordering_dead_head must be ''hold'' or ''skip'', got %L',
+                             p_ordering_dead_head);
+    END IF;
 
-    INSERT INTO queues AS q (name, max_attempts, owner) VALUES (p_name, p_max_attempts, p_owner)
+    INSERT INTO queues AS q (name, max_attempts, owner, ordering_dead_head)
+    VALUES (p_name, p_max_attempts, p_owner, p_ordering_dead_head)
     ON CONFLICT (name) DO NOTHING;
     IF FOUND THEN
-        RETURN QUERY SELECT true, p_owner, p_max_attempts;
+        RETURN QUERY SELECT true, p_owner, p_max_attempts, p_ordering_dead_head;
         RETURN;
     END IF;
 
-    SELECT q.owner, q.max_attempts INTO v_owner, v_max FROM queues q WHERE q.name = p_name FOR UPDATE;
+    SELECT q.owner, q.max_attempts, q.ordering_dead_head INTO v_owner, v_max, v_head
+    FROM queues q WHERE q.name = p_name FOR UPDATE;
     IF v_owner IS NULL AND p_owner IS NOT NULL THEN
-        UPDATE queues q SET owner = p_owner, max_attempts = p_max_attempts, updated_at = now()
+        UPDATE queues q SET owner = p_owner, max_attempts = p_max_attempts,
+                            ordering_dead_head = p_ordering_dead_head, updated_at = now()
         WHERE q.name = p_name;
-        RETURN QUERY SELECT true, p_owner, p_max_attempts;
-    ELSIF v_max = p_max_attempts THEN
-        RETURN QUERY SELECT true, v_owner, v_max;
+        RETURN QUERY SELECT true, p_owner, p_max_attempts, p_ordering_dead_head;
+    ELSIF v_max = p_max_attempts AND v_head = p_ordering_dead_head THEN
+        RETURN QUERY SELECT true, v_owner, v_max, v_head;
     ELSIF v_owner = p_owner THEN
-        UPDATE queues q SET max_attempts = p_max_attempts, updated_at = now() WHERE q.name = p_name;
-        RETURN QUERY SELECT true, v_owner, p_max_attempts;
+        UPDATE queues q SET max_attempts = p_max_attempts, ordering_dead_head = p_ordering_dead_head,
+                            updated_at = now()
+        WHERE q.name = p_name;
+        RETURN QUERY SELECT true, v_owner, p_max_attempts, p_ordering_dead_head;
     ELSE
-        RETURN QUERY SELECT false, v_owner, v_max;
+        RETURN QUERY SELECT false, v_owner, v_max, v_head;
     END IF;
 END;
 $$;

@@ -10,6 +10,8 @@
 -- same whichever of the two ended it. claim_work ends such orphans only in the queues it
 -- claims from; this is the MaintenanceWorker's backstop for every other queue (an instance
 -- that died holding an item's last attempt, in a queue nobody claims from right now).
+-- An ended head of an ordering key hands its key on in the same transaction (ordering_advance;
+-- a dead one only in a queue that skips dead heads).
 -- Orphans with attempts left are not touched: reclaiming them is claim_work's job.
 --
 -- Result: one row per (queue, state) with the number of items ended, by queue then state;
@@ -34,14 +36,16 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := now();
+    v_now    timestamptz := now();
+    v_queues text[];
+    v_states work_state[];
+    v_keys   text[];
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('dead_letter_expired: limit must be between 1 and 10000, got %s', p_limit);
     END IF;
 
-    RETURN QUERY
     WITH expired AS (
         SELECT o.id FROM work o
         WHERE o.state = 'running'
@@ -64,10 +68,19 @@ BEGIN
                          END))
         FROM expired e
         WHERE w.id = e.id
-        RETURNING w.queue, w.state
+        RETURNING w.queue, w.state, w.ordering_key
     )
+    SELECT array_agg(d.queue), array_agg(d.state), array_agg(d.ordering_key)
+    INTO v_queues, v_states, v_keys
+    FROM done d;
+
+    IF EXISTS (SELECT 1 FROM unnest(v_keys) k WHERE k IS NOT NULL) THEN
+        PERFORM ordering_advance(v_queues, v_keys);
+    END IF;
+
+    RETURN QUERY
     SELECT d.queue, d.state, count(*)::integer
-    FROM done d
+    FROM unnest(v_queues, v_states) AS d(queue, state)
     GROUP BY d.queue, d.state
     ORDER BY d.queue COLLATE "C", d.state;
 END;

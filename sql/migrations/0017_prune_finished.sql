@@ -4,6 +4,9 @@
 -- finished_at is older than `completed_retention`, then, with what is left of `limit`, dead
 -- letters and cancelled items older than `dead_retention` (kept longer by default: they are
 -- what an operator inspects, retries or discards). Unfinished items are never touched.
+-- A pruned dead letter of an ordering key in a queue that holds dead heads was its key's head:
+-- the key's next item is promoted in the same transaction (ordering_advance), as a discard
+-- would do.
 --
 -- Result: one row per state with pruned items (completed, dead, cancelled); nothing when
 -- nothing was past its retention. A total equal to `limit` means more may be left: call again.
@@ -34,6 +37,9 @@ AS $$
 DECLARE
     v_now       timestamptz := now();
     v_completed integer;
+    v_states    work_state[];
+    v_kq        text[];
+    v_kk        text[];
 BEGIN
     IF p_completed_retention IS NULL OR p_completed_retention <= interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -68,7 +74,6 @@ BEGIN
     END IF;
 
     -- No ORDER BY: two index ranges, and any order is fine for rows that all go.
-    RETURN QUERY
     WITH old AS (
         SELECT f.id FROM work f
         WHERE f.state IN ('dead', 'cancelled') AND f.finished_at < v_now - p_dead_retention
@@ -76,8 +81,20 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ), gone AS (
         DELETE FROM work w USING old WHERE w.id = old.id
-        RETURNING w.state
+        RETURNING w.state, w.queue, w.ordering_key
     )
-    SELECT g.state, count(*)::integer FROM gone g GROUP BY g.state ORDER BY g.state;
+    SELECT array_agg(g.state), array_agg(g.queue) FILTER (WHERE g.ordering_key IS NOT NULL),
+           array_agg(g.ordering_key) FILTER (WHERE g.ordering_key IS NOT NULL)
+    INTO v_states, v_kq, v_kk
+    FROM gone g;
+
+    -- A pruned dead letter that held its ordering key (a 'hold' queue) frees the key, as a
+    -- discard would.
+    IF v_kk IS NOT NULL THEN
+        PERFORM ordering_advance(v_kq, v_kk);
+    END IF;
+
+    RETURN QUERY
+    SELECT g.state, count(*)::integer FROM unnest(v_states) AS g(state) GROUP BY g.state ORDER BY g.state;
 END;
 $$;

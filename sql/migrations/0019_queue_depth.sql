@@ -1,13 +1,14 @@
 -- queue_depth() -> setof (queue, state, items, oldest_due_age)
 --
 -- How many items wait or run per queue: one row per registered queue and each of the states
--- available, scheduled and running (zero included, so a gauge that emptied reads 0 instead
+-- available, scheduled, running and blocked (zero included, so a gauge that emptied reads 0 instead
 -- of its last value), plus any other queue that holds such items. For metrics; the
 -- MaintenanceWorker samples it (at most every 15 s by default).
 --
 -- `oldest_due_age`, in seconds: for available and scheduled, how long the oldest item of that
 -- state that is due (run_at <= now()) has been due; 0 when none is (and always 0 for running,
--- which waits for nothing). A due scheduled item is one no sweep or claim has promoted yet.
+-- which waits for nothing, and for blocked, which waits for its ordering key's head, not for
+-- a claimer). A due scheduled item is one no sweep or claim has promoted yet.
 -- The larger of a queue's two is its pickup lag as it stands: how long its oldest waiting
 -- item has waited to be claimed. It is read from the same index entries as the counts.
 --
@@ -17,7 +18,8 @@
 --   available: work_claim (queue leads it);
 --   scheduled: work_scheduled, plus a heap visit per row for its queue;
 --   running:   work_running_lease, plus a heap visit per row (running items are bounded by
---              the fleet's handler slots: few).
+--              the fleet's handler slots: few);
+--   blocked:   work_ordering's blocked entries (queue leads it).
 -- Measured on PostgreSQL 15, warm cache, 1 050 000 rows of which 180 000 available, 10 000
 -- scheduled and 10 000 running: 80 to 95 ms, so about 4 ms per 10 000 waiting items. Each
 -- instance samples on its own; with N instances that is N samples per interval. A backlog of
@@ -48,10 +50,13 @@ BEGIN
         UNION ALL
         SELECT r.queue, 'running'::work_state, count(*), NULL::timestamptz
         FROM work r WHERE r.state = 'running' GROUP BY r.queue
+        UNION ALL
+        SELECT b.queue, 'blocked'::work_state, count(*), NULL::timestamptz
+        FROM work b WHERE b.state = 'blocked' AND b.ordering_key IS NOT NULL GROUP BY b.queue
     ), keys AS (
         SELECT q.name AS queue, st.state
         FROM queues q
-        CROSS JOIN unnest(ARRAY['available', 'scheduled', 'running']::work_state[]) AS st(state)
+        CROSS JOIN unnest(ARRAY['available', 'scheduled', 'running', 'blocked']::work_state[]) AS st(state)
         UNION
         SELECT c.queue, c.state FROM counts c
     )

@@ -1,7 +1,7 @@
 -- cancel_work(id) -> text ('cancelled' | 'requested')
 --
 -- An operator cancels a work item:
---   available or scheduled -> cancelled at once: finished_at = now(), and a 'cancelled' entry
+--   available, scheduled or blocked -> cancelled at once: finished_at = now(), and a 'cancelled' entry
 --                             in its error history (so the history says why it never ran);
 --                             result 'cancelled'. Its unique key is free again.
 --   running                -> cancel_requested = true; result 'requested'. The owner learns it

@@ -7,7 +7,7 @@
 --
 -- Refused:
 --   no such item                          -> WP004 (not found);
---   available, scheduled or running       -> WP005 (invalid state).
+--   available, scheduled, blocked or running -> WP005 (invalid state).
 -- WP004 and WP005 carry DETAIL as JSON: {"id": .., "state": .., "reason": ..}.
 --
 -- It is bulk_work('discard', ARRAY[id]), with that id's refusal raised as an error.

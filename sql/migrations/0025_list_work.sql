@@ -13,6 +13,8 @@
 --   states          ["dead", "cancelled"]        its state is one of them
 --   kinds           ["send_email", "invoice"]    its job kind is one of them (an untyped item,
 --                                                kind NULL, matches no kind)
+--   ordering_keys   ["customer-42"]              its ordering key is one of them (an unkeyed
+--                                                item matches none)
 --   instance        "<uuid>"                     its current owner (running items only)
 --   created_since   "<timestamptz>"              created_at >= it
 --   created_before  "<timestamptz>"              created_at <  it
@@ -56,6 +58,7 @@ CREATE TYPE work_filter AS (
     queues          text[],
     states          work_state[],
     kinds           text[],
+    ordering_keys   text[],
     instance        uuid,
     created_since   timestamptz,
     created_before  timestamptz,
@@ -105,6 +108,12 @@ BEGIN
                     RAISE EXCEPTION USING ERRCODE = '22023';
                 END IF;
                 f.kinds := ARRAY(SELECT jsonb_array_elements_text(v));
+            WHEN 'ordering_keys' THEN
+                IF jsonb_typeof(v) <> 'array' OR EXISTS (
+                    SELECT 1 FROM jsonb_array_elements(v) x WHERE jsonb_typeof(x) <> 'string') THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023';
+                END IF;
+                f.ordering_keys := ARRAY(SELECT jsonb_array_elements_text(v));
             WHEN 'instance' THEN
                 f.instance := (v #>> '{}')::uuid;
             WHEN 'created_since' THEN
@@ -122,7 +131,7 @@ BEGIN
                 f.error_contains := v #>> '{}';
             ELSE
                 RAISE EXCEPTION USING ERRCODE = 'WP002',
-                    MESSAGE = format('%s: unknown filter key %L (known: queues, states, kinds, instance, created_since, '
+                    MESSAGE = format('%s: unknown filter key %L (known: queues, states, kinds, ordering_keys, instance, created_since, '
                                      'created_before, finished_since, finished_before, error_contains)', p_caller, k);
             END CASE;
             IF jsonb_typeof(v) NOT IN ('string', 'array') THEN
@@ -137,6 +146,7 @@ BEGIN
     IF cardinality(f.queues) = 0 THEN f.queues := NULL; END IF;
     IF cardinality(f.states) = 0 THEN f.states := NULL; END IF;
     IF cardinality(f.kinds) = 0 THEN f.kinds := NULL; END IF;
+    IF cardinality(f.ordering_keys) = 0 THEN f.ordering_keys := NULL; END IF;
     RETURN f;
 END;
 $$;
@@ -147,7 +157,8 @@ RETURNS boolean
 LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
-    SELECT f.queues IS NULL AND f.states IS NULL AND f.kinds IS NULL AND f.instance IS NULL
+    SELECT f.queues IS NULL AND f.states IS NULL AND f.kinds IS NULL AND f.ordering_keys IS NULL
+       AND f.instance IS NULL
        AND f.created_since IS NULL AND f.created_before IS NULL
        AND f.finished_since IS NULL AND f.finished_before IS NULL
        AND f.error_contains IS NULL
@@ -182,6 +193,7 @@ RETURNS TABLE (
     id               bigint,
     queue            text,
     kind             text,
+    ordering_key     text,
     state            work_state,
     priority         smallint,
     attempt          integer,
@@ -225,6 +237,7 @@ BEGIN
                    ((f.queues IS NULL OR s.queue = ANY (f.queues))
                AND (f.states IS NULL OR s.state = ANY (f.states))
                AND (f.kinds IS NULL OR s.kind = ANY (f.kinds))
+               AND (f.ordering_keys IS NULL OR s.ordering_key = ANY (f.ordering_keys))
                AND (f.instance IS NULL OR s.instance_id = f.instance)
                AND (f.created_since IS NULL OR s.created_at >= f.created_since)
                AND (f.created_before IS NULL OR s.created_at < f.created_before)
@@ -234,7 +247,8 @@ BEGIN
                        SELECT 1 FROM jsonb_array_elements(s.errors) e
                        WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))) AS matched
             FROM (
-                SELECT w.id, w.queue, w.kind, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
+                SELECT w.id, w.queue, w.kind, w.ordering_key, w.state, w.priority, w.attempt,
+                       w.max_attempts, w.run_at,
                        w.created_at, w.finished_at, w.instance_id, w.lease_expiry,
                        w.cancel_requested, w.errors,
                        row_number() OVER (ORDER BY w.id DESC) AS n
@@ -252,7 +266,8 @@ BEGIN
             v_budget_edge := r.id;
         END IF;
         CONTINUE WHEN r.matched IS NOT TRUE OR v_found = p_page_size;
-        id := r.id; queue := r.queue; kind := r.kind; state := r.state; priority := r.priority;
+        id := r.id; queue := r.queue; kind := r.kind; ordering_key := r.ordering_key;
+        state := r.state; priority := r.priority;
         attempt := r.attempt; max_attempts := r.max_attempts; run_at := r.run_at;
         created_at := r.created_at; finished_at := r.finished_at; instance_id := r.instance_id;
         lease_expiry := r.lease_expiry; cancel_requested := r.cancel_requested;
@@ -263,7 +278,8 @@ BEGIN
         v_last := r.id;
     END LOOP;
 
-    id := NULL; queue := NULL; kind := NULL; state := NULL; priority := NULL; attempt := NULL;
+    id := NULL; queue := NULL; kind := NULL; ordering_key := NULL; state := NULL; priority := NULL;
+    attempt := NULL;
     max_attempts := NULL; run_at := NULL; created_at := NULL; finished_at := NULL;
     instance_id := NULL; lease_expiry := NULL; cancel_requested := NULL; last_error := NULL;
     -- A full page goes on below its last item; a short one below the budget's edge, when the

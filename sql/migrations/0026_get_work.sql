@@ -3,7 +3,8 @@
 -- The operator's view of one item: every column of the row — kind, payload, metadata, checkpoint, the error
 -- history (every failed attempt, lease expiry, cancel and operator retry, oldest first, as
 -- {attempt, at, instance, kind, error}), timings (created_at, run_at, finished_at), the lease
--- (owner, expiry, claim token, renewals), cancel_requested, unique key — and the store's now()
+-- (owner, expiry, claim token, renewals), cancel_requested, unique key, ordering key — and the
+-- store's now()
 -- (db_now), so that a caller computes ages on the store's clock, not its own.
 --
 -- Refused: no such item -> WP004 (not found), DETAIL {"id": ..}.
@@ -31,6 +32,7 @@ RETURNS TABLE (
     checkpoint       jsonb,
     errors           jsonb,
     unique_key       text,
+    ordering_key     text,
     db_now           timestamptz
 )
 LANGUAGE plpgsql STABLE
@@ -45,7 +47,7 @@ BEGIN
     SELECT w.id, w.queue, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
            w.created_at, w.finished_at, w.instance_id, w.lease_expiry, w.claim_token,
            w.renewals, w.cancel_requested, w.kind, w.payload, w.metadata, w.checkpoint, w.errors,
-           w.unique_key,
+           w.unique_key, w.ordering_key,
            now()
     FROM work w WHERE w.id = p_id;
     IF NOT FOUND THEN

@@ -3,7 +3,8 @@
 -- The operator's overview: for every registered queue, and any other queue that holds items,
 --   registered, paused, max_attempts,      its settings and the service that owns them (see
 --   owner                                  register_queue; NULL / false for an unregistered one);
---   available, scheduled, running           exact counts;
+--   available, scheduled, running, blocked  exact counts (blocked: items waiting behind the
+--                                           head of their ordering key);
 --   completed, dead, cancelled              counts, exact only when *_exact (see below);
 --   oldest_available, pickup_lag            run_at of its oldest due available item, and
 --                                           db_now minus it (NULL when nothing is available):
@@ -21,7 +22,7 @@
 --   available: one index-only scan of work_claim (count and min(run_at) per queue);
 --   scheduled: work_scheduled, running: work_running_lease, each plus a heap visit per row for
 --              its queue (as queue_depth: the cost grows with the waiting and running items,
---              never with the finished ones);
+--              never with the finished ones); blocked: work_ordering's blocked entries;
 --   finished states: at most 10 000 rows per state, the newest by finished_at (a backward
 --              scan of work_finished, plus a heap visit per row for its queue). When a state
 --              has fewer than 10 000 items in all, its counts and rate are exact. Otherwise
@@ -44,6 +45,7 @@ RETURNS TABLE (
     available            bigint,
     scheduled            bigint,
     running              bigint,
+    blocked              bigint,
     completed            bigint,
     completed_exact      boolean,
     dead                 bigint,
@@ -74,6 +76,9 @@ BEGIN
         SELECT s.queue, count(*) AS n FROM work s WHERE s.state = 'scheduled' GROUP BY s.queue
     ), runs AS (
         SELECT r.queue, count(*) AS n FROM work r WHERE r.state = 'running' GROUP BY r.queue
+    ), blocks AS (
+        SELECT b.queue, count(*) AS n FROM work b
+        WHERE b.state = 'blocked' AND b.ordering_key IS NOT NULL GROUP BY b.queue
     ), sample AS MATERIALIZED (
         SELECT st.state, x.queue, x.finished_at
         FROM unnest(ARRAY['completed', 'dead', 'cancelled']::work_state[]) AS st(state)
@@ -107,6 +112,7 @@ BEGIN
         UNION SELECT avail.queue FROM avail
         UNION SELECT sched.queue FROM sched
         UNION SELECT runs.queue FROM runs
+        UNION SELECT blocks.queue FROM blocks
         UNION SELECT fin.queue FROM fin
     ), rates AS (
         SELECT k.queue, sp.state,
@@ -123,7 +129,7 @@ BEGIN
            coalesce(q.paused, false),
            q.max_attempts,
            q.owner,
-           coalesce(av.n, 0), coalesce(sc.n, 0), coalesce(ru.n, 0),
+           coalesce(av.n, 0), coalesce(sc.n, 0), coalesce(ru.n, 0), coalesce(bl.n, 0),
            rc.n, rc.whole, rd.n, rd.whole, rx.n, rx.whole,
            av.oldest,
            CASE WHEN av.oldest IS NOT NULL THEN greatest(now() - av.oldest, interval '0') END,
@@ -136,6 +142,7 @@ BEGIN
     LEFT JOIN avail av ON av.queue = k.queue
     LEFT JOIN sched sc ON sc.queue = k.queue
     LEFT JOIN runs ru ON ru.queue = k.queue
+    LEFT JOIN blocks bl ON bl.queue = k.queue
     LEFT JOIN fails fl ON fl.queue = k.queue
     JOIN rates rc ON rc.queue = k.queue AND rc.state = 'completed'
     JOIN rates rd ON rd.queue = k.queue AND rd.state = 'dead'

@@ -8,9 +8,12 @@
 -- id (cancel_work, retry_dead_work, discard_work), so the rules and history entries are
 -- written once, here:
 --   'retry'   a dead letter -> available, due now, attempts reset (retry_dead_work);
---             its queue's claimers are woken unless the queue is paused;
---   'cancel'  available or scheduled -> cancelled at once; running -> cancel requested
---             (cancel_work);
+--             its queue's claimers are woken unless the queue is paused; a dead letter of an
+--             ordering key whose key has another head meanwhile (a 'skip' queue ran the next
+--             item), or behind an earlier item of its key retried in the same call, goes to
+--             blocked instead and runs when its turn comes (in its key's order);
+--   'cancel'  available, scheduled or blocked -> cancelled at once; running -> cancel
+--             requested (cancel_work);
 --   'discard' a finished item (completed, dead, cancelled) -> deleted (discard_work);
 --   'run_now' a scheduled item (a delayed one, or a retry waiting out its backoff) ->
 --             available, due now (run_at = now()); attempts and history unchanged; its
@@ -47,6 +50,13 @@
 -- NULL or more than 1 000 ids, a limit outside 1..1 000, an invalid filter, an empty filter
 -- without all. A retry whose unique key another transaction took in the meantime fails the
 -- whole call with 40001 (nothing changed: call again).
+-- Ordering keys: before it locks any row, a call takes the ordering locks of its items' keys
+-- (sorted; not for run_now, nor, for a cancel, of items that were running when read), so an
+-- operator's action and a key's enqueue or promotion never interleave; after it, a cancelled
+-- or discarded head hands its key on (ordering_advance) in the same transaction.
+-- bulk_work_matching takes each candidate row's key with ordering_try_lock as it picks the
+-- row, before the row's lock, and skips a row whose key is busy (left for a later call, as a
+-- locked row is), so it never waits for a key while holding rows.
 -- Fencing: none; the operator is not a claim (a running item's claim is not disturbed by a
 -- cancel: only its flag is set). Clock rule: finished_at, run_at and the history's `at` are
 -- the database's now().
@@ -61,6 +71,9 @@ DECLARE
     v_results text[];
     v_states  work_state[];
     v_reasons text[];
+    v_kq      text[];
+    v_kk      text[];
+    r         record;
 BEGIN
     IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard', 'run_now') THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
@@ -72,42 +85,70 @@ BEGIN
                              coalesce(cardinality(p_ids)::text || ' ids', 'null'));
     END IF;
 
+    -- The ordering locks of the items' keys, before any row lock (see the header).
+    IF p_action <> 'run_now' THEN
+        FOR r IN
+            SELECT x.q, x.k FROM (
+                SELECT DISTINCT w.queue AS q, w.ordering_key AS k FROM work w
+                WHERE w.id = ANY (p_ids) AND w.ordering_key IS NOT NULL
+                  AND (p_action <> 'cancel' OR w.state <> 'running')) x
+            ORDER BY x.q COLLATE "C", x.k COLLATE "C"
+        LOOP
+            PERFORM ordering_lock(r.q, r.k);
+        END LOOP;
+    END IF;
+
     BEGIN
         WITH req AS (
             SELECT DISTINCT ON (u.id) u.id, u.ord
             FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
             ORDER BY u.id, u.ord
         ), locked AS MATERIALIZED (
-            SELECT w.id, w.state, w.queue, w.unique_key
+            SELECT w.id, w.state, w.queue, w.unique_key, w.ordering_key, w.ordering_seq
             FROM work w
             WHERE w.id IN (SELECT req.id FROM req)
             ORDER BY w.id
             FOR UPDATE
         ), decided AS MATERIALIZED (
-            SELECT r.id, r.ord, l.state, l.queue,
+            SELECT r.id, r.ord, l.state, l.queue, l.ordering_key,
                    CASE
                        WHEN l.id IS NULL THEN 'not_found'
                        WHEN p_action = 'retry' AND l.state <> 'dead' THEN 'refused'
                        WHEN p_action = 'retry' AND l.unique_key IS NOT NULL AND (
                                 EXISTS (SELECT 1 FROM work o
                                         WHERE o.queue = l.queue AND o.unique_key = l.unique_key
-                                          AND o.state IN ('available', 'scheduled', 'running'))
+                                          AND o.state IN ('available', 'scheduled', 'running', 'blocked'))
                                 OR EXISTS (SELECT 1 FROM locked l2
                                            WHERE l2.state = 'dead' AND l2.queue = l.queue
                                              AND l2.unique_key = l.unique_key AND l2.id < l.id))
                            THEN 'key_taken'
                        WHEN p_action = 'retry' THEN 'retried'
-                       WHEN p_action = 'cancel' AND l.state IN ('available', 'scheduled') THEN 'cancelled'
+                       WHEN p_action = 'cancel' AND l.state IN ('available', 'scheduled', 'blocked') THEN 'cancelled'
                        WHEN p_action = 'cancel' AND l.state = 'running' THEN 'requested'
                        WHEN p_action = 'cancel' THEN 'refused'
                        WHEN p_action = 'discard' AND l.state IN ('completed', 'dead', 'cancelled') THEN 'discarded'
                        WHEN p_action = 'run_now' AND l.state = 'scheduled' THEN 'promoted'
                        ELSE 'refused'
-                   END AS result
+                   END AS result,
+                   -- A retried item of an ordering key waits when its key has another head:
+                   -- an item available, scheduled or running, a dead letter held by a 'hold'
+                   -- queue that this call does not retry, or an earlier item of the key (in its
+                   -- order) that this call retries.
+                   l.ordering_key IS NOT NULL AND p_action = 'retry' AND l.state = 'dead' AND (
+                       EXISTS (SELECT 1 FROM work o
+                               WHERE o.queue = l.queue AND o.ordering_key = l.ordering_key AND o.id <> l.id
+                                 AND (o.state IN ('available', 'scheduled', 'running')
+                                      OR (o.state = 'dead' AND o.id <> ALL (p_ids)
+                                          AND EXISTS (SELECT 1 FROM queues qs
+                                                      WHERE qs.name = o.queue AND qs.ordering_dead_head = 'hold'))))
+                       OR EXISTS (SELECT 1 FROM locked l2
+                                  WHERE l2.state = 'dead' AND l2.queue = l.queue
+                                    AND l2.ordering_key = l.ordering_key AND l2.ordering_seq < l.ordering_seq))
+                       AS behind
             FROM req r LEFT JOIN locked l ON l.id = r.id
         ), retried AS (
             UPDATE work w
-            SET state = 'available',
+            SET state = CASE WHEN d.behind THEN 'blocked'::work_state ELSE 'available'::work_state END,
                 attempt = 0,
                 run_at = now(),
                 finished_at = NULL,
@@ -153,13 +194,25 @@ BEGIN
                                      WHEN 'run_now' THEN 'only a scheduled item can be made due now'
                                      ELSE 'only a finished item can be discarded (cancel it first)'
                                  END
-                         END ORDER BY d.ord)
-        INTO v_ids, v_results, v_states, v_reasons
+                         END ORDER BY d.ord),
+               array_agg(d.queue) FILTER (WHERE d.ordering_key IS NOT NULL
+                                          AND d.result IN ('cancelled', 'discarded')),
+               array_agg(d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL
+                                                 AND d.result IN ('cancelled', 'discarded'))
+        INTO v_ids, v_results, v_states, v_reasons, v_kq, v_kk
         FROM decided d;
     EXCEPTION WHEN unique_violation THEN
         RAISE EXCEPTION USING ERRCODE = '40001',
             MESSAGE = 'bulk_work: a unique key of an item being retried was taken meanwhile; nothing was changed, call again';
     END;
+
+    -- Cancelled or discarded items of ordering keys hand their keys on (a no-op for a key
+    -- that still has a head). Their keys' locks are held already, but for an item that was
+    -- running when read and became a waiting head before its row was locked (a retry):
+    -- ordering_advance takes that key's lock now, after the rows, as every outcome does.
+    IF v_kk IS NOT NULL THEN
+        PERFORM ordering_advance(v_kq, v_kk);
+    END IF;
 
     IF p_action IN ('retry', 'run_now') THEN
         PERFORM pg_notify(current_schema() || '.wake', x.queue)
@@ -234,8 +287,8 @@ BEGIN
                       AND (w.unique_key IS NULL OR NOT EXISTS (
                               SELECT 1 FROM work o
                               WHERE o.queue = w.queue AND o.unique_key = w.unique_key
-                                AND o.state IN ('available', 'scheduled', 'running')))
-                  WHEN 'cancel' THEN w.state IN ('available', 'scheduled')
+                                AND o.state IN ('available', 'scheduled', 'running', 'blocked')))
+                  WHEN 'cancel' THEN w.state IN ('available', 'scheduled', 'blocked')
                       OR (w.state = 'running' AND NOT w.cancel_requested)
                   WHEN 'run_now' THEN w.state = 'scheduled'
                   ELSE w.state IN ('completed', 'dead', 'cancelled')
@@ -244,6 +297,7 @@ BEGIN
               (f.queues IS NULL OR w.queue = ANY (f.queues))
           AND (f.states IS NULL OR w.state = ANY (f.states))
           AND (f.kinds IS NULL OR w.kind = ANY (f.kinds))
+          AND (f.ordering_keys IS NULL OR w.ordering_key = ANY (f.ordering_keys))
           AND (f.instance IS NULL OR w.instance_id = f.instance)
           AND (f.created_since IS NULL OR w.created_at >= f.created_since)
           AND (f.created_before IS NULL OR w.created_at < f.created_before)
@@ -252,6 +306,11 @@ BEGIN
           AND (f.error_contains IS NULL OR EXISTS (
                   SELECT 1 FROM jsonb_array_elements(w.errors) e
                   WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))
+          -- A keyed row's key before the row (bulk_work's lock order), without waiting: a
+          -- row whose key another transaction holds is skipped, as a locked row is.
+          AND (w.ordering_key IS NULL OR p_action = 'run_now'
+               OR (p_action = 'cancel' AND w.state = 'running')
+               OR ordering_try_lock(w.queue, w.ordering_key))
         ORDER BY w.id
         LIMIT p_limit + 1
         FOR UPDATE SKIP LOCKED

@@ -64,6 +64,7 @@ async fn setup_with(register: impl FnOnce(&mut Handlers), config: ClaimConfig) -
         db,
     } = fresh_store().await;
     pg.register_queue(RegisterQueueParams {
+        ordering_dead_head: Default::default(),
         name: "q".into(),
         max_attempts: 5,
         owner: None,

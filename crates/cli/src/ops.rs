@@ -9,8 +9,8 @@ use serde::Serialize;
 use workpump_coordinator::{
     BulkAction, BulkItem, BulkResult, BulkTotals, BulkWorkMatchingParams, BulkWorkParams,
     GetWorkParams, InstanceId, ListInstancesParams, ListWorkOutcome, ListWorkParams, Operations,
-    PauseQueueParams, QueueOverviewParams, ResumeQueueParams, SetQueueSettingsParams, WorkFilter,
-    WorkState, MAX_BULK_BATCH, MAX_PAGE_SIZE,
+    OrderingDeadHead, PauseQueueParams, QueueOverviewParams, ResumeQueueParams,
+    SetQueueSettingsParams, WorkFilter, WorkState, MAX_BULK_BATCH, MAX_PAGE_SIZE,
 };
 
 use crate::failure::{ExitCode, Failure};
@@ -26,13 +26,16 @@ pub(crate) struct FilterArgs {
     /// In this queue (repeat for several).
     #[arg(long = "queue", value_name = "QUEUE")]
     queues: Vec<String>,
-    /// In this state: available, scheduled, running, completed, dead, cancelled (repeat for
-    /// several).
+    /// In this state: available, scheduled, running, blocked, completed, dead, cancelled
+    /// (repeat for several).
     #[arg(long = "state", value_name = "STATE", value_parser = parse_state)]
     states: Vec<WorkState>,
     /// Of this job kind (repeat for several; an untyped item has none).
     #[arg(long = "kind", value_name = "KIND")]
     kinds: Vec<String>,
+    /// Of this ordering key (repeat for several; an unkeyed item has none).
+    #[arg(long = "ordering-key", value_name = "KEY")]
+    ordering_keys: Vec<String>,
     /// Owned now by this instance (its id).
     #[arg(long, value_name = "ID")]
     instance: Option<uuid::Uuid>,
@@ -66,6 +69,9 @@ impl FilterArgs {
         for k in &self.kinds {
             f = f.kind(k.clone());
         }
+        for k in &self.ordering_keys {
+            f = f.ordering_key(k.clone());
+        }
         if let Some(i) = self.instance {
             f = f.instance(InstanceId(i));
         }
@@ -80,7 +86,7 @@ impl FilterArgs {
 fn parse_state(name: &str) -> Result<WorkState, String> {
     WorkState::parse(name).ok_or_else(|| {
         format!(
-            "unknown state {name:?}: one of available, scheduled, running, completed, dead, cancelled"
+            "unknown state {name:?}: one of available, scheduled, running, blocked, completed, dead, cancelled"
         )
     })
 }
@@ -117,7 +123,7 @@ fn bad_when(text: &str) -> String {
 #[derive(Debug, Subcommand)]
 pub(crate) enum ItemsCommand {
     /// A page of items, newest first.
-    List(ListArgs),
+    List(Box<ListArgs>),
     /// One item: payload, checkpoint, every failed attempt, owner and lease.
     Show {
         /// The item's id.
@@ -162,6 +168,15 @@ pub(crate) struct SettingsArgs {
     /// Hand them to nobody: the next service that declares the queue adopts them.
     #[arg(long)]
     no_owner: bool,
+    /// What a dead head of an ordering key does: `hold` (the key waits for an operator) or
+    /// `skip` (the next item runs); docs/ordering.md.
+    #[arg(long, value_parser = parse_dead_head)]
+    ordering_dead_head: Option<OrderingDeadHead>,
+}
+
+fn parse_dead_head(name: &str) -> Result<OrderingDeadHead, String> {
+    OrderingDeadHead::parse(name)
+        .map_err(|_| format!("unknown ordering_dead_head {name:?}: hold or skip"))
 }
 
 #[derive(Debug, Args)]
@@ -205,6 +220,7 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
                 q.available.to_string(),
                 q.scheduled.to_string(),
                 q.running.to_string(),
+                q.blocked.to_string(),
                 q.pickup_lag.map_or_else(|| "-".to_owned(), secs),
                 format!("{:.1}", q.completed_per_minute.per_minute),
                 format!("{:.1}", q.failed_per_minute),
@@ -223,6 +239,7 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
             "available",
             "scheduled",
             "running",
+            "blocked",
             "lag",
             "done/min",
             "failed/min",
@@ -354,6 +371,7 @@ pub(crate) async fn items(
                 w.cancel_requested.then(|| "yes".to_owned()),
             );
             push("unique key", w.unique_key.clone());
+            push("ordering key", w.ordering_key.clone());
             out.print_table(&["field", "value"], &rows);
             println!("\npayload:\n{}", pretty(&w.payload));
             if let Some(m) = &w.metadata {
@@ -565,9 +583,11 @@ pub(crate) async fn settings(
         (None, true) => Some(None),
         (None, false) => None,
     };
-    let changed = args.max_attempts.is_some() || owner.is_some();
+    let changed =
+        args.max_attempts.is_some() || owner.is_some() || args.ordering_dead_head.is_some();
     let now = ops
         .set_queue_settings(SetQueueSettingsParams {
+            ordering_dead_head: args.ordering_dead_head,
             queue: args.queue.clone(),
             max_attempts: args.max_attempts,
             owner,
@@ -579,14 +599,16 @@ pub(crate) async fn settings(
             "queue": args.queue,
             "max_attempts": now.max_attempts,
             "owner": now.owner,
+            "ordering_dead_head": now.ordering_dead_head,
         }));
     } else {
         println!(
-            "queue {:?}{}: max_attempts {}, owner {}",
+            "queue {:?}{}: max_attempts {}, owner {}, ordering_dead_head {}",
             args.queue,
             if changed { " now" } else { "" },
             now.max_attempts,
-            now.owner.as_deref().unwrap_or("nobody")
+            now.owner.as_deref().unwrap_or("nobody"),
+            now.ordering_dead_head
         );
     }
     Ok(())

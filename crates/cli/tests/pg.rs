@@ -260,9 +260,31 @@ async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
         (
             &emails["available"],
             &emails["scheduled"],
-            &emails["running"]
+            &emails["running"],
+            &emails["blocked"]
         ),
-        (&Value::from(2), &Value::from(2), &Value::from(1))
+        (
+            &Value::from(2),
+            &Value::from(2),
+            &Value::from(1),
+            &Value::from(1)
+        )
+    );
+    let blocked = json_of(url, &["items", "list", "--state", "blocked"], 0);
+    assert_eq!(blocked["items"][0]["id"], items.blocked);
+    assert_eq!(blocked["items"][0]["state"], "blocked");
+    assert_eq!(blocked["items"].as_array().expect("items").len(), 1);
+    let of_key = json_of(url, &["items", "list", "--ordering-key", "customer-b"], 0);
+    let key_ids: Vec<i64> = of_key["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["id"].as_i64().expect("id"))
+        .collect();
+    assert_eq!(
+        key_ids,
+        vec![items.blocked, items.available[1]],
+        "newest first"
     );
     assert_eq!(emails["dead"]["items"], 2);
     let table = expect_code(&workpump(&["queues", "--database-url", url]), 0);
@@ -550,6 +572,27 @@ async fn retry_cancel_discard_pause_and_resume_change_what_they_say_and_refuse_t
     assert!(shown.contains("max_attempts 7, owner billing"), "{shown}");
     let freed = json_of(url, &["settings", "emails", "--no-owner"], 0);
     assert_eq!(freed["owner"], Value::Null);
+    assert_eq!(freed["ordering_dead_head"], "hold");
+    let skip = json_of(
+        url,
+        &["settings", "emails", "--ordering-dead-head", "skip"],
+        0,
+    );
+    assert_eq!(skip["ordering_dead_head"], "skip");
+    let bad = workpump(&[
+        "settings",
+        "emails",
+        "--ordering-dead-head",
+        "drop",
+        "--database-url",
+        url,
+    ]);
+    expect_code(&bad, 2);
+    assert!(
+        text(&bad.stderr).contains("hold or skip"),
+        "{}",
+        text(&bad.stderr)
+    );
     let refused = workpump(&[
         "settings",
         "emails",

@@ -137,6 +137,20 @@ pub trait WorkCoordinator: Send + Sync + 'static {
             method: "fire_periodic",
         })
     }
+
+    /// Finds ordering keys that have blocked items but no head and promotes each one's next
+    /// item; see the SQL function `ordering_repair` and docs/ordering.md. Every transition
+    /// that ends a head promotes the next in its own transaction, so this must find nothing;
+    /// the maintenance worker counts what it repairs.
+    ///
+    /// Added after the trait's first methods: the default body answers
+    /// [`crate::Error::Unsupported`], and the maintenance worker then skips the check.
+    async fn ordering_repair(&self, params: OrderingRepairParams) -> Result<OrderingRepairOutcome> {
+        let _ = params;
+        Err(crate::Error::Unsupported {
+            method: "ordering_repair",
+        })
+    }
 }
 
 /// A dedicated session that holds an instance's alive-lock. Dropping it ends the session,

@@ -7,7 +7,7 @@
 //! what worker tests need: a call log, injected failures and hangs per method, an unreachable
 //! switch, control over listeners and alive-lock sessions, and direct row access.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -64,6 +64,8 @@ pub enum Method {
     BulkWorkMatching,
     SetQueueSettings,
     FirePeriodic,
+    OrderingRepair,
+    ListHeldKeys,
 }
 
 /// One call the fake received.
@@ -159,6 +161,7 @@ struct QueueRow {
     max_attempts: i32,
     paused: bool,
     owner: Option<String>,
+    ordering_dead_head: OrderingDeadHead,
 }
 
 struct InstanceRow {
@@ -202,16 +205,25 @@ struct Row {
     checkpoint: Option<Value>,
     errors: Vec<Value>,
     unique_key: Option<String>,
+    ordering_key: Option<String>,
     created_at: DateTime<Utc>,
     finished_at: Option<DateTime<Utc>>,
 }
 
 impl Row {
+    /// Its queue and ordering key, when it has one.
+    fn key(&self) -> Option<(String, String)> {
+        self.ordering_key
+            .as_ref()
+            .map(|k| (self.queue.clone(), k.clone()))
+    }
+
     fn summary(&self) -> WorkSummary {
         WorkSummary {
             id: self.id,
             queue: self.queue.clone(),
             kind: self.kind.clone(),
+            ordering_key: self.ordering_key.clone(),
             state: self.state,
             priority: self.priority,
             attempt: self.attempt,
@@ -474,6 +486,12 @@ impl FakeCoordinator {
         }
     }
 
+    /// Deletes an item without any of the store's rules (its ordering key is not handed on):
+    /// a stray manual write, for the ordering repair's tests.
+    pub fn delete_behind_the_stores_back(&self, id: WorkId) {
+        self.state().work.remove(&id);
+    }
+
     /// Moves a finished item's finished_at `by` into the past.
     pub fn age_finished(&self, id: WorkId, by: Duration) {
         if let Some(r) = self.state().work.get_mut(&id) {
@@ -623,6 +641,58 @@ impl FakeCoordinator {
 }
 
 impl State {
+    /// Whether a queue's dead letters hold their ordering keys (`ordering_dead_head` hold).
+    fn holds_dead_heads(&self, queue: &str) -> bool {
+        self.queues
+            .get(queue)
+            .is_none_or(|q| q.ordering_dead_head == OrderingDeadHead::Hold)
+    }
+
+    /// Whether the key has a head: an item available, scheduled or running, or a dead letter
+    /// in a queue that holds dead heads (`ordering_advance`).
+    fn has_head(&self, queue: &str, key: &str) -> bool {
+        let hold = self.holds_dead_heads(queue);
+        self.work.values().any(|r| {
+            r.queue == queue
+                && r.ordering_key.as_deref() == Some(key)
+                && (matches!(
+                    r.state,
+                    WorkState::Available | WorkState::Scheduled | WorkState::Running
+                ) || (hold && r.state == WorkState::Dead))
+        })
+    }
+
+    /// `ordering_advance`: each key without a head gets its lowest blocked item as head
+    /// (available, due now, or scheduled when its run_at is ahead). The number promoted.
+    fn advance(
+        &mut self,
+        now: DateTime<Utc>,
+        keys: impl IntoIterator<Item = (String, String)>,
+    ) -> u64 {
+        let keys: BTreeSet<(String, String)> = keys.into_iter().collect();
+        let mut promoted = 0;
+        for (queue, key) in keys {
+            if self.has_head(&queue, &key) {
+                continue;
+            }
+            let next = self.work.values_mut().find(|r| {
+                r.queue == queue
+                    && r.ordering_key.as_deref() == Some(key.as_str())
+                    && r.state == WorkState::Blocked
+            });
+            if let Some(r) = next {
+                r.state = if r.run_at <= now {
+                    WorkState::Available
+                } else {
+                    WorkState::Scheduled
+                };
+                r.run_at = r.run_at.max(now);
+                promoted += 1;
+            }
+        }
+        promoted
+    }
+
     /// `enqueue_work`'s insert, on the locked store (so `fire_periodic` enqueues under the
     /// same lock as its claim): the answers, and the queues to wake.
     fn insert_work(
@@ -648,7 +718,10 @@ impl State {
                         && r.unique_key.as_deref() == Some(key)
                         && matches!(
                             r.state,
-                            WorkState::Available | WorkState::Scheduled | WorkState::Running
+                            WorkState::Available
+                                | WorkState::Scheduled
+                                | WorkState::Running
+                                | WorkState::Blocked
                         )
                 });
                 if let Some(r) = existing {
@@ -669,7 +742,25 @@ impl State {
                 .unwrap_or_else(|| st.queues[&item.queue].max_attempts);
             let id = st.next_id;
             st.next_id += 1;
-            let state = if run_at <= now {
+            // A keyed item waits behind any unfinished item of its key (the batch's earlier
+            // items are in the store already).
+            let behind = item.ordering_key.as_deref().is_some_and(|key| {
+                let hold = st.holds_dead_heads(&item.queue);
+                st.work.values().any(|r| {
+                    r.queue == item.queue
+                        && r.ordering_key.as_deref() == Some(key)
+                        && (matches!(
+                            r.state,
+                            WorkState::Available
+                                | WorkState::Scheduled
+                                | WorkState::Running
+                                | WorkState::Blocked
+                        ) || (hold && r.state == WorkState::Dead))
+                })
+            });
+            let state = if behind {
+                WorkState::Blocked
+            } else if run_at <= now {
                 woken.push(item.queue.clone());
                 WorkState::Available
             } else {
@@ -696,6 +787,7 @@ impl State {
                     checkpoint: None,
                     errors: Vec::new(),
                     unique_key: item.unique_key,
+                    ordering_key: item.ordering_key,
                     created_at: now,
                     finished_at: None,
                 },
@@ -723,6 +815,7 @@ fn snapshot(r: &Row) -> WorkRow {
         checkpoint: r.checkpoint.clone(),
         errors: r.errors.iter().map(ErrorEntry::from_json).collect(),
         unique_key: r.unique_key.clone(),
+        ordering_key: r.ordering_key.clone(),
         finished: r.finished_at.is_some(),
     }
 }
@@ -752,12 +845,15 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
             r.state = WorkState::Available;
         }
     }
-    // 2. Orphans that must not run again.
+    // 2. Orphans that must not run again; their keys are handed on.
+    let mut ended = Vec::new();
     for r in st.work.values_mut() {
         if r.must_end(now) && queues.contains(r.queue.as_str()) {
             r.end_orphan(now);
+            ended.extend(r.key());
         }
     }
+    st.advance(now, ended);
     let in_claim_order = |rows: &mut Vec<&Row>| {
         rows.sort_by_key(|r| (r.priority, r.run_at, r.id));
     };
@@ -1073,12 +1169,14 @@ impl WorkCoordinator for FakeCoordinator {
                     max_attempts: params.max_attempts,
                     paused: false,
                     owner: params.owner.clone(),
+                    ordering_dead_head: params.ordering_dead_head,
                 },
             );
             return Ok(RegisterQueueOutcome {
                 applied: true,
                 owner: params.owner,
                 max_attempts: params.max_attempts,
+                ordering_dead_head: params.ordering_dead_head,
             });
         };
         // As register_queue decides: adopt an unowned queue, accept the same settings, let
@@ -1086,11 +1184,15 @@ impl WorkCoordinator for FakeCoordinator {
         let applied = if q.owner.is_none() && params.owner.is_some() {
             q.owner = params.owner;
             q.max_attempts = params.max_attempts;
+            q.ordering_dead_head = params.ordering_dead_head;
             true
-        } else if q.max_attempts == params.max_attempts {
+        } else if q.max_attempts == params.max_attempts
+            && q.ordering_dead_head == params.ordering_dead_head
+        {
             true
         } else if q.owner.is_some() && q.owner == params.owner {
             q.max_attempts = params.max_attempts;
+            q.ordering_dead_head = params.ordering_dead_head;
             true
         } else {
             false
@@ -1099,6 +1201,7 @@ impl WorkCoordinator for FakeCoordinator {
             applied,
             owner: q.owner.clone(),
             max_attempts: q.max_attempts,
+            ordering_dead_head: q.ordering_dead_head,
         })
     }
 
@@ -1171,11 +1274,13 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::CompleteWork, params.items.len()).await?;
         let now = self.now();
         let mut st = self.state();
+        let mut ended = Vec::new();
         let items = distinct(params.items.iter().copied(), |f| *f)
             .map(|f| {
                 let state = match st.work.get_mut(&f.id) {
                     Some(r) if r.fenced_to(params.instance, f.token) => {
                         r.finish(WorkState::Completed, now);
+                        ended.extend(r.key());
                         Some(WorkState::Completed)
                     }
                     _ => None,
@@ -1183,6 +1288,7 @@ impl WorkCoordinator for FakeCoordinator {
                 OutcomeRecord { fence: f, state }
             })
             .collect();
+        st.advance(now, ended);
         Ok(OutcomeBatch { items })
     }
 
@@ -1192,6 +1298,7 @@ impl WorkCoordinator for FakeCoordinator {
         let now = self.now();
         let mut st = self.state();
         let mut failed_queues = Vec::new();
+        let mut ended = Vec::new();
         let items = distinct(params.items.iter(), |f| f.fence)
             .map(|f| {
                 let state = match st.work.get_mut(&f.fence.id) {
@@ -1233,6 +1340,9 @@ impl WorkCoordinator for FakeCoordinator {
                             }
                         }
                         r.finish(next, now);
+                        if next.is_finished() {
+                            ended.extend(r.key());
+                        }
                         if next != WorkState::Cancelled {
                             failed_queues.push(r.queue.clone());
                         }
@@ -1253,6 +1363,7 @@ impl WorkCoordinator for FakeCoordinator {
             st.failures
                 .extend(failed_queues.into_iter().map(|q| (q, minute)));
         }
+        st.advance(now, ended);
         Ok(OutcomeBatch { items })
     }
 
@@ -1260,6 +1371,7 @@ impl WorkCoordinator for FakeCoordinator {
         self.enter(Method::ReleaseWork, params.items.len()).await?;
         let now = self.now();
         let mut st = self.state();
+        let mut ended = Vec::new();
         let items = distinct(params.items.iter().copied(), |f| *f)
             .map(|f| {
                 let state = match st.work.get_mut(&f.id) {
@@ -1286,6 +1398,9 @@ impl WorkCoordinator for FakeCoordinator {
                             WorkState::Available
                         };
                         r.finish(next, now);
+                        if next.is_finished() {
+                            ended.extend(r.key());
+                        }
                         Some(next)
                     }
                     _ => None,
@@ -1293,6 +1408,7 @@ impl WorkCoordinator for FakeCoordinator {
                 OutcomeRecord { fence: f, state }
             })
             .collect();
+        st.advance(now, ended);
         Ok(OutcomeBatch { items })
     }
 
@@ -1500,6 +1616,7 @@ impl WorkCoordinator for FakeCoordinator {
         let mut st = self.state();
         let mut dead: BTreeMap<String, u64> = BTreeMap::new();
         let mut cancelled: BTreeMap<String, u64> = BTreeMap::new();
+        let mut ended = Vec::new();
         for r in st
             .work
             .values_mut()
@@ -1511,7 +1628,9 @@ impl WorkCoordinator for FakeCoordinator {
                 _ => &mut dead,
             };
             *to.entry(r.queue.clone()).or_default() += 1;
+            ended.extend(r.key());
         }
+        st.advance(now, ended);
         Ok(DeadLetterExpiredOutcome {
             dead: counts(dead),
             cancelled: counts(cancelled),
@@ -1548,15 +1667,41 @@ impl WorkCoordinator for FakeCoordinator {
             .take(left)
             .collect();
         let mut outcome = PruneFinishedOutcome::default();
+        let mut ended = Vec::new();
         for id in completed.into_iter().map(|(_, id)| id).chain(others) {
-            match st.work.remove(&id).map(|r| r.state) {
-                Some(WorkState::Completed) => outcome.completed += 1,
-                Some(WorkState::Dead) => outcome.dead += 1,
-                Some(WorkState::Cancelled) => outcome.cancelled += 1,
+            let Some(r) = st.work.remove(&id) else {
+                continue;
+            };
+            match r.state {
+                WorkState::Completed => outcome.completed += 1,
+                WorkState::Dead => {
+                    outcome.dead += 1;
+                    ended.extend(r.key());
+                }
+                WorkState::Cancelled => outcome.cancelled += 1,
                 _ => {}
             }
         }
+        st.advance(now, ended);
         Ok(outcome)
+    }
+
+    async fn ordering_repair(&self, params: OrderingRepairParams) -> Result<OrderingRepairOutcome> {
+        self.enter(Method::OrderingRepair, params.limit as usize)
+            .await?;
+        params.validate()?;
+        let now = self.now();
+        let mut st = self.state();
+        let headless: BTreeSet<(String, String)> = st
+            .work
+            .values()
+            .filter(|r| r.state == WorkState::Blocked)
+            .filter_map(Row::key)
+            .filter(|(q, k)| !st.has_head(q, k))
+            .take(params.limit as usize)
+            .collect();
+        let repaired = st.advance(now, headless);
+        Ok(OrderingRepairOutcome { repaired })
     }
 
     async fn prune_evicted_instances(
@@ -1639,10 +1784,11 @@ impl WorkCoordinator for FakeCoordinator {
 
     async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
         self.enter(Method::QueueDepth, 0).await?;
-        const STATES: [WorkState; 3] = [
+        const STATES: [WorkState; 4] = [
             WorkState::Available,
             WorkState::Scheduled,
             WorkState::Running,
+            WorkState::Blocked,
         ];
         let now = self.now();
         let st = self.state();
@@ -1658,7 +1804,8 @@ impl WorkCoordinator for FakeCoordinator {
             if let Some(i) = STATES.iter().position(|s| *s == r.state) {
                 let (items, oldest) = counts.entry((r.queue.clone(), i as u8)).or_default();
                 *items += 1;
-                if r.state != WorkState::Running && r.run_at <= now {
+                if matches!(r.state, WorkState::Available | WorkState::Scheduled) && r.run_at <= now
+                {
                     *oldest = Some(oldest.map_or(r.run_at, |o| o.min(r.run_at)));
                 }
             }
@@ -1767,84 +1914,29 @@ impl WorkCoordinator for FakeCoordinator {
 impl Operations for FakeCoordinator {
     async fn cancel_work(&self, params: CancelWorkParams) -> Result<CancelWorkOutcome> {
         self.enter(Method::CancelWork, 1).await?;
-        let now = self.now();
-        let mut st = self.state();
-        let r = st
-            .work
-            .get_mut(&params.id)
-            .ok_or(Error::NotFound { id: params.id })?;
-        let cancellation = match r.state {
-            WorkState::Available | WorkState::Scheduled => {
-                let error = format!("cancelled by an operator while {}", r.state);
-                r.push_error(now, None, "cancelled", &error);
-                r.finish(WorkState::Cancelled, now);
-                Cancellation::Cancelled
-            }
-            WorkState::Running => {
-                r.cancel_requested = true;
-                Cancellation::Requested
-            }
-            state => return Err(refused(params.id, state, refusal::CANCEL_FINISHED)),
+        // bulk_work on one id, as cancel_work is (the rules live there once).
+        let cancellation = match self.single(BulkAction::Cancel, params.id)?.0 {
+            BulkResult::Requested => Cancellation::Requested,
+            _ => Cancellation::Cancelled,
         };
         Ok(CancelWorkOutcome { cancellation })
     }
 
     async fn retry_dead_work(&self, params: RetryDeadWorkParams) -> Result<RetryDeadWorkOutcome> {
         self.enter(Method::RetryDeadWork, 1).await?;
-        let now = self.now();
-        let mut st = self.state();
-        let r = st
+        self.single(BulkAction::Retry, params.id)?;
+        let queue = self
+            .state()
             .work
             .get(&params.id)
+            .map(|r| r.queue.clone())
             .ok_or(Error::NotFound { id: params.id })?;
-        if r.state != WorkState::Dead {
-            return Err(refused(params.id, r.state, refusal::RETRY_NOT_DEAD));
-        }
-        let (queue, key) = (r.queue.clone(), r.unique_key.clone());
-        if let Some(key) = key {
-            let taken = st.work.values().any(|o| {
-                o.queue == queue && o.unique_key.as_ref() == Some(&key) && !o.state.is_finished()
-            });
-            if taken {
-                return Err(refused(
-                    params.id,
-                    WorkState::Dead,
-                    refusal::RETRY_UNIQUE_KEY_TAKEN,
-                ));
-            }
-        }
-        let r = st.work.get_mut(&params.id).expect("the dead row exists");
-        let note = format!(
-            "retried by an operator after {} of {} attempts",
-            r.attempt, r.max_attempts
-        );
-        r.push_error(now, None, "retried", &note);
-        r.state = WorkState::Available;
-        r.attempt = 0;
-        r.run_at = now;
-        r.finished_at = None;
-        r.cancel_requested = false;
-        r.renewals = 0;
-        let wake = !st.queues.get(&queue).is_some_and(|q| q.paused);
-        drop(st);
-        if wake {
-            let _ = self.inner.wake.send(queue.clone());
-        }
         Ok(RetryDeadWorkOutcome { queue })
     }
 
     async fn discard_work(&self, params: DiscardWorkParams) -> Result<DiscardWorkOutcome> {
         self.enter(Method::DiscardWork, 1).await?;
-        let mut st = self.state();
-        let state = st
-            .work
-            .get(&params.id)
-            .ok_or(Error::NotFound { id: params.id })?
-            .state;
-        if !state.is_finished() {
-            return Err(refused(params.id, state, refusal::DISCARD_UNFINISHED));
-        }
-        st.work.remove(&params.id);
+        let (_, state) = self.single(BulkAction::Discard, params.id)?;
         Ok(DiscardWorkOutcome { state })
     }
 
@@ -1874,6 +1966,7 @@ impl Operations for FakeCoordinator {
             if params.filter.matches(
                 &r.queue,
                 r.kind.as_deref(),
+                r.ordering_key.as_deref(),
                 r.state,
                 r.instance,
                 r.created_at,
@@ -1931,6 +2024,7 @@ impl Operations for FakeCoordinator {
                 checkpoint: r.checkpoint.clone(),
                 history: r.errors.iter().map(HistoryEntry::from_json).collect(),
                 unique_key: r.unique_key.clone(),
+                ordering_key: r.ordering_key.clone(),
             },
             now,
         })
@@ -2024,6 +2118,7 @@ impl Operations for FakeCoordinator {
                     available: of(WorkState::Available),
                     scheduled: of(WorkState::Scheduled),
                     running: of(WorkState::Running),
+                    blocked: of(WorkState::Blocked),
                     completed,
                     dead,
                     cancelled,
@@ -2127,8 +2222,10 @@ impl Operations for FakeCoordinator {
                 .filter(|r| match params.action {
                     BulkAction::Retry => r.state == WorkState::Dead && !key_taken(r),
                     BulkAction::Cancel => {
-                        matches!(r.state, WorkState::Available | WorkState::Scheduled)
-                            || (r.state == WorkState::Running && !r.cancel_requested)
+                        matches!(
+                            r.state,
+                            WorkState::Available | WorkState::Scheduled | WorkState::Blocked
+                        ) || (r.state == WorkState::Running && !r.cancel_requested)
                     }
                     BulkAction::Discard => r.state.is_finished(),
                     BulkAction::RunNow => r.state == WorkState::Scheduled,
@@ -2137,6 +2234,7 @@ impl Operations for FakeCoordinator {
                     params.filter.matches(
                         &r.queue,
                         r.kind.as_deref(),
+                        r.ordering_key.as_deref(),
                         r.state,
                         r.instance,
                         r.created_at,
@@ -2171,10 +2269,56 @@ impl Operations for FakeCoordinator {
         if let Some(owner) = params.owner {
             q.owner = owner;
         }
+        if let Some(mode) = params.ordering_dead_head {
+            q.ordering_dead_head = mode;
+        }
         Ok(SetQueueSettingsOutcome {
             owner: q.owner.clone(),
             max_attempts: q.max_attempts,
+            ordering_dead_head: q.ordering_dead_head,
         })
+    }
+
+    async fn list_held_keys(&self, params: ListHeldKeysParams) -> Result<ListHeldKeysOutcome> {
+        self.enter(Method::ListHeldKeys, 1).await?;
+        params.validate()?;
+        let st = self.state();
+        let mut seen = HashSet::new();
+        let mut keys = Vec::new();
+        // The work map is in id order: each key's first dead letter comes first.
+        for r in st.work.values() {
+            if r.state != WorkState::Dead
+                || params.queue.as_ref().is_some_and(|q| q != &r.queue)
+                || !st.holds_dead_heads(&r.queue)
+            {
+                continue;
+            }
+            let Some((queue, key)) = r.key() else {
+                continue;
+            };
+            if !seen.insert((queue.clone(), key.clone())) {
+                continue;
+            }
+            let blocked = st
+                .work
+                .values()
+                .filter(|b| {
+                    b.state == WorkState::Blocked
+                        && b.queue == queue
+                        && b.ordering_key.as_deref() == Some(key.as_str())
+                })
+                .count() as u64;
+            keys.push(HeldKey {
+                queue,
+                ordering_key: key,
+                dead_id: r.id,
+                blocked,
+            });
+            if keys.len() == params.limit as usize {
+                break;
+            }
+        }
+        Ok(ListHeldKeysOutcome { keys })
     }
 }
 
@@ -2189,6 +2333,20 @@ impl FakeCoordinator {
         let changed = row.paused != paused;
         row.paused = paused;
         Ok(changed)
+    }
+
+    /// `bulk_work` on one id, its refusal as the single call's error: the result and the
+    /// state the item had.
+    fn single(&self, action: BulkAction, id: WorkId) -> Result<(BulkResult, WorkState)> {
+        let item = self
+            .bulk(action, &[id])
+            .pop()
+            .ok_or(Error::NotFound { id })?;
+        match (item.result, item.state_before) {
+            (BulkResult::NotFound, _) | (_, None) => Err(Error::NotFound { id }),
+            (BulkResult::Refused { state, reason }, _) => Err(refused(id, state, &reason)),
+            (result, Some(state)) => Ok((result, state)),
+        }
     }
 
     /// `bulk_work`: one answer per distinct id, in the order of its first mention.
@@ -2211,6 +2369,7 @@ impl FakeCoordinator {
         }
         let mut woken = Vec::new();
         let mut items = Vec::new();
+        let mut ended = Vec::new();
         for &id in ids {
             if !seen.insert(id) {
                 continue;
@@ -2249,7 +2408,30 @@ impl FakeCoordinator {
                             r.attempt, r.max_attempts
                         );
                         r.push_error(now, None, "retried", &note);
-                        r.state = WorkState::Available;
+                        // Behind another head of its key (or a lower id of the key this
+                        // call retries): blocked, as bulk_work decides.
+                        let behind = r.key().is_some_and(|(q, k)| {
+                            let hold = st.holds_dead_heads(&q);
+                            st.work.values().any(|o| {
+                                o.id != id
+                                    && o.queue == q
+                                    && o.ordering_key.as_deref() == Some(k.as_str())
+                                    && (matches!(
+                                        o.state,
+                                        WorkState::Available
+                                            | WorkState::Scheduled
+                                            | WorkState::Running
+                                    ) || (o.state == WorkState::Dead
+                                        && ((hold && !ids.contains(&o.id))
+                                            || (ids.contains(&o.id) && o.id < id))))
+                            })
+                        });
+                        let r = st.work.get_mut(&id).expect("the row exists");
+                        r.state = if behind {
+                            WorkState::Blocked
+                        } else {
+                            WorkState::Available
+                        };
                         r.attempt = 0;
                         r.run_at = now;
                         r.finished_at = None;
@@ -2260,11 +2442,12 @@ impl FakeCoordinator {
                     }
                 }
                 BulkAction::Cancel => match before {
-                    WorkState::Available | WorkState::Scheduled => {
+                    WorkState::Available | WorkState::Scheduled | WorkState::Blocked => {
                         let r = st.work.get_mut(&id).expect("the row exists");
                         let error = format!("cancelled by an operator while {before}");
                         r.push_error(now, None, "cancelled", &error);
                         r.finish(WorkState::Cancelled, now);
+                        ended.extend(r.key());
                         BulkResult::Cancelled
                     }
                     WorkState::Running => {
@@ -2277,7 +2460,9 @@ impl FakeCoordinator {
                     _ => refuse(refusal::CANCEL_FINISHED),
                 },
                 BulkAction::Discard if before.is_finished() => {
-                    st.work.remove(&id);
+                    if let Some(r) = st.work.remove(&id) {
+                        ended.extend(r.key());
+                    }
                     BulkResult::Discarded
                 }
                 BulkAction::Discard => refuse(refusal::DISCARD_UNFINISHED),
@@ -2296,6 +2481,7 @@ impl FakeCoordinator {
                 result,
             });
         }
+        st.advance(now, ended);
         woken.sort();
         woken.dedup();
         woken.retain(|q| !st.queues.get(q).is_some_and(|row| row.paused));

@@ -60,6 +60,12 @@ pub trait JobArgs: Serialize + DeserializeOwned + Send + 'static {
         None
     }
 
+    /// The ordering key of these arguments: items of the queue with one key run one at a
+    /// time, in enqueue order ([`NewWork::ordering_key`]). **Default: none.**
+    fn ordering_key(&self) -> Option<String> {
+        None
+    }
+
     /// These arguments as a [`NewWork`] with the kind's defaults, for per-item changes
     /// (`args.to_work()?.run_after(delay)`).
     fn to_work(&self) -> Result<NewWork> {
@@ -74,6 +80,7 @@ pub trait JobArgs: Serialize + DeserializeOwned + Send + 'static {
             .priority(Self::PRIORITY);
         work.max_attempts = Self::MAX_ATTEMPTS;
         work.unique_key = self.unique_key();
+        work.ordering_key = self.ordering_key();
         Ok(work)
     }
 }

@@ -91,7 +91,9 @@ pub use pg::{
 #[cfg(feature = "testing")]
 pub use recorded_metrics::RecordedMetrics;
 pub use types::*;
-pub use validate::{validate_kind, validate_queue_name, validate_schema_name};
+pub use validate::{
+    validate_kind, validate_ordering_key, validate_queue_name, validate_schema_name,
+};
 pub use worker::{ConfigProblem, Worker, WorkerError};
 
 /// Attempts an item gets unless its queue or the item says otherwise.
@@ -110,6 +112,9 @@ pub const MAX_PAYLOAD_DEPTH: usize = 127;
 pub const MAX_UNIQUE_KEY_BYTES: usize = 512;
 /// The longest job kind, in characters.
 pub const MAX_KIND_CHARS: usize = 128;
+
+/// The longest ordering key, in characters ([`NewWork::ordering_key`]).
+pub const MAX_ORDERING_KEY_CHARS: usize = 128;
 /// The longest lease (and renewal extension) accepted.
 pub const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
 /// The furthest into the future an item may be scheduled (by delay or by time).

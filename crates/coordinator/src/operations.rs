@@ -86,6 +86,10 @@ pub trait Operations: sealed::Sealed + Send + Sync + 'static {
         params: BulkWorkMatchingParams,
     ) -> Result<BulkWorkMatchingOutcome>;
 
+    /// The ordering keys held by a dead head, with how many items wait behind each; see the
+    /// SQL function `list_held_keys` and docs/ordering.md.
+    async fn list_held_keys(&self, params: ListHeldKeysParams) -> Result<ListHeldKeysOutcome>;
+
     /// Changes a queue's settings whoever owns them, or hands them to another service (see
     /// `register_queue`: a queue's settings have one owner). An unknown queue is
     /// [`crate::Error::UnknownQueue`].

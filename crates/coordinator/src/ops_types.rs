@@ -70,6 +70,9 @@ pub struct WorkFilter {
     /// [`MAX_KIND_CHARS`](crate::MAX_KIND_CHARS) characters without control characters.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kinds: Vec<String>,
+    /// Its ordering key is one of these (an unkeyed item matches none; docs/ordering.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ordering_keys: Vec<String>,
     /// Its current owner (so only running items match).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<InstanceId>,
@@ -115,6 +118,12 @@ impl WorkFilter {
         self
     }
 
+    /// Adds an ordering key (see [`ordering_keys`](WorkFilter#structfield.ordering_keys)).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_keys.push(key.into());
+        self
+    }
+
     /// Only items this instance owns now.
     pub fn instance(mut self, instance: InstanceId) -> Self {
         self.instance = Some(instance);
@@ -157,6 +166,14 @@ impl WorkFilter {
                 other => other,
             })?;
         }
+        for key in &self.ordering_keys {
+            crate::validate::validate_ordering_key(key).map_err(|e| match e {
+                Error::InvalidArgument(why) => {
+                    Error::InvalidArgument(format!("{what}: filter key 'ordering_keys': {why}"))
+                }
+                other => other,
+            })?;
+        }
         if let Some(text) = &self.error_contains {
             if text.is_empty() || text.len() > MAX_FILTER_TEXT_BYTES || text.contains('\0') {
                 return Err(Error::InvalidArgument(format!(
@@ -176,6 +193,7 @@ impl WorkFilter {
         &self,
         queue: &str,
         kind: Option<&str>,
+        ordering_key: Option<&str>,
         state: WorkState,
         owner: Option<InstanceId>,
         created_at: DateTime<Utc>,
@@ -189,6 +207,8 @@ impl WorkFilter {
         (self.queues.is_empty() || self.queues.iter().any(|q| q == queue))
             && (self.states.is_empty() || self.states.contains(&state))
             && (self.kinds.is_empty() || kind.is_some_and(|k| self.kinds.iter().any(|x| x == k)))
+            && (self.ordering_keys.is_empty()
+                || ordering_key.is_some_and(|k| self.ordering_keys.iter().any(|x| x == k)))
             && self.instance.is_none_or(|i| owner == Some(i))
             && self.created_since.is_none_or(|b| created_at >= b)
             && self.created_before.is_none_or(|b| created_at < b)
@@ -269,6 +289,8 @@ pub struct WorkSummary {
     pub queue: String,
     /// Its job kind (`None`: untyped).
     pub kind: Option<String>,
+    /// Its ordering key (`None`: unordered).
+    pub ordering_key: Option<String>,
     /// Its state.
     pub state: WorkState,
     /// Its priority (lower runs first).
@@ -390,6 +412,8 @@ pub struct WorkDetail {
     pub history: Vec<HistoryEntry>,
     /// Its unique key.
     pub unique_key: Option<String>,
+    /// Its ordering key (docs/ordering.md).
+    pub ordering_key: Option<String>,
 }
 
 /// The result of `get_work`. An unknown id is [`Error::NotFound`].
@@ -446,6 +470,8 @@ pub struct QueueOverview {
     pub scheduled: u64,
     /// Leased or orphaned (exact).
     pub running: u64,
+    /// Waiting behind the head of their ordering key (exact).
+    pub blocked: u64,
     /// Completed and not yet pruned.
     pub completed: Count,
     /// Dead letters.
@@ -737,6 +763,9 @@ pub struct SetQueueSettingsParams {
     /// `Some(Some(service))` hands the settings to that service, `Some(None)` to nobody (the
     /// next named declarer adopts them), `None` keeps the owner.
     pub owner: Option<Option<String>>,
+    /// What a dead head of an ordering key does from now on (docs/ordering.md); `None` keeps
+    /// it.
+    pub ordering_dead_head: Option<crate::OrderingDeadHead>,
 }
 
 impl SetQueueSettingsParams {
@@ -759,4 +788,64 @@ pub struct SetQueueSettingsOutcome {
     pub owner: Option<String>,
     /// The queue's default attempt limit.
     pub max_attempts: i32,
+    /// What a dead head of an ordering key does in the queue.
+    pub ordering_dead_head: crate::OrderingDeadHead,
+}
+
+// ---------------------------------------------------------------------------------------------
+// list_held_keys
+
+/// Lists the ordering keys held by a dead head (queues whose `ordering_dead_head` is `hold`).
+#[derive(Clone, Debug)]
+pub struct ListHeldKeysParams {
+    /// One queue, or `None` for every queue.
+    pub queue: Option<String>,
+    /// At most this many keys, 1 to 10 000. **Default: 100.**
+    pub limit: u32,
+}
+
+impl Default for ListHeldKeysParams {
+    fn default() -> Self {
+        ListHeldKeysParams {
+            queue: None,
+            limit: 100,
+        }
+    }
+}
+
+impl ListHeldKeysParams {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(q) = &self.queue {
+            crate::validate::validate_queue_name(q)?;
+        }
+        if !(1..=crate::MAX_SWEEP_BATCH).contains(&self.limit) {
+            return Err(Error::InvalidArgument(format!(
+                "list_held_keys: limit must be between 1 and {}, got {}",
+                crate::MAX_SWEEP_BATCH,
+                self.limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One ordering key held by a dead letter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeldKey {
+    /// Its queue.
+    pub queue: String,
+    /// The key.
+    pub ordering_key: String,
+    /// The dead letter that holds it (its lowest-id one): retry it (`retry_dead_work`) or
+    /// discard it (`discard_work`) to release the key.
+    pub dead_id: WorkId,
+    /// Items of the key waiting behind it.
+    pub blocked: u64,
+}
+
+/// The result of `list_held_keys`: the keys in id order of their dead letter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ListHeldKeysOutcome {
+    /// The held keys.
+    pub keys: Vec<HeldKey>,
 }

@@ -104,8 +104,11 @@ pub const EVERY_STATE_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-0
 /// The ids of the items [`every_state`] made, by state, and the instance that claimed the
 /// running one.
 pub struct EveryState {
-    /// Two items of `emails`, due now.
+    /// Two items of `emails`, due now; the second has the ordering key `customer-b`.
     pub available: Vec<i64>,
+    /// An item of `emails` with the ordering key `customer-b`, blocked behind the second
+    /// available one.
+    pub blocked: i64,
     /// In `emails`: a retry an hour away (its first attempt failed), and an item due in two
     /// hours.
     pub scheduled: Vec<i64>,
@@ -122,8 +125,8 @@ pub struct EveryState {
 }
 
 /// Queues `emails` and `reports`, with items available, scheduled (one a retry with an
-/// error), running (with a checkpoint), completed, dead (two in emails, one in reports) and
-/// cancelled.
+/// error), running (with a checkpoint), completed, dead (two in emails, one in reports),
+/// cancelled and blocked (behind an available item of its ordering key).
 ///
 /// Items of `emails` are typed: of kind `send_email` (carrying a trace context in their
 /// metadata, `traceparent` [`EVERY_STATE_TRACEPARENT`]), except the second dead letter ("smtp:
@@ -255,8 +258,9 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
 
     let available = enqueue(vec![
         email("a@example.com".into()),
-        email("b@example.com".into()),
+        email("b@example.com".into()).ordering_key("customer-b"),
         email("c@example.com".into()),
+        email("b2@example.com".into()).ordering_key("customer-b"),
     ])
     .await;
     let later = enqueue(vec![
@@ -269,6 +273,7 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
         .expect("cancel");
     EveryState {
         available: available[..2].to_vec(),
+        blocked: available[3],
         scheduled: vec![fence(3).id, later[0]],
         running: fence(4).id,
         completed: fence(0).id,

@@ -68,6 +68,10 @@ pub enum WorkState {
     Dead,
     /// Cancelled by an operator.
     Cancelled,
+    /// Waiting behind the head of its ordering key (an earlier unfinished item of its queue
+    /// and key); promoted to available (or scheduled) when that head ends
+    /// (docs/ordering.md).
+    Blocked,
 }
 
 impl WorkState {
@@ -80,6 +84,7 @@ impl WorkState {
             WorkState::Completed => "completed",
             WorkState::Dead => "dead",
             WorkState::Cancelled => "cancelled",
+            WorkState::Blocked => "blocked",
         }
     }
 
@@ -92,6 +97,7 @@ impl WorkState {
             "completed" => WorkState::Completed,
             "dead" => WorkState::Dead,
             "cancelled" => WorkState::Cancelled,
+            "blocked" => WorkState::Blocked,
             _ => return None,
         })
     }
@@ -125,6 +131,9 @@ pub struct RegisterQueueParams {
     /// its settings: a later declaration by another service, or by an anonymous one (`None`),
     /// does not change them and gets the owner's settings back instead. **Default: none.**
     pub owner: Option<String>,
+    /// What a dead letter of an ordering key does to the items of its key behind it
+    /// (docs/ordering.md). **Default: [`OrderingDeadHead::Hold`].**
+    pub ordering_dead_head: OrderingDeadHead,
 }
 
 impl RegisterQueueParams {
@@ -134,7 +143,15 @@ impl RegisterQueueParams {
             name: name.into(),
             max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
             owner: None,
+            ordering_dead_head: OrderingDeadHead::Hold,
         }
+    }
+
+    /// Sets what a dead head of an ordering key does (see
+    /// [`ordering_dead_head`](RegisterQueueParams#structfield.ordering_dead_head)).
+    pub fn ordering_dead_head(mut self, mode: OrderingDeadHead) -> Self {
+        self.ordering_dead_head = mode;
+        self
     }
 
     /// Declares it as `owner` (a service's name).
@@ -155,6 +172,49 @@ pub struct RegisterQueueOutcome {
     pub owner: Option<String>,
     /// The queue's default attempt limit.
     pub max_attempts: i32,
+    /// What a dead head of an ordering key does in this queue.
+    pub ordering_dead_head: OrderingDeadHead,
+}
+
+/// What a dead letter that heads its ordering key does to the items of its key behind it, per
+/// queue (docs/ordering.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderingDeadHead {
+    /// The key waits: nothing behind the dead letter runs until an operator retries or
+    /// discards it. Order is never broken. **The default.**
+    #[default]
+    Hold,
+    /// The dead letter ends its key's head like a completion, and the next item runs.
+    Skip,
+}
+
+impl OrderingDeadHead {
+    /// Its name in the store (`hold` or `skip`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderingDeadHead::Hold => "hold",
+            OrderingDeadHead::Skip => "skip",
+        }
+    }
+
+    /// Parses a name from the store; anything else is [`crate::Error::InvalidArgument`]
+    /// naming it.
+    pub fn parse(s: &str) -> crate::Result<Self> {
+        match s {
+            "hold" => Ok(OrderingDeadHead::Hold),
+            "skip" => Ok(OrderingDeadHead::Skip),
+            other => Err(crate::Error::InvalidArgument(format!(
+                "ordering_dead_head must be \"hold\" or \"skip\", got {other:?}"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for OrderingDeadHead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,6 +257,14 @@ pub struct NewWork {
     /// trace context (`traceparent`, `tracestate`) the host captures at enqueue lives here.
     /// Same limits as the payload. **Default: none.**
     pub metadata: Option<Value>,
+    /// The ordering key (1 to [`crate::MAX_ORDERING_KEY_CHARS`] characters, no control
+    /// characters): the items of one queue and key run one at a time, in enqueue order (for
+    /// one key, the order in which the enqueueing transactions committed); items of different
+    /// keys run in parallel. A later item waits in state [`WorkState::Blocked`] until the one
+    /// before it has completed, been cancelled or discarded, or — in a queue whose
+    /// [`OrderingDeadHead`] is `skip` — become a dead letter (docs/ordering.md).
+    /// **Default: none** (unordered).
+    pub ordering_key: Option<String>,
 }
 
 impl NewWork {
@@ -211,7 +279,14 @@ impl NewWork {
             max_attempts: None,
             kind: None,
             metadata: None,
+            ordering_key: None,
         }
+    }
+
+    /// Sets the ordering key (see [`NewWork::ordering_key`](NewWork#structfield.ordering_key)).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
     }
 
     /// Sets the job kind (see [`NewWork::kind`](NewWork#structfield.kind)).
@@ -736,6 +811,34 @@ pub struct PruneFinishedParams {
     pub dead_retention: Duration,
     /// At most this many items, 1 to [`MAX_SWEEP_BATCH`]; completed items first.
     pub limit: u32,
+}
+
+/// Repairs ordering keys left without a head (`ordering_repair`; must never find any).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OrderingRepairParams {
+    /// At most this many keys, 1 to [`MAX_SWEEP_BATCH`].
+    pub limit: u32,
+}
+
+impl OrderingRepairParams {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        if !(1..=MAX_SWEEP_BATCH).contains(&self.limit) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "ordering_repair: limit must be between 1 and {MAX_SWEEP_BATCH}, got {}",
+                self.limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The result of `ordering_repair`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrderingRepairOutcome {
+    /// Keys that had blocked items but no head, each given its next item as head. Anything
+    /// but 0 is a bug (or a write outside the store's functions): the maintenance worker
+    /// counts it in `workpump_ordering_repairs_total`.
+    pub repaired: u64,
 }
 
 /// The result of `prune_finished`.

@@ -10,8 +10,8 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::types::*;
 use crate::{
-    MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH, MAX_KIND_CHARS, MAX_LEASE, MAX_PAYLOAD_BYTES,
-    MAX_PAYLOAD_DEPTH, MAX_SCHEDULE_AHEAD, MAX_UNIQUE_KEY_BYTES,
+    MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH, MAX_KIND_CHARS, MAX_LEASE, MAX_ORDERING_KEY_CHARS,
+    MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, MAX_SCHEDULE_AHEAD, MAX_UNIQUE_KEY_BYTES,
 };
 
 /// Checks a queue name: 1 to 128 characters from `A-Z a-z 0-9 _ . : -`, starting with a
@@ -43,6 +43,20 @@ pub fn validate_kind(kind: &str) -> Result<()> {
         Err(invalid(format!(
             "job kind {:?} must be 1 to {MAX_KIND_CHARS} characters without control characters",
             truncate(kind, 64)
+        )))
+    }
+}
+
+/// Checks an ordering key: 1 to [`MAX_ORDERING_KEY_CHARS`] characters, no control characters
+/// (NUL included).
+pub fn validate_ordering_key(key: &str) -> Result<()> {
+    let n = key.chars().count();
+    if (1..=MAX_ORDERING_KEY_CHARS).contains(&n) && !key.chars().any(char::is_control) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "ordering key {:?} must be 1 to {MAX_ORDERING_KEY_CHARS} characters without control characters",
+            truncate(key, 64)
         )))
     }
 }
@@ -118,6 +132,9 @@ pub(crate) fn validate_enqueue(p: &EnqueueWorkParams) -> Result<EnqueueTexts> {
             .push(payload_text(&item.payload).map_err(at)?);
         if let Some(kind) = &item.kind {
             validate_kind(kind).map_err(|e| at(reason(e)))?;
+        }
+        if let Some(key) = &item.ordering_key {
+            validate_ordering_key(key).map_err(|e| at(reason(e)))?;
         }
         texts.metadata.push(match &item.metadata {
             None => None,

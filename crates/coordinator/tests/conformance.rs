@@ -57,7 +57,8 @@ impl Harness for PgHarness {
         let r = sqlx::query(
             "SELECT id, queue, state::text AS state, priority, attempt, max_attempts, instance_id,
                     lease_expiry IS NOT NULL AS has_lease, claim_token, renewals, cancel_requested,
-                    payload, checkpoint, errors, unique_key, finished_at IS NOT NULL AS finished
+                    payload, checkpoint, errors, unique_key, ordering_key,
+                    finished_at IS NOT NULL AS finished
              FROM workpump.work WHERE id = $1",
         )
         .bind(id)
@@ -88,6 +89,7 @@ impl Harness for PgHarness {
                 .map(ErrorEntry::from_json)
                 .collect(),
             unique_key: r.get("unique_key"),
+            ordering_key: r.get("ordering_key"),
             finished: r.get("finished"),
         })
     }
@@ -234,6 +236,14 @@ impl Harness for PgHarness {
         .execute(&self.pool)
         .await
         .expect("age finished_at");
+    }
+
+    async fn delete_behind_the_stores_back(&self, id: WorkId) {
+        sqlx::query("DELETE FROM workpump.work WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .expect("delete a row by hand");
     }
 
     async fn age_eviction(&self, instance: InstanceId, by: Duration) {
@@ -389,6 +399,9 @@ impl Harness for FakeHarness {
     }
     async fn age_finished(&self, id: WorkId, by: Duration) {
         self.0.age_finished(id, by)
+    }
+    async fn delete_behind_the_stores_back(&self, id: WorkId) {
+        self.0.delete_behind_the_stores_back(id)
     }
     async fn age_eviction(&self, instance: InstanceId, by: Duration) {
         self.0.age_eviction(instance, by)

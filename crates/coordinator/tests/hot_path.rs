@@ -800,3 +800,103 @@ async fn the_fenced_transactions_idle_timeout_is_its_own_and_never_looser_than_t
         .expect("setting");
     assert_eq!(after, 0, "the pool's sessions keep their own setting");
 }
+
+/// An operator's cancel by filter never waits for an ordering key while it holds rows: an
+/// item whose key another transaction holds (here an enqueue of the key, left open) is
+/// skipped like a locked row, and taken by the next call once the key is free.
+#[tokio::test]
+async fn a_cancel_by_filter_skips_an_item_whose_key_is_busy_instead_of_waiting() {
+    let (db, pool, c) = migrated().await;
+    let keyed = |n: i64| NewWork::new("q", json!({ "n": n })).ordering_key("k");
+    let ids: Vec<WorkId> = enqueue(&c, vec![keyed(0), keyed(1)])
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let mut open = PgConnection::connect(db.url()).await.expect("connect");
+    sqlx::query("BEGIN")
+        .execute(&mut open)
+        .await
+        .expect("begin");
+    c.enqueue_with(
+        &mut open,
+        EnqueueWorkParams {
+            items: vec![keyed(2)],
+        },
+    )
+    .await
+    .expect("an enqueue of the key, left open");
+    let cancel = || {
+        c.bulk_work_matching(BulkWorkMatchingParams {
+            action: BulkAction::Cancel,
+            filter: WorkFilter::new().queue("q").state(WorkState::Blocked),
+            all: false,
+            limit: 10,
+        })
+    };
+    let skipped = tokio::time::timeout(Duration::from_secs(10), cancel())
+        .await
+        .expect("answered without waiting for the key")
+        .expect("bulk");
+    assert!(skipped.items.is_empty(), "{skipped:?}");
+    sqlx::query("COMMIT")
+        .execute(&mut open)
+        .await
+        .expect("commit");
+    let done = cancel().await.expect("bulk");
+    assert_eq!(
+        done.items.len(),
+        2,
+        "the blocked item and the one enqueued meanwhile"
+    );
+    assert!(done.items.iter().any(|i| i.id == ids[1]));
+    pool.close().await;
+}
+
+/// A keyed enqueue under a transaction snapshot could miss a head that finished while it
+/// waited for the key's lock: refused, naming the isolation level, and nothing is written.
+/// An unkeyed one is fine there.
+#[tokio::test]
+async fn a_keyed_enqueue_in_a_repeatable_read_transaction_is_refused_naming_it() {
+    let (db, pool, c) = migrated().await;
+    let mut conn = PgConnection::connect(db.url()).await.expect("connect");
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    let err = c
+        .enqueue_with(
+            &mut conn,
+            EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!(1)).ordering_key("k")],
+            },
+        )
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("READ COMMITTED") && m.contains("REPEATABLE READ")),
+        "{err}"
+    );
+    sqlx::query("ROLLBACK")
+        .execute(&mut conn)
+        .await
+        .expect("rollback");
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    c.enqueue_with(
+        &mut conn,
+        EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!(2))],
+        },
+    )
+    .await
+    .expect("an unkeyed enqueue");
+    sqlx::query("COMMIT")
+        .execute(&mut conn)
+        .await
+        .expect("commit");
+    assert_eq!(count(&pool, "SELECT count(*) FROM workpump.work").await, 1);
+    pool.close().await;
+}

@@ -363,3 +363,49 @@ async fn two_heartbeats_sweeping_each_other_do_not_deadlock() {
         .await
         .expect("commit");
 }
+
+/// The ordering keys' transaction locks live in the other advisory lock space (two int4
+/// keys): while an enqueue holds one, `alive_lock_held_keys()` reports nothing of its session,
+/// so no ordering lock can ever pass for an instance's alive-lock.
+#[tokio::test]
+async fn an_ordering_keys_lock_is_never_taken_for_an_alive_lock() {
+    let db = database().await;
+    let mut setup = connect(&db).await;
+    sqlx::query("SELECT workpump.register_queue('q', 10, NULL, 'hold')")
+        .execute(&mut setup)
+        .await
+        .expect("queue");
+    let mut enqueuer = connect(&db).await;
+    sqlx::query("BEGIN")
+        .execute(&mut enqueuer)
+        .await
+        .expect("begin");
+    let pid: i32 = sqlx::query_scalar(
+        "SELECT pg_backend_pid() FROM workpump.enqueue_work(ARRAY['q'], ARRAY['{}'::jsonb],
+             ARRAY[NULL::smallint], ARRAY[NULL::interval], ARRAY[NULL::timestamptz],
+             ARRAY[NULL::text], ARRAY[NULL::int], ARRAY[NULL::text], ARRAY[NULL::jsonb],
+             ARRAY['customer-1'])",
+    )
+    .fetch_one(&mut enqueuer)
+    .await
+    .expect("a keyed enqueue, left open");
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 AND granted",
+    )
+    .bind(pid)
+    .fetch_one(&mut setup)
+    .await
+    .expect("pg_locks");
+    assert_eq!(held, 1, "the enqueue holds its key's lock until it commits");
+    let seen: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM workpump.alive_lock_held_keys() WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(&mut setup)
+            .await
+            .expect("alive_lock_held_keys");
+    assert_eq!(seen, 0);
+    sqlx::query("COMMIT")
+        .execute(&mut enqueuer)
+        .await
+        .expect("commit");
+}

@@ -532,6 +532,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .expect("bulk_work_matching");
     }
     c.set_queue_settings(SetQueueSettingsParams {
+        ordering_dead_head: None,
         queue: QUEUE.into(),
         max_attempts: None,
         owner: Some(Some("ops".into())),
@@ -685,6 +686,35 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("fire_periodic");
     assert!(matches!(fired.result, FireResult::Fired(_)), "{fired:?}");
+
+    // Ordering keys: a keyed batch (the key's lock, its order from ordering_seq), the next
+    // item promoted when the head is cancelled, the repair, the held keys.
+    let keyed = c
+        .enqueue_work(EnqueueWorkParams {
+            items: (0..2)
+                .map(|i| NewWork::new(QUEUE, json!({ "k": i })).ordering_key("customer-1"))
+                .collect(),
+        })
+        .await
+        .expect("a keyed enqueue_work");
+    c.cancel_work(CancelWorkParams {
+        id: keyed.items[0].id,
+    })
+    .await
+    .expect("cancel the head");
+    let next = c
+        .get_work(GetWorkParams {
+            id: keyed.items[1].id,
+        })
+        .await
+        .expect("get_work");
+    assert_eq!(next.item.state, WorkState::Available);
+    c.ordering_repair(OrderingRepairParams { limit: 100 })
+        .await
+        .expect("ordering_repair");
+    c.list_held_keys(ListHeldKeysParams::default())
+        .await
+        .expect("list_held_keys");
 
     // The end of a drain.
     c.deregister_instance(DeregisterInstanceParams { instance: me })

@@ -16,9 +16,10 @@ use crate::view::{self, render, store_error, Page};
 use crate::AppState;
 
 /// The states in the order a queue's life reads.
-const STATES: [WorkState; 6] = [
+const STATES: [WorkState; 7] = [
     WorkState::Available,
     WorkState::Scheduled,
+    WorkState::Blocked,
     WorkState::Running,
     WorkState::Completed,
     WorkState::Dead,
@@ -42,6 +43,7 @@ pub(crate) struct QueueRow {
     pub(crate) available: String,
     pub(crate) scheduled: String,
     pub(crate) running: String,
+    pub(crate) blocked: String,
     pub(crate) completed: String,
     pub(crate) dead: String,
     pub(crate) dead_items: u64,
@@ -78,6 +80,7 @@ impl From<&QueueOverview> for QueueRow {
             available: view::count(q.available),
             scheduled: view::count(q.scheduled),
             running: view::count(q.running),
+            blocked: view::count(q.blocked),
             completed: bounded(q.completed),
             dead: bounded(q.dead),
             dead_items: q.dead.items,
@@ -433,6 +436,9 @@ pub(crate) async fn item(
     if let Some(key) = &w.unique_key {
         fields.push(("unique key", key.clone()));
     }
+    if let Some(key) = &w.ordering_key {
+        fields.push(("ordering key", key.clone()));
+    }
 
     let attempts: Vec<Attempt> = w
         .history
@@ -481,7 +487,7 @@ pub(crate) async fn item(
         may_retry: w.state == WorkState::Dead,
         may_cancel: matches!(
             w.state,
-            WorkState::Available | WorkState::Scheduled | WorkState::Running
+            WorkState::Available | WorkState::Scheduled | WorkState::Blocked | WorkState::Running
         ) && !w.cancel_requested,
         may_discard: matches!(
             w.state,

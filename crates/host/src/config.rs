@@ -186,6 +186,11 @@ pub struct QueueConfig {
     pub concurrency: Option<usize>,
     /// Attempts before an item becomes a dead letter. **Default: 10.**
     pub max_attempts: Option<i32>,
+    /// What a dead letter that heads its ordering key does to the key's later items:
+    /// `"hold"` (they wait until an operator retries or discards it) or `"skip"` (the next
+    /// runs); see docs/ordering.md. Stored with the queue's settings, like `max_attempts`.
+    /// **Default: `"hold"`.**
+    pub ordering_dead_head: Option<workpump_coordinator::OrderingDeadHead>,
     /// The retry delay unit: attempt n waits about `base × 2^n`. **Default: 1 000 ms.**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub backoff_base_ms: Option<u64>,
@@ -394,6 +399,14 @@ impl HostConfig {
                 cap: q.backoff_cap_ms.map_or(backoff.cap, Duration::from_millis),
             },
         }
+    }
+
+    /// What a queue's dead head of an ordering key does (`hold` unless configured).
+    pub fn ordering_dead_head(&self, queue: &str) -> workpump_coordinator::OrderingDeadHead {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.ordering_dead_head)
+            .unwrap_or_default()
     }
 
     /// A queue's attempt limit.

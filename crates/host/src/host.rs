@@ -233,7 +233,7 @@ impl HostBuilder {
     /// Declares `queue` without handling it: a service that only enqueues to a queue
     /// declares it here, so that its enqueues are never refused as unknown and no other
     /// service's declaration is needed first. The host registers it at start with the
-    /// `[queues.<name>]` settings (its `max_attempts`), as the service named by
+    /// `[queues.<name>]` settings (its `max_attempts` and `ordering_dead_head`), as the service named by
     /// [`HostConfig::service`](crate::HostConfig::service) — which owns those settings when
     /// it declares the queue first. A queue that also has a handler is declared once.
     pub fn produces(mut self, queue: impl Into<String>) -> Self {
@@ -639,9 +639,16 @@ async fn start(
     let identity = Identity::new();
     let shutdown_timeout = Duration::from_millis(config.shutdown_timeout_ms);
     let (migrate, supervision) = (config.migrate, config.supervision.clone());
-    let queues: Vec<(String, i32)> = queue_names
+    let queues: Vec<RegisterQueueParams> = queue_names
         .iter()
-        .map(|q| (q.clone(), config.max_attempts(q)))
+        .map(|q| {
+            RegisterQueueParams::new(q.clone()).ordering_dead_head(config.ordering_dead_head(q))
+        })
+        .map(|p| RegisterQueueParams {
+            max_attempts: config.max_attempts(&p.name),
+            owner: config.service.clone(),
+            ..p
+        })
         .collect();
     let service = config.service.clone();
     let heartbeat_config = config.heartbeat.clone();
@@ -802,11 +809,12 @@ async fn start(
 /// A declaration whose settings the store did not apply: say whose settings stay, naming both
 /// services, and how to change them.
 fn warn_settings_kept(
-    queue: &str,
-    max_attempts: i32,
+    declared: &RegisterQueueParams,
     service: Option<&str>,
     stored: &workpump_coordinator::RegisterQueueOutcome,
 ) {
+    let (queue, max_attempts) = (declared.name.as_str(), declared.max_attempts);
+    let dead_head = declared.ordering_dead_head;
     let ours = service.map_or_else(
         || "this host (no `service` configured)".to_owned(),
         |s| format!("service {s:?}"),
@@ -819,11 +827,15 @@ fn warn_settings_kept(
         queue,
         declared_max_attempts = max_attempts,
         kept_max_attempts = stored.max_attempts,
-        "queue {queue:?}: {ours} declares max_attempts = {max_attempts}, but the queue's settings \
-         belong to {theirs} (max_attempts = {}); keeping theirs. Align the settings, or have an \
-         operator change them or hand the queue over (`workpump settings`, \
+        declared_ordering_dead_head = %dead_head,
+        kept_ordering_dead_head = %stored.ordering_dead_head,
+        "queue {queue:?}: {ours} declares max_attempts = {max_attempts}, ordering_dead_head = \
+         {dead_head}, but the queue's settings belong to {theirs} (max_attempts = {}, \
+         ordering_dead_head = {}); keeping theirs. Align the settings, or have an operator \
+         change them or hand the queue over (`workpump settings`, \
          Operations::set_queue_settings)",
-        stored.max_attempts
+        stored.max_attempts,
+        stored.ordering_dead_head
     );
 }
 
@@ -831,7 +843,7 @@ async fn bootstrap(
     coordinator: Arc<dyn WorkCoordinator>,
     pg: Option<PgCoordinator>,
     migrate: bool,
-    queues: Vec<(String, i32)>,
+    queues: Vec<RegisterQueueParams>,
     service: Option<String>,
     shutdown: CancellationToken,
     health: HealthReporter,
@@ -845,16 +857,10 @@ async fn bootstrap(
                     pg.migrate().await?;
                 }
             }
-            for (name, max_attempts) in &queues {
-                let stored = coordinator
-                    .register_queue(RegisterQueueParams {
-                        name: name.clone(),
-                        max_attempts: *max_attempts,
-                        owner: service.clone(),
-                    })
-                    .await?;
+            for declared in &queues {
+                let stored = coordinator.register_queue(declared.clone()).await?;
                 if !stored.applied {
-                    warn_settings_kept(name, *max_attempts, service.as_deref(), &stored);
+                    warn_settings_kept(declared, service.as_deref(), &stored);
                 }
             }
             Ok::<_, workpump_coordinator::Error>(())

@@ -333,8 +333,9 @@ async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_set
     let logged = logs.text();
     assert!(
         logged.contains(
-            "queue \"shared\": service \"shop\" declares max_attempts = 7, but the queue's \
-             settings belong to service \"billing\" (max_attempts = 10); keeping theirs"
+            "queue \"shared\": service \"shop\" declares max_attempts = 7, ordering_dead_head = \
+             hold, but the queue's settings belong to service \"billing\" (max_attempts = 10, \
+             ordering_dead_head = hold); keeping theirs"
         ),
         "the warning names both services:\n{logged}"
     );

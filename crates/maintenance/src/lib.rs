@@ -4,7 +4,8 @@
 //! leases), `dead_letter_expired` (orphans with no attempts left become dead letters;
 //! cancel-requested orphans end cancelled), `promote_scheduled` (due delays and retries become
 //! available, and their claimers are woken), `prune_finished` and `prune_evicted_instances`
-//! (retention), and, at most every 15 s, `queue_depth` for the `workpump_queue_depth` gauge.
+//! (retention), at most every 15 s, `queue_depth` for the `workpump_queue_depth` gauge, and at
+//! most every 60 s `ordering_repair` (ordering keys left without a head; must find none).
 //!
 //! It deliberately does not claim, renew, complete or cancel anything, and it is not the
 //! primary path for any of this: `claim_work` promotes and ends orphans in the queues it
@@ -61,7 +62,12 @@
 //!    grows with the number of available, scheduled and running items (about 4 ms per 10 000
 //!    on PostgreSQL 15; see the SQL function `queue_depth`), paid by every instance
 //!    once per interval; 0 turns it off. A (queue, state) that disappears from the result is
-//!    set back to 0.
+//!    set back to 0;
+//! 7. `ordering_repair`, when the last check is at least `ordering_repair_interval_ms` old:
+//!    ordering keys with blocked items but no head get their next item, counted in
+//!    `workpump_ordering_repairs_total` and logged as a warning. It must find none (every
+//!    transition that ends a head promotes the next in its own transaction; docs/ordering.md).
+//!    A store without the call (`Error::Unsupported`) is skipped.
 //!
 //! # Settings (`[maintenance]`, [`MaintenanceConfig`])
 //!
@@ -75,6 +81,7 @@
 //! | `batch_limit` | 1 000 | rows per statement |
 //! | `max_batches_per_sweep` | 10 | statements of one kind per sweep |
 //! | `depth_sample_interval_ms` | 15 000 | shortest time between queue-depth samples; 0 = off |
+//! | `ordering_repair_interval_ms` | 60 000 | shortest time between ordering-key repair checks; 0 = off |
 //! | `call_timeout_ms` | 30 000 | a store call is abandoned after this |
 //! | `skip_idle_steps` | `true` | probe first (`maintenance_due`) and run only the steps with work |
 //!
@@ -101,6 +108,6 @@ pub use worker::{
     MaintenanceConfig, MaintenanceStatus, MaintenanceWorker, Step, StepFailure, SweepError,
     SweepReport, DEFAULT_BATCH_LIMIT, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_COMPLETED_RETENTION_MS,
     DEFAULT_DEAD_RETENTION_MS, DEFAULT_DEPTH_SAMPLE_INTERVAL_MS, DEFAULT_EVICTED_RETENTION_MS,
-    DEFAULT_INTERVAL_MS, DEFAULT_MAX_BATCHES_PER_SWEEP, MAX_BATCHES_PER_SWEEP, MAX_INTERVAL_MS,
-    MAX_RETENTION_MS, NAME, NOTIFICATION_QUEUE_WARN,
+    DEFAULT_INTERVAL_MS, DEFAULT_MAX_BATCHES_PER_SWEEP, DEFAULT_ORDERING_REPAIR_INTERVAL_MS,
+    MAX_BATCHES_PER_SWEEP, MAX_INTERVAL_MS, MAX_RETENTION_MS, NAME, NOTIFICATION_QUEUE_WARN,
 };

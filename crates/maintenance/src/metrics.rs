@@ -44,8 +44,14 @@ pub const PRUNED_ITEMS_TOTAL: &str = "workpump_maintenance_pruned_items_total";
 /// Eviction tombstones deleted past their retention.
 pub const PRUNED_TOMBSTONES_TOTAL: &str = "workpump_maintenance_pruned_tombstones_total";
 
+/// Ordering keys found with blocked items but no head, and given their next item
+/// (`ordering_repair`). **Must stay 0**: every transition that ends a key's head promotes the
+/// next in its own transaction; a repair means a write outside the store's functions, or a
+/// head ended in a REPEATABLE READ transaction (docs/ordering.md).
+pub const ORDERING_REPAIRS_TOTAL: &str = "workpump_ordering_repairs_total";
+
 /// Items per queue and state as last sampled; labels [`QUEUE`] and [`STATE`] (`available`,
-/// `scheduled`, `running`). Every instance samples the same store, so aggregate with `max`
+/// `scheduled`, `running`, `blocked`). Every instance samples the same store, so aggregate with `max`
 /// (not `sum`) across instances.
 pub const QUEUE_DEPTH: &str = "workpump_queue_depth";
 
@@ -96,6 +102,11 @@ pub fn describe() {
         SWEEP_DURATION_SECONDS,
         Unit::Seconds,
         "Duration of one maintenance sweep"
+    );
+    describe_counter!(
+        ORDERING_REPAIRS_TOTAL,
+        Unit::Count,
+        "Ordering keys found without a head and repaired (must stay 0)"
     );
     describe_counter!(
         REAPED_INSTANCES_TOTAL,

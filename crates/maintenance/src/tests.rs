@@ -100,6 +100,7 @@ fn call_times(fake: &FakeCoordinator, method: Method, start: Instant) -> Vec<Dur
 
 async fn queue(fake: &FakeCoordinator, name: &str, max_attempts: i32) {
     fake.register_queue(RegisterQueueParams {
+        ordering_dead_head: Default::default(),
         name: name.into(),
         max_attempts,
         owner: None,
@@ -459,6 +460,7 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
             pruned_dead: 0,
             pruned_cancelled: 0,
             pruned_tombstones: 0,
+            ordering_repairs: 0,
             depth: report.depth.clone(),
             notification_queue_usage: Some(0.0),
             dead_peer_pending: false,
@@ -554,7 +556,50 @@ async fn the_depth_gauges_follow_the_store_between_samples() {
         (Some(1.0), Some(1.0), Some(1.0))
     );
     let depth = report.depth.expect("sampled");
-    assert_eq!(depth.len(), 3);
+    assert_eq!(depth.len(), 4, "available, scheduled, running, blocked");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_left_without_a_head_is_repaired_counted_and_checked_at_most_every_minute() {
+    let recorder = RecordedMetrics::default();
+    let _guard = recorder.set_local();
+    let fake = store();
+    queue(&fake, "q", 10).await;
+    let ids = enqueue(
+        &fake,
+        vec![
+            NewWork::new("q", json!(1)).ordering_key("k"),
+            NewWork::new("q", json!(2)).ordering_key("k"),
+        ],
+    )
+    .await;
+    let w = worker(&fake, five_seconds());
+    let start = Instant::now();
+    assert_eq!(w.run_once().await.expect("sweep").ordering_repairs, 0);
+    assert_eq!(recorder.counter(m::ORDERING_REPAIRS_TOTAL, &[]), 0);
+    // A write behind the store's back leaves the key without a head.
+    fake.delete_behind_the_stores_back(ids[0]);
+    tokio::time::advance(secs(30)).await;
+    assert_eq!(
+        w.run_once().await.expect("sweep").ordering_repairs,
+        0,
+        "not yet a minute"
+    );
+    assert_eq!(
+        fake.work_row(ids[1]).expect("row").state,
+        WorkState::Blocked
+    );
+    tokio::time::advance(secs(30)).await;
+    assert_eq!(w.run_once().await.expect("sweep").ordering_repairs, 1);
+    assert_eq!(
+        fake.work_row(ids[1]).expect("row").state,
+        WorkState::Available
+    );
+    assert_eq!(recorder.counter(m::ORDERING_REPAIRS_TOTAL, &[]), 1);
+    assert_eq!(
+        call_times(&fake, Method::OrderingRepair, start),
+        [0, 60].map(secs).to_vec()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -714,6 +759,7 @@ fn the_defaults_are_the_documented_ones() {
     assert_eq!(c.batch_limit, 1_000);
     assert_eq!(c.max_batches_per_sweep, 10);
     assert_eq!(c.depth_sample_interval_ms, 15_000);
+    assert_eq!(c.ordering_repair_interval_ms, 60_000);
     assert_eq!(c.call_timeout_ms, 30_000);
     assert!(c
         .validate("maintenance", &Liveness::default(), "liveness")
@@ -731,6 +777,7 @@ fn validation_names_every_refused_setting() {
         batch_limit: 10_001,
         max_batches_per_sweep: 0,
         depth_sample_interval_ms: MAX_INTERVAL_MS + 1,
+        ordering_repair_interval_ms: MAX_INTERVAL_MS + 1,
         call_timeout_ms: 0,
         skip_idle_steps: true,
     };
@@ -747,13 +794,14 @@ fn validation_names_every_refused_setting() {
             "maintenance.completed_retention_ms",
             "maintenance.dead_retention_ms",
             "maintenance.call_timeout_ms",
+            "maintenance.ordering_repair_interval_ms",
             "maintenance.depth_sample_interval_ms",
             "maintenance.batch_limit",
             "maintenance.max_batches_per_sweep",
             "maintenance.evicted_retention_ms",
         ]
     );
-    let evicted = &problems[7];
+    let evicted = &problems[8];
     assert!(
         evicted.reason.contains("liveness.dead_after_ms") && evicted.reason.contains("60000"),
         "{}",
@@ -779,7 +827,7 @@ fn validation_names_every_refused_setting() {
     assert!(no_bypass
         .validate("maintenance", &out_of_range, "liveness")
         .is_empty());
-    assert!(problems[5].reason.contains("10000"), "{}", problems[5]);
+    assert!(problems[6].reason.contains("10000"), "{}", problems[6]);
     // Without a prefix the bare field is named.
     let bare = MaintenanceConfig {
         batch_limit: 0,
@@ -816,6 +864,8 @@ fn the_section_reads_from_toml_with_defaults_for_what_is_missing() {
 // -- the probe ----------------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
+// (Besides the probe, only the rate-limited samples and checks run: queue depth, NOTIFY queue
+// usage, ordering repair.)
 async fn an_idle_sweep_is_one_probe_statement() {
     let fake = store();
     let w = probing_worker(&fake, five_seconds());
@@ -834,7 +884,10 @@ async fn an_idle_sweep_is_one_probe_statement() {
         .filter(|m| {
             !matches!(
                 m,
-                Method::MaintenanceDue | Method::QueueDepth | Method::ServerStatus
+                Method::MaintenanceDue
+                    | Method::QueueDepth
+                    | Method::ServerStatus
+                    | Method::OrderingRepair
             )
         })
         .collect();

@@ -14,9 +14,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
     CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, HealthReporter,
-    Identity, Liveness, MaintenanceDueOutcome, MaintenanceDueParams, PromoteScheduledParams,
-    PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth, QueueDepthParams,
-    ServerStatusParams, WorkCoordinator, WorkState, Worker, WorkerError, MAX_SWEEP_BATCH,
+    Identity, Liveness, MaintenanceDueOutcome, MaintenanceDueParams, OrderingRepairParams,
+    PromoteScheduledParams, PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth,
+    QueueDepthParams, ServerStatusParams, WorkCoordinator, WorkState, Worker, WorkerError,
+    MAX_SWEEP_BATCH,
 };
 
 use crate::metrics as m;
@@ -41,6 +42,8 @@ pub const DEFAULT_BATCH_LIMIT: u32 = 1_000;
 pub const DEFAULT_MAX_BATCHES_PER_SWEEP: u32 = 10;
 /// Default [`MaintenanceConfig::depth_sample_interval_ms`]: 15 s.
 pub const DEFAULT_DEPTH_SAMPLE_INTERVAL_MS: u64 = 15_000;
+/// Default [`MaintenanceConfig::ordering_repair_interval_ms`]: 60 s.
+pub const DEFAULT_ORDERING_REPAIR_INTERVAL_MS: u64 = 60_000;
 /// Default [`MaintenanceConfig::call_timeout_ms`]: 30 s.
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
 /// The longest interval or timeout [`MaintenanceConfig::validate`] accepts: 24 h.
@@ -101,6 +104,12 @@ pub struct MaintenanceConfig {
     /// off. **Default: 15 000 ms (15 s).**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub depth_sample_interval_ms: u64,
+    /// The shortest time between two checks for ordering keys left without a head
+    /// (`ordering_repair`, counted in `workpump_ordering_repairs_total`, which must stay 0;
+    /// docs/ordering.md). Each check reads the blocked items once. 0 turns it off.
+    /// **Default: 60 000 ms (60 s).**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
+    pub ordering_repair_interval_ms: u64,
     /// A store call that has not answered after this is abandoned and its step counts as
     /// failed; the sweep goes on with the next step. **Default: 30 000 ms (30 s).**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
@@ -122,6 +131,7 @@ impl Default for MaintenanceConfig {
             batch_limit: DEFAULT_BATCH_LIMIT,
             max_batches_per_sweep: DEFAULT_MAX_BATCHES_PER_SWEEP,
             depth_sample_interval_ms: DEFAULT_DEPTH_SAMPLE_INTERVAL_MS,
+            ordering_repair_interval_ms: DEFAULT_ORDERING_REPAIR_INTERVAL_MS,
             call_timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
             skip_idle_steps: true,
         }
@@ -190,6 +200,15 @@ impl MaintenanceConfig {
             MAX_INTERVAL_MS,
             "24 h",
         );
+        if self.ordering_repair_interval_ms > MAX_INTERVAL_MS {
+            problems.push(ConfigProblem::new(
+                name("ordering_repair_interval_ms"),
+                format!(
+                    "must be at most {MAX_INTERVAL_MS} ms (24 h), or 0 to turn the check off; got {} ms",
+                    self.ordering_repair_interval_ms
+                ),
+            ));
+        }
         if self.depth_sample_interval_ms > MAX_INTERVAL_MS {
             problems.push(ConfigProblem::new(
                 name("depth_sample_interval_ms"),
@@ -275,6 +294,8 @@ pub enum Step {
     MaintenanceDue,
     /// `server_status`: sample the server's NOTIFY queue usage.
     ServerStatus,
+    /// `ordering_repair`: give ordering keys left without a head their next item.
+    OrderingRepair,
 }
 
 impl Step {
@@ -290,6 +311,7 @@ impl Step {
             Step::QueueDepth => "queue_depth",
             Step::MaintenanceDue => "maintenance_due",
             Step::ServerStatus => "server_status",
+            Step::OrderingRepair => "ordering_repair",
         }
     }
 }
@@ -323,6 +345,8 @@ pub struct SweepReport {
     pub pruned_tombstones: u64,
     /// The queue depth, when this sweep sampled it.
     pub depth: Option<Vec<QueueDepth>>,
+    /// Ordering keys found without a head and given their next item (must stay 0).
+    pub ordering_repairs: u64,
     /// The server's NOTIFY queue usage (0 to 1), when this sweep sampled it.
     pub notification_queue_usage: Option<f64>,
     /// An instance looked dead (a lock-proven peer without its lock) but was not reaped yet,
@@ -385,6 +409,8 @@ pub struct MaintenanceWorker {
     status: watch::Sender<MaintenanceStatus>,
     /// When the queue depth was last sampled (rate limit across sweeps and restarts).
     last_depth_sample: Mutex<Option<Instant>>,
+    /// When ordering keys were last checked for a missing head.
+    last_ordering_repair: Mutex<Option<Instant>>,
     /// The (queue, state) gauges published so far, so one that vanished is set back to 0.
     published_depths: Mutex<HashSet<(String, WorkState)>>,
     /// Degraded while sweeps fail (`with_health`).
@@ -417,6 +443,7 @@ impl MaintenanceWorker {
             liveness,
             status: watch::Sender::new(MaintenanceStatus::default()),
             last_depth_sample: Mutex::new(None),
+            last_ordering_repair: Mutex::new(None),
             published_depths: Mutex::new(HashSet::new()),
             health: HealthReporter::new(),
         }
@@ -604,6 +631,7 @@ impl MaintenanceWorker {
             }),
         }
         self.sample_depth(&mut report, &mut failures).await;
+        self.repair_ordering(&mut report, &mut failures).await;
 
         metrics::histogram!(m::SWEEP_DURATION_SECONDS).record(started.elapsed().as_secs_f64());
         for f in &failures {
@@ -857,6 +885,52 @@ impl MaintenanceWorker {
                 *published = seen;
                 report.depth = Some(out.depths);
             }
+            Err(error) => failures.push(StepFailure { step, error }),
+        }
+    }
+
+    /// Checks for ordering keys left without a head (`ordering_repair`) when the check is on
+    /// and the last one is at least `ordering_repair_interval_ms` old. A repair is a bug
+    /// somewhere (or a write outside the store's functions): counted and logged as a warning.
+    /// A store without the call ([`Error::Unsupported`]) is skipped quietly.
+    async fn repair_ordering(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
+        if self.config.ordering_repair_interval_ms == 0 {
+            return;
+        }
+        let every = Duration::from_millis(self.config.ordering_repair_interval_ms);
+        let now = Instant::now();
+        {
+            let mut last = self
+                .last_ordering_repair
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| now.saturating_duration_since(at) < every) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let step = Step::OrderingRepair;
+        let params = OrderingRepairParams {
+            limit: self.config.batch_limit,
+        };
+        match self
+            .call(step, self.coordinator.ordering_repair(params))
+            .await
+        {
+            Ok(out) => {
+                if out.repaired > 0 {
+                    metrics::counter!(m::ORDERING_REPAIRS_TOTAL).increment(out.repaired);
+                    warn!(
+                        worker = NAME,
+                        repaired = out.repaired,
+                        "ordering keys had blocked items but no head; their next items were \
+                         promoted (a write outside the store's functions, or a head ended in a \
+                         REPEATABLE READ transaction; docs/ordering.md)"
+                    );
+                }
+                report.ordering_repairs += out.repaired;
+            }
+            Err(Error::Unsupported { .. }) => {}
             Err(error) => failures.push(StepFailure { step, error }),
         }
     }

@@ -39,6 +39,7 @@ impl Store {
     async fn queue(&self, name: &str, max_attempts: i32) {
         self.coordinator
             .register_queue(RegisterQueueParams {
+                ordering_dead_head: Default::default(),
                 name: name.into(),
                 max_attempts,
                 owner: None,
@@ -207,6 +208,7 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
             pruned_dead: 0,
             pruned_cancelled: 0,
             pruned_tombstones: 0,
+            ordering_repairs: 0,
             depth: Some(depth.clone()),
             notification_queue_usage: report.notification_queue_usage,
             dead_peer_pending: false,
@@ -232,7 +234,7 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
     assert_eq!(n("jobs", "scheduled"), Some(1));
     assert_eq!(n("held", "running"), Some(1));
     assert_eq!(n("old", "available"), Some(1));
-    assert_eq!(depth.len(), 9, "three queues × three states");
+    assert_eq!(depth.len(), 12, "three queues × four states");
 
     // Nothing is left for a second sweep.
     let again = w.run_once().await.expect("sweep");

@@ -198,7 +198,9 @@ fn recorded_ending(outcome: &Outcome, recorded: crate::recorder::Recorded) -> En
             (_, Available | Scheduled) => Ending::Failed { error: error() },
             (_, Dead) => Ending::DeadLettered { error: error() },
             (_, Cancelled) => Ending::Cancelled { error: error() },
-            (_, Running) => Ending::Released,
+            // No outcome sends an item to blocked (only an enqueue or a retry behind its
+            // ordering key's head does); were a store to say so, the item waits unfinished.
+            (_, Running | Blocked) => Ending::Released,
         },
     }
 }
@@ -391,7 +393,7 @@ fn outcome_label(outcome: &Outcome, recorded: &crate::recorder::Recorded) -> &'s
             (_, Available | Scheduled) => "retried",
             (_, Dead) => "dead",
             (_, Cancelled) => "cancelled",
-            (_, Running) => "released",
+            (_, Running | Blocked) => "released",
         },
     }
 }

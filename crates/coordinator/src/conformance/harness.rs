@@ -43,6 +43,8 @@ pub struct WorkRow {
     pub errors: Vec<ErrorEntry>,
     /// The unique key.
     pub unique_key: Option<String>,
+    /// The ordering key.
+    pub ordering_key: Option<String>,
     /// Whether `finished_at` is set.
     pub finished: bool,
 }
@@ -108,6 +110,9 @@ pub trait Harness: Send + Sync {
     async fn set_run_at(&self, id: WorkId, offset: chrono::Duration);
     /// Moves a finished item's finished_at `by` into the past.
     async fn age_finished(&self, id: WorkId, by: Duration);
+    /// Deletes an item behind the store's back (no store function runs): what a stray
+    /// manual write does, leaving its ordering key without a head.
+    async fn delete_behind_the_stores_back(&self, id: WorkId);
     /// Moves the eviction tombstone of a reaped instance `by` into the past.
     async fn age_eviction(&self, instance: InstanceId, by: Duration);
     /// Moves the first observation of an instance's lost alive-lock `by` into the past.

@@ -20,6 +20,7 @@ pub(super) const GRACE: Duration = Duration::from_secs(3);
 pub(super) async fn queue(h: &dyn Harness, name: &str, max_attempts: i32) {
     h.coordinator()
         .register_queue(RegisterQueueParams {
+            ordering_dead_head: Default::default(),
             name: name.into(),
             max_attempts,
             owner: None,

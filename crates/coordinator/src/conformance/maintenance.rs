@@ -384,7 +384,7 @@ pub async fn pruning_tombstones_forgets_only_old_evictions(h: &dyn Harness) {
     assert!(h.instance_registered(old).await);
 }
 
-/// Every registered queue with each waiting or running state, zero included.
+/// Every registered queue with each waiting, running or blocked state, zero included.
 pub async fn queue_depth_counts_waiting_and_running_items_per_queue(h: &dyn Harness) {
     queue(h, "a", 10).await;
     queue(h, "b", 10).await;
@@ -395,6 +395,14 @@ pub async fn queue_depth_counts_waiting_and_running_items_per_queue(h: &dyn Harn
     complete(h, me, vec![claimed.items[0].fence]).await;
     enqueue_later(h, "a", 1).await;
     enqueue_later(h, "b", 2).await;
+    // Two items of one ordering key: the second waits blocked behind the first.
+    enqueue(
+        h,
+        (0..2)
+            .map(|i| NewWork::new("c", json!({ "n": i })).ordering_key("k"))
+            .collect(),
+    )
+    .await;
     let out = h
         .coordinator()
         .queue_depth(QueueDepthParams::default())
@@ -405,19 +413,22 @@ pub async fn queue_depth_counts_waiting_and_running_items_per_queue(h: &dyn Harn
         .iter()
         .map(|d| (d.queue.as_str(), d.state, d.items))
         .collect();
-    use WorkState::{Available, Running, Scheduled};
+    use WorkState::{Available, Blocked, Running, Scheduled};
     assert_eq!(
         got,
         vec![
             ("a", Available, 2),
             ("a", Scheduled, 1),
             ("a", Running, 1),
+            ("a", Blocked, 0),
             ("b", Available, 0),
             ("b", Scheduled, 2),
             ("b", Running, 0),
-            ("c", Available, 0),
+            ("b", Blocked, 0),
+            ("c", Available, 1),
             ("c", Scheduled, 0),
             ("c", Running, 0),
+            ("c", Blocked, 1),
         ]
     );
     assert_eq!(out.get("b", Scheduled), 2);

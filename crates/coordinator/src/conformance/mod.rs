@@ -11,7 +11,7 @@
 //! The cases live in one module per concern — `claim.rs`, `renewal.rs`, `liveness.rs`
 //! (instances, heartbeats, sweeps, the alive-lock), `outcomes.rs`, `enqueue.rs`,
 //! `maintenance.rs`, `operations.rs` (the operator's actions), `inspect.rs` (the operator's
-//! reads), `periodic.rs` (`fire_periodic`) — with the shared short forms of
+//! reads), `periodic.rs` (`fire_periodic`), `ordering.rs` (ordering keys) — with the shared short forms of
 //! the calls in `helpers.rs` and the [`Harness`] in `harness.rs`; this file lists them.
 
 mod claim;
@@ -22,6 +22,7 @@ mod inspect;
 mod liveness;
 mod maintenance;
 mod operations;
+mod ordering;
 mod outcomes;
 mod periodic;
 mod renewal;
@@ -34,6 +35,7 @@ pub use inspect::*;
 pub use liveness::*;
 pub use maintenance::*;
 pub use operations::*;
+pub use ordering::*;
 pub use outcomes::*;
 pub use periodic::*;
 pub use renewal::*;
@@ -142,6 +144,20 @@ macro_rules! conformance_suite {
             a_fire_time_not_yet_due_or_overtaken_claims_nothing,
             a_changed_definition_claims_only_later_fire_times_and_is_recorded,
             fire_periodic_refuses_bad_arguments_and_an_unknown_queue_leaves_it_unclaimed,
+            // ordering.rs
+            keyed_items_run_one_at_a_time_in_enqueue_order,
+            a_retrying_head_keeps_its_key,
+            a_dead_head_holds_its_key_until_retried_or_discarded,
+            a_dead_head_is_skipped_in_a_skip_queue,
+            cancel_of_a_blocked_item_or_of_a_head,
+            an_expired_last_attempt_of_a_head_follows_the_dead_head_rule,
+            the_dead_head_rule_is_a_queue_setting_with_one_owner,
+            the_operator_lists_a_keys_items_and_reads_an_items_key,
+            a_released_head_keeps_its_key_unless_it_ends,
+            a_keyed_item_turned_away_by_its_unique_key_leaves_the_next_as_head,
+            the_repair_promotes_the_next_item_of_a_key_left_without_a_head,
+            a_bad_ordering_key_is_refused_naming_the_item,
+            enqueue_racing_completion_never_strands_a_key,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

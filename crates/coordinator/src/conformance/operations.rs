@@ -586,12 +586,14 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     let ops = h.operations();
     let declare = |name: &str, max_attempts: i32, owner: Option<&str>| {
         c.register_queue(RegisterQueueParams {
+            ordering_dead_head: Default::default(),
             name: name.into(),
             max_attempts,
             owner: owner.map(str::to_owned),
         })
     };
     let settings = |applied: bool, owner: Option<&str>, max_attempts: i32| RegisterQueueOutcome {
+        ordering_dead_head: Default::default(),
         applied,
         owner: owner.map(str::to_owned),
         max_attempts,
@@ -650,6 +652,7 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     // The operator hands q to shipping with new settings, then to nobody.
     let set = |max_attempts, owner: Option<Option<&str>>| {
         ops.set_queue_settings(SetQueueSettingsParams {
+            ordering_dead_head: None,
             queue: "q".into(),
             max_attempts,
             owner: owner.map(|o| o.map(str::to_owned)),
@@ -674,6 +677,7 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     // Bad input: refused, nothing changed.
     let err = ops
         .set_queue_settings(SetQueueSettingsParams {
+            ordering_dead_head: None,
             queue: "nope".into(),
             max_attempts: Some(3),
             owner: None,

@@ -218,6 +218,8 @@ struct Statements {
     bulk_work_matching: String,
     set_queue_settings: String,
     fire_periodic: String,
+    ordering_repair: String,
+    list_held_keys: String,
     migrate_lock: String,
     migrate_lock_timeout: String,
     migrate_lock_timeout_reset: String,
@@ -274,6 +276,8 @@ impl Statements {
             bulk_work_matching: s(query_file!("bulk_work_matching")),
             set_queue_settings: s(query_file!("set_queue_settings")),
             fire_periodic: s(query_file!("fire_periodic")),
+            ordering_repair: s(query_file!("ordering_repair")),
+            list_held_keys: s(query_file!("list_held_keys")),
             migrate_lock: s(query_file!("migrate_lock")),
             migrate_lock_timeout: s(query_file!("migrate_lock_timeout")),
             migrate_lock_timeout_reset: s(query_file!("migrate_lock_timeout_reset")),
@@ -452,6 +456,7 @@ impl PgCoordinator {
         let mut run_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
         let mut unique_keys = Vec::with_capacity(n);
         let mut max_attempts = Vec::with_capacity(n);
+        let mut ordering_keys = Vec::with_capacity(n);
         for item in params.items {
             queues.push(item.queue);
             priorities.push(item.priority);
@@ -465,6 +470,7 @@ impl PgCoordinator {
             unique_keys.push(item.unique_key);
             max_attempts.push(item.max_attempts);
             kinds.push(item.kind);
+            ordering_keys.push(item.ordering_key);
         }
         let rows: Vec<(i32, Option<i64>, bool)> = sqlx::query_as(&self.stmts.enqueue_work)
             .bind(&queues)
@@ -476,6 +482,7 @@ impl PgCoordinator {
             .bind(&max_attempts)
             .bind(&kinds)
             .bind(&texts.metadata)
+            .bind(&ordering_keys)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
@@ -667,18 +674,22 @@ impl FencedTransaction {
 impl WorkCoordinator for PgCoordinator {
     async fn register_queue(&self, params: RegisterQueueParams) -> Result<RegisterQueueOutcome> {
         validate::validate_register_queue(&params)?;
-        let (applied, owner, max_attempts): (bool, Option<String>, i32) =
+        let ctx = || format!("registering queue {:?}", params.name);
+        let (applied, owner, max_attempts, dead_head): (bool, Option<String>, i32, String) =
             sqlx::query_as(&self.stmts.register_queue)
                 .bind(&params.name)
                 .bind(params.max_attempts)
                 .bind(params.owner.as_deref())
+                .bind(params.ordering_dead_head.as_str())
                 .fetch_one(self.control().await?)
                 .await
-                .map_err(|e| self.db_error(format!("registering queue {:?}", params.name), e))?;
+                .map_err(|e| self.db_error(ctx(), e))?;
         Ok(RegisterQueueOutcome {
             applied,
             owner,
             max_attempts,
+            ordering_dead_head: OrderingDeadHead::parse(&dead_head)
+                .map_err(|e| Error::database(ctx(), e.to_string()))?,
         })
     }
 
@@ -1021,6 +1032,20 @@ impl WorkCoordinator for PgCoordinator {
         Ok(outcome)
     }
 
+    async fn ordering_repair(&self, params: OrderingRepairParams) -> Result<OrderingRepairOutcome> {
+        params.validate()?;
+        let repaired: i32 = sqlx::query_scalar(&self.stmts.ordering_repair)
+            .bind(params.limit as i32)
+            .fetch_one(self.control().await?)
+            .await
+            .map_err(|e| {
+                self.db_error(format!("repairing up to {} ordering keys", params.limit), e)
+            })?;
+        Ok(OrderingRepairOutcome {
+            repaired: repaired.max(0) as u64,
+        })
+    }
+
     async fn prune_evicted_instances(
         &self,
         params: PruneEvictedInstancesParams,
@@ -1259,6 +1284,7 @@ impl Operations for PgCoordinator {
                 id,
                 queue: r.queue.ok_or_else(missing)?,
                 kind: r.kind,
+                ordering_key: r.ordering_key,
                 state: parse_state(r.state.as_deref().unwrap_or(""), ctx)?,
                 priority: r.priority.ok_or_else(missing)?,
                 attempt: r.attempt.ok_or_else(missing)?,
@@ -1308,6 +1334,7 @@ impl Operations for PgCoordinator {
                     .map(|a| a.iter().map(HistoryEntry::from_json).collect())
                     .unwrap_or_default(),
                 unique_key: r.unique_key,
+                ordering_key: r.ordering_key,
             },
             now: r.db_now,
         })
@@ -1330,6 +1357,7 @@ impl Operations for PgCoordinator {
                 available: r.available.max(0) as u64,
                 scheduled: r.scheduled.max(0) as u64,
                 running: r.running.max(0) as u64,
+                blocked: r.blocked.max(0) as u64,
                 completed: Count {
                     items: r.completed.max(0) as u64,
                     exact: r.completed_exact,
@@ -1466,20 +1494,43 @@ impl Operations for PgCoordinator {
         params: SetQueueSettingsParams,
     ) -> Result<SetQueueSettingsOutcome> {
         params.validate()?;
-        let (owner, max_attempts): (Option<String>, i32) =
+        let ctx = || format!("setting queue {:?}'s settings", params.queue);
+        let (owner, max_attempts, dead_head): (Option<String>, i32, String) =
             sqlx::query_as(&self.stmts.set_queue_settings)
                 .bind(&params.queue)
                 .bind(params.max_attempts)
                 .bind(params.owner.clone().flatten())
                 .bind(params.owner.is_some())
+                .bind(params.ordering_dead_head.map(OrderingDeadHead::as_str))
                 .fetch_one(self.control().await?)
                 .await
-                .map_err(|e| {
-                    self.db_error(format!("setting queue {:?}'s settings", params.queue), e)
-                })?;
+                .map_err(|e| self.db_error(ctx(), e))?;
         Ok(SetQueueSettingsOutcome {
             owner,
             max_attempts,
+            ordering_dead_head: OrderingDeadHead::parse(&dead_head)
+                .map_err(|e| Error::database(ctx(), e.to_string()))?,
+        })
+    }
+
+    async fn list_held_keys(&self, params: ListHeldKeysParams) -> Result<ListHeldKeysOutcome> {
+        params.validate()?;
+        let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(&self.stmts.list_held_keys)
+            .bind(params.queue.as_deref())
+            .bind(params.limit as i32)
+            .fetch_all(self.control().await?)
+            .await
+            .map_err(|e| self.db_error("listing ordering keys held by a dead head", e))?;
+        Ok(ListHeldKeysOutcome {
+            keys: rows
+                .into_iter()
+                .map(|(queue, ordering_key, dead_id, blocked)| HeldKey {
+                    queue,
+                    ordering_key,
+                    dead_id,
+                    blocked: blocked.max(0) as u64,
+                })
+                .collect(),
         })
     }
 }
@@ -1525,6 +1576,7 @@ struct ListRow {
     id: Option<i64>,
     queue: Option<String>,
     kind: Option<String>,
+    ordering_key: Option<String>,
     state: Option<String>,
     priority: Option<i16>,
     attempt: Option<i32>,
@@ -1562,6 +1614,7 @@ struct DetailRow {
     checkpoint: Option<Value>,
     errors: Value,
     unique_key: Option<String>,
+    ordering_key: Option<String>,
     db_now: DateTime<Utc>,
 }
 
@@ -1575,6 +1628,7 @@ struct OverviewRow {
     available: i64,
     scheduled: i64,
     running: i64,
+    blocked: i64,
     completed: i64,
     completed_exact: bool,
     dead: i64,

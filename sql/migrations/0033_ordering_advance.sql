@@ -1,0 +1,126 @@
+-- ordering_lock(queue, key) -> void
+-- ordering_try_lock(queue, key) -> boolean
+-- ordering_advance(queues, keys) -> integer
+--
+-- Ordering keys (docs/ordering.md): the items of one queue and ordering key run one at a time,
+-- in their key's order (ordering_seq: commit order). A key's head is its item that may run: the one available, scheduled or running
+-- (at most one), or, in a queue whose ordering_dead_head is 'hold', a dead letter of the key.
+-- Every later item of the key waits `blocked`. Only the transitions that end a head hand the
+-- key on, and each does it in its own transaction by calling ordering_advance with the keys
+-- of the rows it ended: complete_work, fail_work and release_work (dead or cancelled),
+-- claim_work's step 2 and
+-- dead_letter_expired (orphans ended), bulk_work (cancel, discard; the single calls too),
+-- prune_finished (a dead head pruned) and ordering_repair.
+--
+-- ordering_lock: the key's transaction-level advisory lock, held until commit. The two-int4
+-- form, (namespace 0x77700001, hashtext(queue || chr(31) || key)): pg_locks shows it with
+-- objsubid = 2, a different lock space from the alive-locks' bigint keys (objsubid = 1), which
+-- is all alive_lock_held_keys() reads; keep it so. A hash collision between two keys only
+-- serializes them more than needed. (The namespace constant is written only in ordering_lock
+-- and ordering_try_lock, below.)
+-- ordering_try_lock: the same lock without waiting; false when another transaction holds it.
+-- bulk_work_matching takes it in the filter of the rows it locks, so that it never holds a
+-- row while it waits for that row's key (a promotion holds the key and waits for the row):
+-- a row whose key is busy is left for a later call, as one whose row is locked.
+-- Taken by enqueue_work for each key it inserts (sorted, so two batches never deadlock) and by
+-- ordering_advance. Because enqueue_work draws ordering_seq under it and holds it until its
+-- transaction commits, the order of one key is its commit order, and a later enqueue of the
+-- key sees every earlier one.
+--
+-- ordering_advance: for each distinct (queue, key) pair given (NULL keys ignored; an unkeyed
+-- row costs nothing), in sorted order: takes the key's lock, then, in a statement of its own
+-- (so that under READ COMMITTED it sees everything committed before it got the lock), looks
+-- for a head; when there is none, the key's first blocked item (lowest ordering_seq) becomes
+-- its head:
+-- available, due now (run_at = greatest(run_at, now()), so its pickup lag measures the queue,
+-- not the wait behind its key), or scheduled when its run_at is still ahead. A promoted
+-- available item wakes its queue's claimers (pg_notify(<schema>.wake, queue), unless paused).
+-- Idempotent: a key with a head, or without blocked items, is left as it is.
+-- Result: the number of items promoted.
+-- Why no key is stranded: a head-ending transition changes the head's row before it calls
+-- this, and an enqueue decides "blocked or not" after taking the same lock. Whichever of the
+-- two takes the lock second sees the other's committed rows: an enqueue that comes second
+-- sees the head finished (and inserts its item as the head); a transition that comes second
+-- sees the item inserted blocked (and promotes it). This needs statement snapshots taken after
+-- the lock: READ COMMITTED (the default). enqueue_work refuses keyed items under a
+-- transaction snapshot; a head ended under REPEATABLE READ (a transactional completion) may
+-- miss an item enqueued meanwhile, which ordering_repair finds, promotes and counts
+-- (workpump_ordering_repairs_total).
+-- Lock order: every caller locks the rows it changes first, then the keys (sorted); the
+-- promoted row is locked last, under its key's lock.
+-- Fencing: none; the callers fenced their own rows. Clock rule: run_at compares with now().
+CREATE FUNCTION ordering_lock(p_queue text, p_key text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(2003828737, hashtext(p_queue || chr(31) || p_key));
+END;
+$$;
+
+CREATE FUNCTION ordering_try_lock(p_queue text, p_key text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN pg_try_advisory_xact_lock(2003828737, hashtext(p_queue || chr(31) || p_key));
+END;
+$$;
+
+CREATE FUNCTION ordering_advance(p_queues text[], p_keys text[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    r       record;
+    v_hold  boolean;
+    v_state work_state;
+    v_n     integer := 0;
+BEGIN
+    IF cardinality(p_queues) IS DISTINCT FROM cardinality(p_keys) THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = 'ordering_advance: queues and keys must have the same length';
+    END IF;
+    FOR r IN
+        SELECT x.q, x.k FROM (
+            SELECT DISTINCT u.q, u.k
+            FROM unnest(p_queues, p_keys) AS u(q, k)
+            WHERE u.q IS NOT NULL AND u.k IS NOT NULL) x
+        ORDER BY x.q COLLATE "C", x.k COLLATE "C"
+    LOOP
+        PERFORM ordering_lock(r.q, r.k);
+        SELECT q.ordering_dead_head = 'hold' INTO v_hold FROM queues q WHERE q.name = r.q;
+        IF EXISTS (
+            SELECT 1 FROM work h
+            WHERE h.queue = r.q AND h.ordering_key = r.k
+              AND h.state IN ('available', 'scheduled', 'running', 'dead')
+              AND (h.state <> 'dead' OR coalesce(v_hold, true))
+        ) THEN
+            CONTINUE;
+        END IF;
+        v_state := NULL;
+        UPDATE work w
+        SET state = CASE WHEN w.run_at <= now() THEN 'available'::work_state ELSE 'scheduled'::work_state END,
+            run_at = greatest(w.run_at, now())
+        WHERE w.id = (
+            SELECT b.id FROM work b
+            WHERE b.queue = r.q AND b.ordering_key = r.k AND b.state = 'blocked'
+            ORDER BY b.ordering_seq
+            LIMIT 1
+            FOR UPDATE)
+        RETURNING w.state INTO v_state;
+        IF v_state IS NOT NULL THEN
+            v_n := v_n + 1;
+            IF v_state = 'available'
+               AND NOT EXISTS (SELECT 1 FROM queues qs WHERE qs.name = r.q AND qs.paused) THEN
+                PERFORM pg_notify(current_schema() || '.wake', r.q);
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN v_n;
+END;
+$$;
