@@ -1084,7 +1084,8 @@ async fn a_timeout_layer_on_a_slow_handler_ends_the_attempt_as_a_failed_attempt_
     use tower::ServiceBuilder;
     let slow = handler_fn(|job: Job<Value>| async move {
         if job.attempt() == 1 {
-            tokio::time::sleep(Duration::from_secs(30)).await;
+            // Never finishes on its own: only the timeout layer ends this attempt.
+            std::future::pending::<()>().await;
         }
         Ok(())
     });

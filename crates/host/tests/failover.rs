@@ -15,22 +15,7 @@ use sqlx::{Connection, PgConnection};
 use workpump_host::{handler_fn, Host, HostConfig, Job, NewWork};
 use workpump_testdb::{Cluster, Replication, StopMode};
 
-use support::{count_state, wait_until};
-
-/// Stops a scratch cluster however the test ends.
-struct StopOnDrop<'a>(&'a Cluster);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.0.stop() {
-            eprintln!("stopping cluster {}: {e}", self.0.name());
-        }
-    }
-}
-
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
+use support::{blocking, count_state, wait_until, StopOnDrop};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {

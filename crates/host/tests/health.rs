@@ -10,12 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{FakeCoordinator, ListInstancesParams, Operations, WorkerError};
 use workpump_host::{
     handler_fn, Condition, HealthReporter, HealthStatus, Host, HostError, Job, Worker,
 };
+
+use support::http_get;
 
 fn noop() -> impl workpump_host::Handler {
     handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) })
@@ -88,33 +89,6 @@ fn reporting_slot(
     }
 }
 
-/// `GET path` over a fresh connection: the status code and the body.
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the health endpoints");
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .expect("send the request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("read the response");
-    let code = response
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("a status line in {response:?}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (code, body)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoints_say_live_and_ready_while_degraded_and_name_the_reason() {
     let slot = Arc::new(Mutex::new(None));
@@ -137,9 +111,9 @@ async fn the_endpoints_say_live_and_ready_while_degraded_and_name_the_reason() {
     let health = host.health();
     assert_eq!(health.status, HealthStatus::Healthy, "{health}");
     assert!(health.reasons.is_empty(), "{:?}", health.reasons);
-    assert_eq!(get(addr, "/livez").await.0, 200);
-    assert_eq!(get(addr, "/readyz").await.0, 200);
-    let (code, body) = get(addr, "/health").await;
+    assert_eq!(http_get(addr, "/livez").await.0, 200);
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+    let (code, body) = http_get(addr, "/health").await;
     assert_eq!(code, 200);
     let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(json["status"], "healthy", "{json}");
@@ -180,10 +154,10 @@ async fn the_endpoints_say_live_and_ready_while_degraded_and_name_the_reason() {
         "{:?}",
         health.reasons
     );
-    let (code, body) = get(addr, "/livez").await;
+    let (code, body) = http_get(addr, "/livez").await;
     assert_eq!(code, 200, "{body}");
-    assert_eq!(get(addr, "/readyz").await.0, 200);
-    let (code, body) = get(addr, "/health").await;
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+    let (code, body) = http_get(addr, "/health").await;
     assert_eq!(code, 200);
     let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(json["status"], "degraded", "{json}");
@@ -205,7 +179,7 @@ async fn the_endpoints_say_live_and_ready_while_degraded_and_name_the_reason() {
     // Back to healthy at the next success.
     reporter.ok();
     assert_eq!(host.health().status, HealthStatus::Healthy);
-    let (_, body) = get(addr, "/health").await;
+    let (_, body) = http_get(addr, "/health").await;
     let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(json["status"], "healthy", "{json}");
 
@@ -231,10 +205,10 @@ async fn a_host_that_is_not_ready_answers_503_on_readyz_and_200_on_livez() {
         host.health().schema_ready
     })
     .await;
-    let (code, body) = get(addr, "/readyz").await;
+    let (code, body) = http_get(addr, "/readyz").await;
     assert_eq!(code, 503, "{body}");
     assert!(body.starts_with("not ready"), "{body}");
-    let (code, body) = get(addr, "/livez").await;
+    let (code, body) = http_get(addr, "/livez").await;
     assert_eq!(code, 200, "{body}");
     host.shutdown();
     host.stopped().await.expect("clean stop");

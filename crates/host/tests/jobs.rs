@@ -586,7 +586,8 @@ async fn the_hosts_hooks_and_layers_see_every_attempt_and_a_kinds_timeout_fails_
     );
     let email = handler_fn(|job: Job<SendEmail>| async move {
         if job.payload().to == "slow" && job.attempt() == 1 {
-            tokio::time::sleep(Duration::from_secs(30)).await;
+            // Never finishes on its own: only the timeout layer ends this attempt.
+            std::future::pending::<()>().await;
         }
         Ok(())
     });

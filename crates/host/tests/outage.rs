@@ -12,53 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use workpump_host::{handler_fn, Condition, Health, HealthStatus, Host, HostConfig, Job};
 use workpump_testdb::{Cluster, StopMode};
 
-use support::{holds_for, wait_until};
-
-/// Stops a scratch cluster however the test ends.
-struct StopOnDrop<'a>(&'a Cluster);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.0.stop() {
-            eprintln!("stopping cluster {}: {e}", self.0.name());
-        }
-    }
-}
-
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
-
-/// `GET path`: the status code and the body.
-async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the health endpoints");
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .expect("send the request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("read the response");
-    let code = response
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("a status line in {response:?}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (code, body)
-}
+use support::{blocking, holds_for, http_get, wait_until, StopOnDrop};
 
 fn heartbeat_degraded(health: &Health) -> bool {
     health.workers.iter().any(|w| {
@@ -159,9 +116,9 @@ async fn a_database_outage_makes_health_degraded_never_unhealthy_and_it_recovers
         host.health()
     );
     // The endpoints during the outage: live, the JSON degraded with the reason.
-    let (code, body) = get(addr, "/livez").await;
+    let (code, body) = http_get(addr, "/livez").await;
     assert_eq!(code, 200, "{body}");
-    let (code, body) = get(addr, "/health").await;
+    let (code, body) = http_get(addr, "/health").await;
     assert_eq!(code, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(json["status"], "degraded", "{json}");
@@ -205,7 +162,7 @@ async fn a_database_outage_makes_health_degraded_never_unhealthy_and_it_recovers
         || async { host.health().ready },
     )
     .await;
-    let (code, body) = get(addr, "/readyz").await;
+    let (code, body) = http_get(addr, "/readyz").await;
     assert_eq!(code, 200, "{body}");
 
     sampling.cancel();

@@ -1,6 +1,7 @@
 //! What the host's end-to-end tests share: a fresh migrated database with an audit of every
 //! item's state changes, a configuration with short liveness cutoffs, and waiting on a
-//! condition with a deadline.
+//! condition with a deadline, scratch clusters stopped however a test ends, and a plain HTTP
+//! GET for the health endpoints.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -177,4 +178,48 @@ impl workpump_host::Worker for Idle {
         shutdown.cancelled().await;
         Ok(())
     }
+}
+
+/// Stops a scratch cluster however the test ends.
+pub struct StopOnDrop<'a>(pub &'a workpump_testdb::Cluster);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.stop() {
+            eprintln!("stopping cluster {}: {e}", self.0.name());
+        }
+    }
+}
+
+/// Runs blocking cluster control (pg_ctl) off the runtime's worker thread.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// `GET path` over a fresh connection: the status code and the body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the health endpoints");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("read the response");
+    let code = response
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("a status line in {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
 }
