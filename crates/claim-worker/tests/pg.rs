@@ -125,6 +125,42 @@ async fn setup_with(register: impl FnOnce(&mut Handlers), config: ClaimConfig) -
 }
 
 impl Env {
+    /// A peer takes item `id` over: its lease is expired and another registered instance
+    /// claims it (the item must be the queue's only claimable one).
+    async fn peer_takes(&self, id: WorkId) {
+        sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .expect("expire");
+        let peer = InstanceId::new();
+        self.pg
+            .record_heartbeat(RecordHeartbeatParams {
+                instance: peer,
+                host: "peer".into(),
+                metadata: json!({}),
+                stale_after: Duration::from_secs(30),
+                dead_after: None,
+                lock_grace: None,
+                alive_lock: AliveLockReport::NotHeld,
+                registering: true,
+            })
+            .await
+            .expect("peer");
+        let taken = self
+            .pg
+            .claim_work(ClaimWorkParams {
+                instance: peer,
+                queues: vec!["q".into()],
+                max_items: 1,
+                lease: Duration::from_secs(60),
+            })
+            .await
+            .expect("peer claims");
+        assert_eq!(taken.items.len(), 1, "the peer took the item");
+        assert_eq!(taken.items[0].fence.id, id);
+    }
+
     async fn enqueue(&self, items: Vec<NewWork>) -> Vec<WorkId> {
         self.pg
             .enqueue_work(EnqueueWorkParams { items })
@@ -433,36 +469,7 @@ async fn a_handler_whose_lease_was_lost_cannot_commit_its_transactional_completi
     let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
     started.notified().await;
     // A peer takes the item over: expire the lease and claim it as another instance.
-    sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
-        .bind(id)
-        .execute(&env.pool)
-        .await
-        .expect("expire");
-    let peer = InstanceId::new();
-    env.pg
-        .record_heartbeat(RecordHeartbeatParams {
-            instance: peer,
-            host: "peer".into(),
-            metadata: json!({}),
-            stale_after: Duration::from_secs(30),
-            dead_after: None,
-            lock_grace: None,
-            alive_lock: AliveLockReport::NotHeld,
-            registering: true,
-        })
-        .await
-        .expect("peer");
-    let taken = env
-        .pg
-        .claim_work(ClaimWorkParams {
-            instance: peer,
-            queues: vec!["q".into()],
-            max_items: 1,
-            lease: Duration::from_secs(60),
-        })
-        .await
-        .expect("peer claims");
-    assert_eq!(taken.items.len(), 1);
+    env.peer_takes(id).await;
     go.notify_one();
     wait_until("the handler tried to commit", || {
         outcome.lock().unwrap().is_some()
@@ -856,36 +863,7 @@ async fn hooks_see_the_lease_lost_when_a_peer_took_the_item() {
         .expect("healthy");
     let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
     wait_until("the handler started", || journal.lines().len() == 2).await;
-    sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
-        .bind(id)
-        .execute(&env.pool)
-        .await
-        .expect("expire");
-    let peer = InstanceId::new();
-    env.pg
-        .record_heartbeat(RecordHeartbeatParams {
-            instance: peer,
-            host: "peer".into(),
-            metadata: json!({}),
-            stale_after: Duration::from_secs(30),
-            dead_after: None,
-            lock_grace: None,
-            alive_lock: AliveLockReport::NotHeld,
-            registering: true,
-        })
-        .await
-        .expect("peer");
-    let taken = env
-        .pg
-        .claim_work(ClaimWorkParams {
-            instance: peer,
-            queues: vec!["q".into()],
-            max_items: 1,
-            lease: Duration::from_secs(60),
-        })
-        .await
-        .expect("peer claims");
-    assert_eq!(taken.items.len(), 1);
+    env.peer_takes(id).await;
     go.notify_one();
     assert_eq!(
         journal.after_endings(1).await,
