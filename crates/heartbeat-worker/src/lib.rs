@@ -152,7 +152,9 @@ use workpump_coordinator::InstanceId;
 #[non_exhaustive]
 pub enum Error {
     /// `record_heartbeat` failed: the store said no or could not be reached.
-    #[error("recording the heartbeat of instance {instance}: {source}")]
+    /// The message names the beat once: a store error that already says "recording the
+    /// heartbeat of instance …" (the PostgreSQL store's do) is not prefixed again.
+    #[error("{}", heartbeat_message(*instance, source))]
     Heartbeat {
         /// The instance the beat was for.
         instance: InstanceId,
@@ -192,3 +194,14 @@ impl Error {
 
 /// This crate's `Result`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// "recording the heartbeat of instance …: <source>", unless the source already says so.
+fn heartbeat_message(instance: InstanceId, source: &workpump_coordinator::Error) -> String {
+    let what = format!("recording the heartbeat of instance {instance}");
+    let source = source.to_string();
+    if source.starts_with(&what) {
+        source
+    } else {
+        format!("{what}: {source}")
+    }
+}

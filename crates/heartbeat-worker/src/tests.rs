@@ -1140,3 +1140,29 @@ async fn each_heartbeat_call_is_timed_until_its_answer_or_its_abandonment() {
     run.stop().await;
     fake.release_hangs();
 }
+
+/// A failed beat's message names the beat once, whether or not the store's error already did.
+#[test]
+fn a_failed_beat_names_the_heartbeat_once() {
+    let instance = InstanceId::new();
+    let what = format!("recording the heartbeat of instance {instance}");
+    let named = crate::Error::Heartbeat {
+        instance,
+        source: workpump_coordinator::Error::database(what.clone(), "connection refused"),
+    };
+    assert_eq!(named.to_string(), format!("{what}: connection refused"));
+    let unnamed = crate::Error::Heartbeat {
+        instance,
+        source: workpump_coordinator::Error::NotRegistered(instance),
+    };
+    let message = unnamed.to_string();
+    assert!(
+        message.starts_with(&format!("{what}: instance {instance} is not registered")),
+        "{message}"
+    );
+    assert_eq!(
+        message.matches("recording the heartbeat").count(),
+        1,
+        "{message}"
+    );
+}
