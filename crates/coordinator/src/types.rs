@@ -55,6 +55,7 @@ pub struct Fence {
 /// Where a work item is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum WorkState {
     /// Due and waiting for a claim.
     Available,

@@ -198,9 +198,10 @@ fn recorded_ending(outcome: &Outcome, recorded: crate::recorder::Recorded) -> En
             (_, Available | Scheduled) => Ending::Failed { error: error() },
             (_, Dead) => Ending::DeadLettered { error: error() },
             (_, Cancelled) => Ending::Cancelled { error: error() },
-            // No outcome sends an item to blocked (only an enqueue or a retry behind its
-            // ordering key's head does); were a store to say so, the item waits unfinished.
-            (_, Running | Blocked) => Ending::Released,
+            // Running, blocked (no outcome sends an item there: only an enqueue or a retry
+            // behind its ordering key's head does) or a state a later store adds: were a
+            // store to say so, the item waits unfinished.
+            _ => Ending::Released,
         },
     }
 }
@@ -393,7 +394,8 @@ fn outcome_label(outcome: &Outcome, recorded: &crate::recorder::Recorded) -> &'s
             (_, Available | Scheduled) => "retried",
             (_, Dead) => "dead",
             (_, Cancelled) => "cancelled",
-            (_, Running | Blocked) => "released",
+            // Running, blocked, or a state a later store adds (see recorded_ending).
+            _ => "released",
         },
     }
 }
