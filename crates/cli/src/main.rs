@@ -69,6 +69,9 @@ enum Command {
     RunNow(ops::BulkArgs),
     /// Show or change a queue's settings (max attempts) and which service owns them.
     Settings(ops::SettingsArgs),
+    /// The ordering keys held by a dead letter (in a queue whose dead heads hold their key),
+    /// with the items waiting behind each: retry or discard the dead letter to release it.
+    HeldKeys(ops::HeldKeysArgs),
     /// Pause a queue: claims stop within one poll; running items finish.
     Pause(ops::QueueArg),
     /// Resume a paused queue.
@@ -116,6 +119,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Discard(args) => ops::bulk(&store, &out, BulkAction::Discard, args).await,
         Command::RunNow(args) => ops::bulk(&store, &out, BulkAction::RunNow, args).await,
         Command::Settings(args) => ops::settings(&store, &out, args).await,
+        Command::HeldKeys(args) => ops::held_keys(&store, &out, args).await,
         Command::Pause(arg) => ops::pause(&store, &out, arg, true).await,
         Command::Resume(arg) => ops::pause(&store, &out, arg, false).await,
         Command::Instances => ops::instances(&store, &out).await,

@@ -8,9 +8,10 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use workpump_coordinator::{
     BulkAction, BulkItem, BulkResult, BulkTotals, BulkWorkMatchingParams, BulkWorkParams,
-    GetWorkParams, InstanceId, ListInstancesParams, ListWorkOutcome, ListWorkParams, Operations,
-    OrderingDeadHead, PauseQueueParams, QueueOverviewParams, ResumeQueueParams,
-    SetQueueSettingsParams, WorkFilter, WorkState, MAX_BULK_BATCH, MAX_PAGE_SIZE,
+    GetWorkParams, InstanceId, ListHeldKeysParams, ListInstancesParams, ListWorkOutcome,
+    ListWorkParams, Operations, OrderingDeadHead, PauseQueueParams, QueueOverviewParams,
+    ResumeQueueParams, SetQueueSettingsParams, WorkFilter, WorkState, MAX_BULK_BATCH,
+    MAX_PAGE_SIZE,
 };
 
 use crate::failure::{ExitCode, Failure};
@@ -177,6 +178,16 @@ pub(crate) struct SettingsArgs {
 fn parse_dead_head(name: &str) -> Result<OrderingDeadHead, String> {
     OrderingDeadHead::parse(name)
         .map_err(|_| format!("unknown ordering_dead_head {name:?}: hold or skip"))
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HeldKeysArgs {
+    /// Only this queue's keys.
+    #[arg(long, value_name = "QUEUE")]
+    queue: Option<String>,
+    /// At most this many keys (1 to 10 000), oldest dead letter first.
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
 }
 
 #[derive(Debug, Args)]
@@ -679,4 +690,44 @@ mod tests {
             assert!(e.contains("RFC 3339"), "{e}");
         }
     }
+}
+
+pub(crate) async fn held_keys(
+    ops: &dyn Operations,
+    out: &Output,
+    args: HeldKeysArgs,
+) -> Result<(), Failure> {
+    let held = ops
+        .list_held_keys(ListHeldKeysParams {
+            queue: args.queue,
+            limit: args.limit,
+        })
+        .await
+        .map_err(Failure::from_store)?;
+    if out.json() {
+        out.print_json(&held);
+        return Ok(());
+    }
+    if held.keys.is_empty() {
+        println!("No ordering key is held by a dead letter.");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = held
+        .keys
+        .iter()
+        .map(|k| {
+            vec![
+                k.queue.clone(),
+                k.ordering_key.clone(),
+                k.dead_id.to_string(),
+                k.blocked.to_string(),
+            ]
+        })
+        .collect();
+    out.print_table(&["queue", "ordering key", "dead letter", "waiting"], &rows);
+    println!(
+        "Retry a dead letter (workpump retry ID) to run it again first, or discard it \
+         (workpump discard ID) to let the next item of its key run."
+    );
+    Ok(())
 }
