@@ -675,23 +675,6 @@ pub(crate) async fn instances(ops: &dyn Operations, out: &Output) -> Result<(), 
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_time_is_rfc_3339_or_an_age() {
-        let t = parse_when("2026-12-01T10:00:00Z").expect("rfc 3339");
-        assert_eq!(t.to_rfc3339(), "2026-12-01T10:00:00+00:00");
-        let ago = Utc::now() - parse_when("2h").expect("an age");
-        assert!((ago.num_seconds() - 7_200).abs() <= 5, "{ago}");
-        for bad in ["", "2", "2w", "h", "yesterday", "-3h"] {
-            let e = parse_when(bad).expect_err(bad);
-            assert!(e.contains("RFC 3339"), "{e}");
-        }
-    }
-}
-
 pub(crate) async fn held_keys(
     ops: &dyn Operations,
     out: &Output,
@@ -730,4 +713,21 @@ pub(crate) async fn held_keys(
          (workpump discard ID) to let the next item of its key run."
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_time_is_rfc_3339_or_an_age() {
+        let t = parse_when("2026-12-01T10:00:00Z").expect("rfc 3339");
+        assert_eq!(t.to_rfc3339(), "2026-12-01T10:00:00+00:00");
+        let ago = Utc::now() - parse_when("2h").expect("an age");
+        assert!((ago.num_seconds() - 7_200).abs() <= 5, "{ago}");
+        for bad in ["", "2", "2w", "h", "yesterday", "-3h"] {
+            let e = parse_when(bad).expect_err(bad);
+            assert!(e.contains("RFC 3339"), "{e}");
+        }
+    }
 }
