@@ -801,66 +801,11 @@ async fn items_list_keeps_scanning_until_its_page_is_full() {
 /// JSON; retrying the dead letter releases it.
 #[tokio::test]
 async fn held_keys_lists_a_key_held_by_its_dead_head_until_it_is_retried() {
-    use workpump_coordinator::{
-        AliveLockReport, ClaimWorkParams, EnqueueWorkParams, FailDisposition, FailWorkParams,
-        Failure, InstanceId, NewWork, RecordHeartbeatParams, RegisterQueueParams, WorkCoordinator,
-    };
     let fresh = workpump_coordinator::testing::fresh_store().await;
-    let (store, url) = (&fresh.coordinator, fresh.db.url());
-    store
-        .register_queue(RegisterQueueParams::new("orders"))
-        .await
-        .expect("register");
-    let instance = InstanceId::new();
-    store
-        .record_heartbeat(RecordHeartbeatParams {
-            instance,
-            host: "test-host".into(),
-            metadata: serde_json::json!({}),
-            stale_after: std::time::Duration::from_secs(30),
-            dead_after: None,
-            lock_grace: None,
-            alive_lock: AliveLockReport::Unreported,
-            registering: true,
-        })
-        .await
-        .expect("heartbeat");
-    let ids: Vec<i64> = store
-        .enqueue_work(EnqueueWorkParams {
-            items: (0..3)
-                .map(|n| {
-                    NewWork::new("orders", serde_json::json!({ "n": n })).ordering_key("customer-7")
-                })
-                .collect(),
-        })
-        .await
-        .expect("enqueue")
-        .items
-        .iter()
-        .map(|e| e.id)
-        .collect();
-    let head = store
-        .claim_work(ClaimWorkParams {
-            instance,
-            queues: vec!["orders".into()],
-            max_items: 10,
-            lease: std::time::Duration::from_secs(30),
-        })
-        .await
-        .expect("claim")
-        .items;
-    assert_eq!(head.len(), 1, "only the key's head is claimable");
-    store
-        .fail_work(FailWorkParams {
-            instance,
-            items: vec![Failure {
-                fence: head[0].fence,
-                error: "bad order".into(),
-                disposition: FailDisposition::DeadLetter,
-            }],
-        })
-        .await
-        .expect("dead-letter the head");
+    let url = fresh.db.url();
+    let (dead, _) =
+        workpump_coordinator::testing::held_key(&fresh.coordinator, "orders", "customer-7", 2)
+            .await;
 
     let listed = expect_code(&workpump(&["held-keys", "--database-url", url]), 0);
     let row = listed
@@ -870,18 +815,18 @@ async fn held_keys_lists_a_key_held_by_its_dead_head_until_it_is_retried() {
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
         cells,
-        ["orders", "customer-7", &ids[0].to_string(), "2"],
+        ["orders", "customer-7", &dead.to_string(), "2"],
         "{listed}"
     );
     assert!(listed.contains("workpump retry"), "{listed}");
 
     let json = json_of(url, &["held-keys", "--queue", "orders"], 0);
     assert_eq!(json["keys"][0]["ordering_key"], "customer-7", "{json}");
-    assert_eq!(json["keys"][0]["dead_id"], ids[0], "{json}");
+    assert_eq!(json["keys"][0]["dead_id"], dead, "{json}");
     assert_eq!(json["keys"][0]["blocked"], 2, "{json}");
 
     expect_code(
-        &workpump(&["retry", &ids[0].to_string(), "--database-url", url]),
+        &workpump(&["retry", &dead.to_string(), "--database-url", url]),
         0,
     );
     let after = expect_code(&workpump(&["held-keys", "--database-url", url]), 0);

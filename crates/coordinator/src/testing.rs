@@ -305,3 +305,68 @@ impl Logs {
         String::from_utf8_lossy(&self.0.lock().expect("logs")).into_owned()
     }
 }
+
+/// An ordering key held by its dead head: registers `queue` (its dead heads hold their key,
+/// the default), enqueues `1 + waiting` items of `key`, claims the head as a fresh instance
+/// and dead-letters it. Returns the dead letter's id and the ids waiting `blocked` behind it.
+pub async fn held_key(
+    store: &PgCoordinator,
+    queue: &str,
+    key: &str,
+    waiting: usize,
+) -> (i64, Vec<i64>) {
+    store
+        .register_queue(RegisterQueueParams::new(queue))
+        .await
+        .expect("register");
+    let instance = InstanceId::new();
+    store
+        .record_heartbeat(RecordHeartbeatParams {
+            instance,
+            host: "test-host".into(),
+            metadata: json!({}),
+            stale_after: Duration::from_secs(30),
+            dead_after: None,
+            lock_grace: None,
+            alive_lock: AliveLockReport::Unreported,
+            registering: true,
+        })
+        .await
+        .expect("heartbeat");
+    let ids: Vec<i64> = store
+        .enqueue_work(EnqueueWorkParams {
+            items: (0..=waiting)
+                .map(|n| NewWork::new(queue, json!({ "n": n })).ordering_key(key))
+                .collect(),
+        })
+        .await
+        .expect("enqueue")
+        .items
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let head = store
+        .claim_work(ClaimWorkParams {
+            instance,
+            queues: vec![queue.into()],
+            max_items: 10,
+            lease: Duration::from_secs(600),
+        })
+        .await
+        .expect("claim")
+        .items;
+    assert_eq!(head.len(), 1, "only the key's head is claimable");
+    assert_eq!(head[0].fence.id, ids[0], "the head is the first enqueued");
+    store
+        .fail_work(FailWorkParams {
+            instance,
+            items: vec![Failure {
+                fence: head[0].fence,
+                error: "bad order".into(),
+                disposition: FailDisposition::DeadLetter,
+            }],
+        })
+        .await
+        .expect("dead-letter the head");
+    (ids[0], ids[1..].to_vec())
+}

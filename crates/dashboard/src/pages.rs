@@ -8,8 +8,8 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use workpump_coordinator::{
-    GetWorkParams, InstanceSummary, ListInstancesParams, ListWorkParams, QueueOverview,
-    QueueOverviewParams, WorkFilter, WorkState, WorkSummary,
+    GetWorkParams, InstanceSummary, ListHeldKeysParams, ListInstancesParams, ListWorkParams,
+    QueueOverview, QueueOverviewParams, WorkFilter, WorkState, WorkSummary,
 };
 
 use crate::view::{self, render, store_error, Page};
@@ -304,6 +304,14 @@ struct QueuePage {
     queue: QueueRow,
     items: Vec<ItemRow>,
     queue_param: String,
+    held: Vec<HeldKeyRow>,
+}
+
+/// An ordering key of the queue held by a dead letter.
+struct HeldKeyRow {
+    key: String,
+    dead_id: i64,
+    waiting: u64,
 }
 
 pub(crate) async fn queue(
@@ -331,6 +339,17 @@ pub(crate) async fn queue(
         Ok(listed) => listed,
         Err(e) => return store_error(&state, e),
     };
+    let held = state
+        .ops
+        .list_held_keys(ListHeldKeysParams {
+            queue: Some(name.clone()),
+            limit: 20,
+        })
+        .await;
+    let held = match held {
+        Ok(held) => held.keys,
+        Err(e) => return store_error(&state, e),
+    };
     let now = Utc::now();
     let page = QueuePage {
         page: Page::refreshing(&state, &headers, &format!("Queue {name}"))
@@ -338,6 +357,14 @@ pub(crate) async fn queue(
         queue: QueueRow::from(row),
         items: listed.items.iter().map(|w| ItemRow::new(w, now)).collect(),
         queue_param: encode(&name),
+        held: held
+            .into_iter()
+            .map(|k| HeldKeyRow {
+                key: k.ordering_key,
+                dead_id: k.dead_id,
+                waiting: k.blocked,
+            })
+            .collect(),
     };
     render(&page)
 }

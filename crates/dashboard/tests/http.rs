@@ -250,6 +250,34 @@ async fn every_page_renders_a_store_with_work_in_every_state() {
     }
 }
 
+/// A queue's page lists the ordering keys its dead letters hold, each linking to its dead
+/// letter with the items waiting behind it; a queue without one shows no such section.
+#[tokio::test]
+async fn a_queue_page_lists_the_ordering_keys_held_by_a_dead_letter() {
+    let (fresh, _) = store().await;
+    let (dead, waiting) =
+        workpump_coordinator::testing::held_key(&fresh.coordinator, "orders", "customer-7", 2)
+            .await;
+    assert_eq!(waiting.len(), 2);
+    let app = dashboard(&fresh.coordinator, Access::ReadOnly);
+
+    let orders = get(&app, "/queues/orders", None).await;
+    assert_eq!(orders.status, StatusCode::OK, "{}", orders.body);
+    assert!(orders.body.contains("id=\"held-keys\""), "{}", orders.body);
+    let row = format!(
+        "<tr data-key=\"customer-7\"><td>customer-7</td><td><a href=\"/items/{dead}\">{dead}</a></td><td class=\"num\">2</td></tr>"
+    );
+    assert!(
+        orders.body.contains(&row),
+        "no row {row} in\n{}",
+        orders.body
+    );
+
+    let emails = get(&app, "/queues/emails", None).await;
+    assert_eq!(emails.status, StatusCode::OK);
+    assert!(!emails.body.contains("held-keys"), "{}", emails.body);
+}
+
 #[tokio::test]
 async fn unknown_items_queues_states_and_cursors_are_clear_errors() {
     let (fresh, _items) = store().await;
