@@ -652,3 +652,60 @@ async fn watch_registration(run: Arc<Run>, stop: CancellationToken) {
         run.set_registered(None);
     }
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use std::sync::Mutex;
+
+    use serde_json::json;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::handler_fn;
+    use crate::testing::JobBuilder;
+
+    /// Layers wrap every handler in the order they were added, the first outermost, whether
+    /// added before or after the handler; so do they the stand-in for a kind without one.
+    #[tokio::test]
+    async fn the_first_layer_added_is_the_outermost() {
+        let order = Arc::new(Mutex::new(Vec::<&'static str>::new()));
+        let mark = |name: &'static str| {
+            let order = order.clone();
+            tower::util::MapRequestLayer::new(move |job: Job<Value>| {
+                order.lock().unwrap().push(name);
+                job
+            })
+        };
+        let ran = order.clone();
+        let mut handlers = Handlers::new();
+        handlers.layer(mark("first"));
+        handlers
+            .add(
+                "q",
+                handler_fn(move |_job: Job<Value>| {
+                    let ran = ran.clone();
+                    async move {
+                        ran.lock().unwrap().push("handler");
+                        Ok(())
+                    }
+                }),
+                QueueSettings::default(),
+            )
+            .expect("add");
+        handlers.layer(mark("second"));
+        let (layered, missing) = handlers.queues["q"].clone().layered("q", &handlers.layers);
+
+        let (job, _probe) = JobBuilder::untyped(json!({})).queue("q").build();
+        let service = layered.get(None).expect("the untyped handler").clone();
+        assert!(service.oneshot(job).await.expect("no layer error").is_ok());
+        assert_eq!(*order.lock().unwrap(), ["first", "second", "handler"]);
+
+        order.lock().unwrap().clear();
+        let (job, _probe) = JobBuilder::untyped(json!({}))
+            .queue("q")
+            .kind("unknown")
+            .build();
+        assert!(missing.oneshot(job).await.expect("no layer error").is_err());
+        assert_eq!(*order.lock().unwrap(), ["first", "second"]);
+    }
+}
