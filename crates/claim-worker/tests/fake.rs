@@ -1005,3 +1005,124 @@ async fn an_item_claimed_by_an_instance_evicted_before_it_started_fires_claimed_
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// An ended hook that never finishes is dropped at the lease grace with a warning naming the
+/// item and attempt; the hooks after it still run, and the handler slot frees then, so the
+/// next item runs (docs/hooks.md).
+#[tokio::test(start_paused = true)]
+async fn an_ended_hook_past_the_lease_grace_is_dropped_with_a_warning() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    struct Stuck;
+    #[async_trait]
+    impl JobHooks for Stuck {
+        async fn ended(&self, _attempt: &Attempt, _ending: &Ending) {
+            std::future::pending::<()>().await
+        }
+    }
+    /// When each later ended hook ran.
+    #[derive(Clone, Default)]
+    struct Clocked(Arc<Mutex<Vec<(WorkId, Instant)>>>);
+    #[async_trait]
+    impl JobHooks for Clocked {
+        async fn ended(&self, attempt: &Attempt, _ending: &Ending) {
+            self.0.lock().unwrap().push((attempt.id(), Instant::now()));
+        }
+    }
+
+    let fake = FakeCoordinator::new();
+    let identity = registered_identity(&fake).await;
+    fake.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .unwrap();
+    let settings = QueueSettings {
+        concurrency: 1,
+        ..QueueSettings::default()
+    };
+    let grace = settings.lease.grace;
+    let clocked = Clocked::default();
+    let mut handlers = Handlers::new();
+    handlers
+        .add(
+            "q",
+            handler_fn(|_job: Job<serde_json::Value>| async { Ok(()) }),
+            settings,
+        )
+        .unwrap()
+        .hooks(Stuck)
+        .hooks(clocked.clone());
+    let ids: Vec<WorkId> = fake
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!({})); 2],
+        })
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let worker = Arc::new(ClaimWorker::new(
+        Arc::new(fake.clone()),
+        None,
+        Arc::new(StopsAtFence(CancelReason::LeaseFence)),
+        identity,
+        handlers,
+        tight(),
+    ));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (worker, shutdown) = (worker.clone(), shutdown.clone());
+        async move { worker.run(shutdown).await }
+    });
+    let deadline = Instant::now() + grace * 10;
+    while clocked.0.lock().unwrap().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the ended hooks after the stuck one never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let completed: Vec<Instant> = fake
+        .calls_of(Method::CompleteWork)
+        .iter()
+        .map(|c| c.at)
+        .collect();
+    assert_eq!(
+        completed.len(),
+        2,
+        "both items completed, one after the other"
+    );
+    let ended = clocked.0.lock().unwrap().clone();
+    assert_eq!(ended.iter().map(|e| e.0).collect::<Vec<_>>(), ids);
+    for (i, (_, at)) in ended.iter().enumerate() {
+        let after = *at - completed[i];
+        assert!(
+            after >= grace && after < grace + Duration::from_secs(1),
+            "the hook after the stuck one ran {after:?} after completion {i}, not at the grace ({grace:?})"
+        );
+    }
+    assert!(
+        completed[1] >= ended[0].1,
+        "the second item ran only once the first one's slot was freed, at the grace"
+    );
+    let text = logs.text();
+    for id in &ids {
+        let named = format!("an ended hook for item {id} attempt 1 in queue \"q\"");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("WARN") && l.contains(&named) && l.contains("was dropped")),
+            "no warning naming item {id}:\n{text}"
+        );
+    }
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
