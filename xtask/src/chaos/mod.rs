@@ -55,7 +55,7 @@ pub(crate) struct Spec {
 
 /// Every scenario, in the order a full run takes them. Each runs under every profile asked
 /// for (`--profile`); its timeline and bounds come from that profile's settings.
-pub(crate) const SCENARIOS: [Spec; 14] = [
+pub(crate) const SCENARIOS: [Spec; 15] = [
     Spec {
         name: "sigkill",
         quick: true,
@@ -73,6 +73,12 @@ pub(crate) const SCENARIOS: [Spec; 14] = [
         quick: true,
         about: "SIGSTOP the only worker past its lease (no peer reclaims meanwhile), then SIGCONT",
         profiles: &Profile::ALL,
+    },
+    Spec {
+        name: "keyed",
+        quick: true,
+        about: "ordering keys (8 hot keys, a long tail) under SIGKILL and SIGSTOP past the lease: per key one claim at a time, a head taken over only from a killed or paused process, enqueue order, no zombie outcome",
+        profiles: &[Profile::Short],
     },
     Spec {
         name: "listener-kill",
@@ -162,9 +168,9 @@ counts as not passed; one excluded with --exclude does not run at all. Every tim
 bound is derived from the profile in use."
 )]
 pub(crate) struct Args {
-    /// The short set for CI: sigkill, sigstop, sigstop-alone, listener-kill, pg-restart,
-    /// failover (~1 500-2 000 items each, about 3 minutes); with --scenario, the quick variant
-    /// of each named scenario
+    /// The short set for CI: sigkill, sigstop, sigstop-alone, keyed, listener-kill,
+    /// pg-restart, failover (~800-2 000 items each, about 3.5 minutes); with --scenario, the
+    /// quick variant of each named scenario
     #[arg(long)]
     quick: bool,
     /// Run only NAME (repeatable); `--scenario list` lists them

@@ -2,6 +2,7 @@
 //! timeline (recording what each took away), and waits for the work to finish; the harness
 //! then drains, checks and reports.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -12,8 +13,9 @@ use super::harness::{Fault, Harness};
 use super::liveness;
 use super::proxy::Proxy;
 use super::report::Recovery;
-use super::store::{HoldBurst, Mix};
+use super::store::{HoldBurst, KeySkew, Mix};
 use super::Result;
+use crate::harness::check::{self, Down, Evidence};
 use crate::harness::procs::Metrics;
 
 /// Handlers per worker.
@@ -35,6 +37,7 @@ pub(crate) async fn run(name: &str, h: &mut Harness<'_>) -> Result<()> {
         "pool-exhaustion" => pool_exhaustion(h).await,
         "partition" => partition(h).await,
         "clock-skew" => clock_skew(h).await,
+        "keyed" => keyed(h).await,
         other => Err(format!("unknown scenario {other}").into()),
     }
 }
@@ -98,31 +101,173 @@ async fn kill_loop(h: &mut Harness<'_>) -> Result<()> {
                 ),
             });
         } else {
-            let at = h.db.now().await?;
-            h.fleet.kill(victim).await?;
-            let (instances, held) = h.leases_of(victim).await?;
-            h.mark(&format!("SIGKILL {name}, holding {} leases", held.len()));
-            h.faults.push(Fault {
-                label: format!("SIGKILL {name}"),
-                at,
-                until: None,
-                procs: vec![name],
-                instances,
-                affected: held,
-                bound: 2.0 * t.sweep_s + t.lock_grace_s + 3.0,
-                bound_why: format!(
-                    "lock grace {} s + 2 sweeps of {} s + 3 s",
-                    t.lock_grace_s, t.sweep_s
-                ),
-            });
+            sigkill(h, victim).await?;
         }
-        let spec = h.direct(CONCURRENCY);
-        let index = h.start_worker(spec).await?;
-        let name = h.fleet.procs[index].name.clone();
-        h.say(&format!("replacement {name} ready"));
+        replace(h).await?;
     }
     let by = h.finish_by(t.finish_s(spread_ms as f64 / 1000.0));
     h.wait_finished(by).await;
+    Ok(())
+}
+
+/// SIGKILLs `victim` (which the caller saw holding a lease) and records the fault: its
+/// leases must run elsewhere within the lock grace and two sweeps.
+async fn sigkill(h: &mut Harness<'_>, victim: usize) -> Result<()> {
+    let t = h.timing();
+    let name = h.fleet.procs[victim].name.clone();
+    let at = h.db.now().await?;
+    h.fleet.kill(victim).await?;
+    let (instances, held) = h.leases_of(victim).await?;
+    h.mark(&format!("SIGKILL {name}, holding {} leases", held.len()));
+    h.faults.push(Fault {
+        label: format!("SIGKILL {name}"),
+        at,
+        until: None,
+        procs: vec![name],
+        instances,
+        affected: held,
+        bound: 2.0 * t.sweep_s + t.lock_grace_s + 3.0,
+        bound_why: format!(
+            "lock grace {} s + 2 sweeps of {} s + 3 s",
+            t.lock_grace_s, t.sweep_s
+        ),
+    });
+    Ok(())
+}
+
+/// Starts a replacement worker and waits until it is ready.
+async fn replace(h: &mut Harness<'_>) -> Result<()> {
+    let spec = h.direct(CONCURRENCY);
+    let index = h.start_worker(spec).await?;
+    let name = h.fleet.procs[index].name.clone();
+    h.say(&format!("replacement {name} ready"));
+    Ok(())
+}
+
+/// Ordering keys under SIGKILL and SIGSTOP. Every item but the designed dead letters carries
+/// a key: about a third of them over 8 hot keys (skewed, all due at once: each hot key is a
+/// backlog that drains one item at a time through the faults), the rest over a long tail of
+/// keys due over the spread. A worker holding heads is SIGSTOPped past its lease while the
+/// tail still runs, and continued; then a worker holding heads is SIGKILLed (and replaced),
+/// twice (a full run: three times).
+/// Then, besides the suite's checks, [`check::keyed`]: per key one claim at a time, a head
+/// taken from its process only when that process was killed or stopped past its lease, claims
+/// and completions in enqueue order, no outcome under a token once its key moved on. It must
+/// have seen keyed items claimed twice, and heads taken over after a kill and after a pause.
+async fn keyed(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let (items, spread_ms, kills) = if h.quick {
+        (800, 8_000, 2)
+    } else {
+        (1_600, 14_000, 3)
+    };
+    let specs = (0..4).map(|_| h.direct(CONCURRENCY)).collect();
+    h.start_workers(specs).await?;
+    let mut mix = Mix::new(items, spread_ms);
+    mix.sleep_ms = (50, 400);
+    mix.keys = Some(KeySkew {
+        hot: 8,
+        hot_share: 0.35,
+        tail: items / 3,
+    });
+    h.enqueue(&mix).await?;
+    let pause = t.lease_s + 4.0;
+    h.at(1.5).await;
+    h.cancel_some(mix.cancels).await?;
+    for k in 0..kills {
+        h.at(h.elapsed().max(1.5) + 1.0).await;
+        if k == 0 {
+            // While the tail keys still run: the paused worker then holds many heads.
+            if let Some(victim) = pick_holding(h).await {
+                freeze(h, victim, Freeze::Sigstop, pause).await?;
+            }
+            h.at(h.elapsed() + 1.0).await;
+        }
+        let Some(victim) = pick_holding(h).await else {
+            break;
+        };
+        sigkill(h, victim).await?;
+        replace(h).await?;
+    }
+    let by = h.finish_by(t.finish_s(spread_ms as f64 / 1000.0) + pause);
+    h.wait_finished(by).await;
+    check_keys(h).await
+}
+
+/// A random live, running worker that holds a lease now, waiting for one (see
+/// [`holding_deadline`]); else any live worker, once it holds one (or the wait ran out).
+async fn pick_holding(h: &mut Harness<'_>) -> Option<usize> {
+    let deadline = holding_deadline(h);
+    while Instant::now() < deadline {
+        let mut holding = Vec::new();
+        for i in h.fleet.live() {
+            if h.fleet.procs[i].stopped {
+                continue;
+            }
+            if h.leases_of(i).await.is_ok_and(|(_, held)| !held.is_empty()) {
+                holding.push(i);
+            }
+        }
+        if !holding.is_empty() {
+            return Some(holding[h.rng.below(holding.len())]);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.pick(&[])
+}
+
+/// [`check::keyed`] on the scenario's evidence, with the processes its faults took down.
+async fn check_keys(h: &mut Harness<'_>) -> Result<()> {
+    let ev = Evidence::load(&h.db.pool).await?;
+    let keys: HashMap<i64, (String, i64)> = sqlx::query_as::<_, (i64, String, i64)>(
+        "SELECT id, ordering_key, ordering_seq FROM workpump.work WHERE ordering_key IS NOT NULL",
+    )
+    .fetch_all(&h.db.pool)
+    .await?
+    .into_iter()
+    .map(|(id, key, seq)| (id, (key, seq)))
+    .collect();
+    let down: Vec<Down> = h
+        .faults
+        .iter()
+        .flat_map(|f| {
+            f.procs.iter().map(|p| Down {
+                proc: p.clone(),
+                at: f.at,
+                until: f.until,
+            })
+        })
+        .collect();
+    let k = check::keyed(&ev, &keys, &down);
+    let distinct: std::collections::HashSet<&str> =
+        keys.values().map(|(key, _)| key.as_str()).collect();
+    h.notes.push(format!(
+        "ordering keys: {} keyed items over {} keys, {} claims, {} items claimed more than \
+         once, {} heads taken over after a SIGKILL and {} after a SIGSTOP past the lease, {} \
+         handovers of a key between processes",
+        keys.len(),
+        distinct.len(),
+        k.claims,
+        k.claimed_twice,
+        k.after_kill,
+        k.after_stop,
+        k.handovers
+    ));
+    for (count, what) in [
+        (k.claims, "no keyed item was claimed"),
+        (k.claimed_twice, "no keyed item was claimed twice"),
+        (k.after_kill, "no kill took a running head from its process"),
+        (
+            k.after_stop,
+            "no pause let a running head's lease expire into a peer's claim",
+        ),
+        (k.handovers, "no key moved from one process to another"),
+    ] {
+        if count == 0 {
+            h.violations.push(format!("vacuous: {what}"));
+        }
+    }
+    h.violations.extend(k.violations);
     Ok(())
 }
 

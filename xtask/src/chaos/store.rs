@@ -441,6 +441,20 @@ pub(crate) struct Mix {
     pub(crate) hold: Option<HoldBurst>,
     /// Items the suite cancels part-way through.
     pub(crate) cancels: usize,
+    /// Ordering keys for the items, when set.
+    pub(crate) keys: Option<KeySkew>,
+}
+
+/// How a keyed workload spreads its items over ordering keys: a share of them over a few
+/// hot keys (skewed: hot key `k` weighs `1 / (k + 1)`), all due at once, so that each hot key
+/// is a backlog that drains one item at a time through the faults; the rest over a long tail
+/// of keys (one or two items each, on average), due over the spread. Designed dead letters
+/// stay unkeyed: in the default `hold` policy a dead head would hold its key for good.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeySkew {
+    pub(crate) hot: usize,
+    pub(crate) hot_share: f64,
+    pub(crate) tail: usize,
 }
 
 impl Mix {
@@ -451,6 +465,7 @@ impl Mix {
             sleep_ms: (200, 2_500),
             hold: None,
             cancels: (items / 200).max(5),
+            keys: None,
         }
     }
 }
@@ -458,7 +473,7 @@ impl Mix {
 /// The workload: payloads by share — designed dead letters (~0.5 %, at least 5), planned
 /// failures that retry then succeed (8 %), panics (2 %), transactional items (10 %),
 /// checkpointed long jobs (2 %), sleepers that renew their lease (22 %), no-ops for the rest,
-/// and a burst of `hold` items when asked.
+/// and a burst of `hold` items when asked; with `keys`, ordering keys (see [`KeySkew`]).
 pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
     // At least 5 of a workload, but no more than 5 % of a small chunk (a feeder's).
     let dead = (mix.items / 200).max(5).min((mix.items / 20).max(1));
@@ -492,6 +507,30 @@ pub(crate) fn plan(rng: &mut Rng, mix: &Mix) -> Vec<(Value, u64)> {
     for i in (1..planned.len()).rev() {
         let j = rng.below(i + 1);
         planned.swap(i, j);
+    }
+    if let Some(skew) = mix.keys {
+        let weights: Vec<f64> = (0..skew.hot).map(|k| 1.0 / (k as f64 + 1.0)).collect();
+        let total: f64 = weights.iter().sum();
+        for (payload, after) in &mut planned {
+            if payload["kind"] == "dead" {
+                continue;
+            }
+            let key = if rng.unit() < skew.hot_share {
+                let mut pick = rng.unit() * total;
+                let k = weights
+                    .iter()
+                    .position(|w| {
+                        pick -= w;
+                        pick < 0.0
+                    })
+                    .unwrap_or(skew.hot - 1);
+                *after = 0;
+                format!("hot-{k}")
+            } else {
+                format!("tail-{}", rng.below(skew.tail))
+            };
+            payload["ordering_key"] = Value::String(key);
+        }
     }
     planned
 }

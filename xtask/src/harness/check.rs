@@ -12,7 +12,8 @@
 //! - **store end** — a running orphan ended by the store (`lease_expired` entry: attempts
 //!   used up, or a cancel requested);
 //! - **release** — a dead instance's lease freed by a sweep (owner set to NULL);
-//! - **operator cancel**, **promotion** — a waiting item cancelled, a scheduled one due.
+//! - **operator cancel**, **promotion** — a waiting (or blocked) item cancelled, a scheduled
+//!   one due or a blocked one made its ordering key's head.
 //!
 //! What a double-recorded outcome would leave behind, and the check that looks for it:
 //! a second outcome row for one claim token; an outcome written by a process that never
@@ -137,8 +138,9 @@ impl Change {
             ("running", "running") => Kind::Unexpected,
             ("running", _) if error_kind == Some("lease_expired") => Kind::StoreEnd,
             ("running", _) => Kind::Outcome,
-            ("scheduled", "available") => Kind::Promotion,
-            ("available" | "scheduled", "cancelled") => Kind::OperatorCancel,
+            // A blocked item becomes its key's head when the head before it ended.
+            ("scheduled" | "blocked", "available") | ("blocked", "scheduled") => Kind::Promotion,
+            ("available" | "scheduled" | "blocked", "cancelled") => Kind::OperatorCancel,
             _ => Kind::Unexpected,
         }
     }
@@ -962,6 +964,173 @@ pub(crate) fn rerun(ev: &Evidence, at: f64, affected: &[(i64, i64)], procs: &[&s
     }
     r.all_after = latest.map(|l| l - at);
     r
+}
+
+/// A process the suite took down: killed at `at` (`until` None), or stopped (SIGSTOP) from
+/// `at` to `until`. Database seconds.
+#[derive(Clone, Debug)]
+pub(crate) struct Down {
+    pub(crate) proc: String,
+    pub(crate) at: f64,
+    pub(crate) until: Option<f64>,
+}
+
+/// What the ordering-key checks found (see [`keyed`]).
+#[derive(Default, Debug)]
+pub(crate) struct Keyed {
+    /// Claims of keyed items.
+    pub(crate) claims: usize,
+    /// Keyed items claimed more than once.
+    pub(crate) claimed_twice: usize,
+    /// Consecutive claims of one key whose first ended without an outcome of its own
+    /// process, justified by that process's death (SIGKILL before the next claim).
+    pub(crate) after_kill: usize,
+    /// ... justified by its pause: its lease expired while it was stopped.
+    pub(crate) after_stop: usize,
+    /// Consecutive claims of one key made by different processes.
+    pub(crate) handovers: usize,
+    pub(crate) violations: Vec<String>,
+}
+
+/// The ordering-key checks. `keys` maps each keyed item to its key and its place in the
+/// key's enqueue order (`ordering_seq`); `down` lists the processes the suite killed or
+/// stopped. For every key, its claims (all its items', in audit order) must satisfy:
+///
+/// 1. **one at a time** — a claim is made only after the key's previous claim ended in the
+///    store (an outcome under its token, a release of its dead owner's lease, the store
+///    ending the orphan, or the reclaim itself);
+/// 2. **attempt n + 1 only after attempt n ended or its process died** — when the previous
+///    claim did not end by an outcome of its own process, that process was SIGKILLed before
+///    the new claim, or was SIGSTOPped while its lease expired (the lease's last expiry lies
+///    in the pause); anything else is a head taken from a live, running process;
+/// 3. **enqueue order** — claims, and completions, follow `ordering_seq`;
+/// 4. **a zombie's late outcome is fenced** — no outcome is recorded under a claim's token
+///    once the key has been claimed again.
+pub(crate) fn keyed(ev: &Evidence, keys: &HashMap<i64, (String, i64)>, down: &[Down]) -> Keyed {
+    let mut k = Keyed::default();
+    let mut per_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut claims_of: HashMap<i64, usize> = HashMap::new();
+    for (n, c) in ev.changes.iter().enumerate() {
+        if c.kind() == Kind::Claim && c.to_token.is_some() {
+            if let Some((key, _)) = keys.get(&c.item) {
+                per_key.entry(key).or_default().push(n);
+                *claims_of.entry(c.item).or_default() += 1;
+                k.claims += 1;
+            }
+        }
+    }
+    k.claimed_twice = claims_of.values().filter(|n| **n > 1).count();
+    let seq = |item: i64| keys.get(&item).map_or(-1, |(_, s)| *s);
+    for (key, claims) in &per_key {
+        for pair in claims.windows(2) {
+            let (first, next) = (&ev.changes[pair[0]], &ev.changes[pair[1]]);
+            let token = first.to_token;
+            let what = |c: &Change| {
+                format!(
+                    "item {} (#{} of the key) claim {:?} by {} at {:.3}",
+                    c.item,
+                    seq(c.item),
+                    c.to_token,
+                    c.proc,
+                    c.at
+                )
+            };
+            if next.proc != first.proc {
+                k.handovers += 1;
+            }
+            if seq(next.item) < seq(first.item) {
+                k.violations.push(format!(
+                    "key {key}: {} came after {}, out of enqueue order",
+                    what(next),
+                    what(first)
+                ));
+            }
+            // Where the first claim ended.
+            let end = ev.changes[pair[0] + 1..]
+                .iter()
+                .enumerate()
+                .find(|(_, c)| {
+                    c.item == first.item
+                        && c.from_token == token
+                        && matches!(
+                            c.kind(),
+                            Kind::Outcome | Kind::StoreEnd | Kind::Release | Kind::Claim
+                        )
+                })
+                .map(|(d, c)| (pair[0] + 1 + d, c));
+            let Some((end_at, end)) = end.filter(|(n, _)| *n <= pair[1]) else {
+                k.violations.push(format!(
+                    "key {key}: {} while {} had not ended (two claims of one key at once)",
+                    what(next),
+                    what(first)
+                ));
+                continue;
+            };
+            // A zombie's write under the first claim's token after the key moved on.
+            for late in ev.changes[end_at + 1..]
+                .iter()
+                .filter(|c| c.item == first.item && c.from_token == token)
+                .filter(|c| c.kind() == Kind::Outcome)
+            {
+                k.violations.push(format!(
+                    "key {key}: {} recorded {} under token {:?} at {:.3}, after the claim had \
+                     ended (a zombie's late outcome passed the fence)",
+                    late.proc, late.to_state, token, late.at
+                ));
+            }
+            if end.kind() == Kind::Outcome && end.proc == first.proc {
+                continue;
+            }
+            // The first claim was taken from its process: it must have been dead or paused.
+            let expiry = ev.changes[pair[0]..end_at]
+                .iter()
+                .filter(|c| c.item == first.item && c.to_token == token)
+                .rev()
+                .find_map(|c| c.to_expiry);
+            let killed = down
+                .iter()
+                .any(|d| d.proc == first.proc && d.until.is_none() && d.at <= next.at);
+            let paused = down.iter().any(|d| {
+                d.proc == first.proc
+                    && d.until.is_some_and(|until| {
+                        d.at <= next.at && expiry.is_some_and(|e| e >= d.at && e <= until)
+                    })
+            });
+            if killed {
+                k.after_kill += 1;
+            } else if paused {
+                k.after_stop += 1;
+            } else {
+                k.violations.push(format!(
+                    "key {key}: {} although {} ended by {} ({}) while its process was neither \
+                     killed nor stopped past its lease (expiry {expiry:?})",
+                    what(next),
+                    what(first),
+                    end.proc,
+                    end.to_state
+                ));
+            }
+        }
+    }
+    let mut last_completed: HashMap<&str, (i64, i64)> = HashMap::new();
+    for c in ev.changes.iter().filter(|c| c.kind() == Kind::Outcome) {
+        if c.to_state != "completed" {
+            continue;
+        }
+        let Some((key, s)) = keys.get(&c.item) else {
+            continue;
+        };
+        if let Some((before, item)) = last_completed.get(key.as_str()) {
+            if *before > *s {
+                k.violations.push(format!(
+                    "key {key}: item {} (#{s}) completed after item {item} (#{before})",
+                    c.item
+                ));
+            }
+        }
+        last_completed.insert(key, (*s, c.item));
+    }
+    k
 }
 
 /// Per-kind counts for the notes.
@@ -1918,5 +2087,162 @@ mod tests {
         assert!(found[0]
             .evidence()
             .contains("heartbeat 35.0 s old, lock-proven, lock not held"));
+    }
+
+    /// Items 1 and 2 of key `k` (places 0 and 1), and item 3 of key `j`.
+    fn two_keys() -> HashMap<i64, (String, i64)> {
+        HashMap::from([
+            (1, ("k".into(), 0)),
+            (2, ("k".into(), 1)),
+            (3, ("j".into(), 0)),
+        ])
+    }
+
+    /// A sweeper `who` frees the lease of `token` (its owner is dead).
+    fn release(item: i64, token: i64, attempt: i32, owner: Uuid, who: &str, at: f64) -> Change {
+        change(
+            item,
+            ("running", "running"),
+            (Some(owner), None),
+            (Some(token), Some(token)),
+            (attempt, attempt),
+            None,
+            who,
+            at,
+        )
+    }
+
+    /// `who` claims the orphan of `token` anew as `new`.
+    fn reclaim(
+        item: i64,
+        token: i64,
+        new: i64,
+        attempt: i32,
+        who: (Uuid, &str),
+        at: f64,
+    ) -> Change {
+        change(
+            item,
+            ("running", "running"),
+            (None, Some(who.0)),
+            (Some(token), Some(new)),
+            (attempt, attempt + 1),
+            Some(serde_json::json!({ "attempt": attempt, "kind": "lease_expired" })),
+            who.1,
+            at,
+        )
+    }
+
+    #[test]
+    fn keyed_claims_one_after_another_in_enqueue_order_pass() {
+        let (a, b) = ((id(1), A), (id(2), B));
+        let ev = evidence(
+            Vec::new(),
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                claim(3, 30, 1, a, 1.1),
+                complete(1, 10, 1, a, 2.0),
+                claim(2, 20, 1, b, 2.1),
+                complete(2, 20, 1, b, 3.0),
+                complete(3, 30, 1, a, 3.1),
+            ],
+            Vec::new(),
+        );
+        let k = keyed(&ev, &two_keys(), &[]);
+        assert!(k.violations.is_empty(), "{:#?}", k.violations);
+        assert_eq!((k.claims, k.handovers, k.claimed_twice), (3, 1, 0));
+    }
+
+    #[test]
+    fn a_claim_while_the_keys_previous_claim_is_open_or_out_of_order_is_a_violation() {
+        let (a, b) = ((id(1), A), (id(2), B));
+        let ev = evidence(
+            Vec::new(),
+            vec![
+                claim(2, 20, 1, a, 1.0),
+                claim(1, 10, 1, b, 1.5),
+                complete(2, 20, 1, a, 2.0),
+                complete(1, 10, 1, b, 2.5),
+            ],
+            Vec::new(),
+        );
+        let k = keyed(&ev, &two_keys(), &[]);
+        let all = k.violations.join("\n");
+        assert!(all.contains("two claims of one key at once"), "{all}");
+        assert!(all.contains("out of enqueue order"), "{all}");
+        assert!(
+            all.contains("item 1 (#0) completed after item 2 (#1)"),
+            "{all}"
+        );
+    }
+
+    #[test]
+    fn a_head_reclaimed_from_a_killed_process_passes_and_from_a_live_one_does_not() {
+        let (a, b) = ((id(1), A), (id(2), B));
+        let ev = evidence(
+            Vec::new(),
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                release(1, 10, 1, a.0, B, 5.0),
+                reclaim(1, 10, 11, 1, b, 5.5),
+                complete(1, 11, 2, b, 6.0),
+            ],
+            Vec::new(),
+        );
+        let killed = [Down {
+            proc: A.into(),
+            at: 2.0,
+            until: None,
+        }];
+        let k = keyed(&ev, &two_keys(), &killed);
+        assert!(k.violations.is_empty(), "{:#?}", k.violations);
+        assert_eq!((k.after_kill, k.claimed_twice), (1, 1));
+        let k = keyed(&ev, &two_keys(), &[]);
+        assert!(
+            k.violations[0].contains("neither killed nor stopped"),
+            "{:#?}",
+            k.violations
+        );
+        // Stopped, but its lease (until 4.0) ran out after the pause: not a justification.
+        let early = [Down {
+            proc: A.into(),
+            at: 2.0,
+            until: Some(3.0),
+        }];
+        assert_eq!(keyed(&ev, &two_keys(), &early).violations.len(), 1);
+        let past_lease = [Down {
+            proc: A.into(),
+            at: 2.0,
+            until: Some(5.2),
+        }];
+        let k = keyed(&ev, &two_keys(), &past_lease);
+        assert!(k.violations.is_empty(), "{:#?}", k.violations);
+        assert_eq!(k.after_stop, 1);
+    }
+
+    #[test]
+    fn a_zombies_outcome_after_its_key_moved_on_is_a_violation() {
+        let (a, b) = ((id(1), A), (id(2), B));
+        let ev = evidence(
+            Vec::new(),
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                reclaim(1, 10, 11, 1, b, 4.5),
+                complete(1, 11, 2, b, 5.0),
+                claim(2, 20, 1, b, 5.1),
+                complete(1, 10, 1, a, 5.2),
+                complete(2, 20, 1, b, 6.0),
+            ],
+            Vec::new(),
+        );
+        let paused = [Down {
+            proc: A.into(),
+            at: 2.0,
+            until: Some(6.0),
+        }];
+        let k = keyed(&ev, &two_keys(), &paused);
+        assert_eq!(k.violations.len(), 1, "{:#?}", k.violations);
+        assert!(k.violations[0].contains("a zombie's late outcome passed the fence"));
+        assert_eq!(k.after_stop, 1);
     }
 }

@@ -144,7 +144,8 @@ pub(crate) async fn build_worker(release: bool) -> Result<(PathBuf, Duration)> {
 }
 
 /// Enqueues the planned items (payload, delay in ms) into `queue`, in one call per 10 000,
-/// and records their ids in `workpump_enqueued`, where the checks look for them; returns
+/// each with the ordering key its payload names in `ordering_key`, if any (the worker ignores
+/// the field), and records their ids in `workpump_enqueued`, where the checks look for them; returns
 /// the ids.
 pub(crate) async fn enqueue(
     pool: &PgPool,
@@ -159,7 +160,14 @@ pub(crate) async fn enqueue(
             .by_ref()
             .take(10_000)
             .map(|(payload, after)| {
-                let item = NewWork::new(queue, payload);
+                let key = payload
+                    .get("ordering_key")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                let mut item = NewWork::new(queue, payload);
+                if let Some(key) = key {
+                    item = item.ordering_key(key);
+                }
                 if after == 0 {
                     item
                 } else {
