@@ -1,6 +1,9 @@
-//! Drain: N no-op items enqueued in bulk into a paused queue (not timed), the workers started
-//! and ready, then the queue resumed (with the wake NOTIFY); the rate is items over the time
-//! from the resume to the last completion, both on the database clock.
+//! Drain: N no-op items enqueued in bulk into a paused queue (timed apart, not part of the
+//! rate), the workers started and ready, then the queue resumed (with the wake NOTIFY); the
+//! rate is items over the time from the resume to the last completion, both on the database
+//! clock. A [`Shape`] says what is drained: unkeyed items (`drain_<n>`), or items over
+//! ordering keys (`keyed`); [`Pairs`] holds drains of two shapes run alternately, for figures
+//! that are a ratio to the plain drain of the same run.
 
 use std::time::{Duration, Instant};
 
@@ -15,11 +18,52 @@ use super::{BenchResult, Ctx};
 /// Items per enqueue call while filling the queue.
 const FILL_BATCH: usize = 10_000;
 
+/// What one drain runs. The flow-control scenarios still to come (a fleet-wide limit, a rate
+/// limit) add what they need here (the queue's settings, a sampler beside the drain) and
+/// compare with the plain drain through [`Pairs`].
+#[derive(Clone, Debug)]
+pub(crate) struct Shape {
+    pub(crate) workers: usize,
+    pub(crate) items: usize,
+    /// Ordering keys: `None`, unkeyed; `Some(n)`, item `i` (in enqueue order) carries key
+    /// `key-<i % n>`, so each key's items are spread evenly over the enqueue, as a key's
+    /// events arrive over time.
+    pub(crate) keys: Option<usize>,
+    /// Report the rate of each tenth of the items (the deep drain).
+    pub(crate) deciles: bool,
+}
+
+impl Shape {
+    /// `items` unkeyed no-op items drained by `workers` processes.
+    pub(crate) fn plain(workers: usize, items: usize) -> Shape {
+        Shape {
+            workers,
+            items,
+            keys: None,
+            deciles: false,
+        }
+    }
+
+    pub(crate) fn keys(mut self, keys: usize) -> Shape {
+        self.keys = Some(keys);
+        self
+    }
+
+    pub(crate) fn deciles(mut self) -> Shape {
+        self.deciles = true;
+        self
+    }
+}
+
 /// One drain.
 #[derive(Clone, Debug)]
 pub(crate) struct DrainRun {
     pub(crate) workers: usize,
     pub(crate) items: usize,
+    /// The ordering keys the items were spread over (`None`: unkeyed).
+    pub(crate) keys: Option<usize>,
+    /// Items per second of the fill (bulk `enqueue_work` calls of 10 000, wall clock).
+    pub(crate) enqueue_rate: f64,
     /// Items per second, database clock: resume → max(finished_at).
     pub(crate) rate: f64,
     pub(crate) seconds: f64,
@@ -35,6 +79,20 @@ pub(crate) struct DrainRun {
     pub(crate) statements: Vec<Statement>,
     /// Items per second in each tenth of the items, in completion order.
     pub(crate) decile_rates: Option<Vec<f64>>,
+    /// Keyed drains: the time between the completions of consecutive items of one key.
+    pub(crate) key_gaps: Option<KeyGaps>,
+}
+
+/// Keyed drains: from one item's completion to the next item's of the same key (ordering_seq
+/// order), database clock. The next item is promoted in the transaction that completes the
+/// one before, so with one key this is the promotion path's latency per item: the wake, the
+/// claim, the handler and the completion.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyGaps {
+    pub(crate) gaps: i64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p90_ms: f64,
+    pub(crate) max_ms: f64,
 }
 
 impl DrainRun {
@@ -42,6 +100,8 @@ impl DrainRun {
         json!({
             "workers": self.workers,
             "items": self.items,
+            "ordering_keys": self.keys,
+            "enqueue_items_per_s": self.enqueue_rate.round(),
             "items_per_s": self.rate.round(),
             "seconds": self.seconds,
             "startup_s": self.startup_s,
@@ -52,6 +112,9 @@ impl DrainRun {
             "worker_cpu_s": self.worker_cpu_s,
             "other_cpu_s": self.other_cpu_s,
             "decile_items_per_s": self.decile_rates,
+            "key_gap_ms": self.key_gaps.as_ref().map(|g| json!({
+                "gaps": g.gaps, "p50": g.p50_ms, "p90": g.p90_ms, "max": g.max_ms,
+            })),
             "statements": self.statements.iter().take(12).map(|s| json!({
                 "statement": setup::short_name(&s.query),
                 "calls": s.calls,
@@ -62,15 +125,10 @@ impl DrainRun {
     }
 }
 
-/// One drain of `items` by `workers` processes.
-pub(crate) async fn run_once(
-    ctx: &Ctx,
-    workers: usize,
-    items: usize,
-    deciles: bool,
-) -> BenchResult<DrainRun> {
+/// One drain of `shape`, on a fresh database.
+pub(crate) async fn run_once(ctx: &Ctx, shape: &Shape) -> BenchResult<DrainRun> {
     let db = ctx.create_db("drain").await?;
-    let result = drain(ctx, &db, workers, items, deciles, |_| None).await;
+    let result = drain(ctx, &db, shape, |_| None).await;
     db.drop_now().await?;
     result
 }
@@ -79,12 +137,11 @@ pub(crate) async fn run_once(
 /// the workers are ready, and what it returns runs until the last item completes.
 pub(crate) async fn run_once_beside(
     ctx: &Ctx,
-    workers: usize,
-    items: usize,
+    shape: &Shape,
     open: impl FnOnce(&str) -> Option<Beside>,
 ) -> BenchResult<DrainRun> {
     let db = ctx.create_db("drain").await?;
-    let result = drain(ctx, &db, workers, items, false, open).await;
+    let result = drain(ctx, &db, shape, open).await;
     db.drop_now().await?;
     result
 }
@@ -92,13 +149,14 @@ pub(crate) async fn run_once_beside(
 async fn drain(
     ctx: &Ctx,
     db: &BenchDb,
-    n: usize,
-    items: usize,
-    deciles: bool,
+    shape: &Shape,
     open: impl FnOnce(&str) -> Option<Beside>,
 ) -> BenchResult<DrainRun> {
+    let (n, items) = (shape.workers, shape.items);
     db.set_paused(true).await?;
-    fill(db, items, json!({ "kind": "noop" })).await?;
+    let filling = Instant::now();
+    fill_keyed(db, items, json!({ "kind": "noop" }), shape.keys).await?;
+    let enqueue_rate = items as f64 / filling.elapsed().as_secs_f64();
     db.settle().await?;
 
     let spec = Spec::defaults().concurrency(ctx.options.drain_concurrency);
@@ -153,15 +211,21 @@ async fn drain(
     .fetch_one(db.pool())
     .await?;
     let seconds = end - t0;
-    let decile_rates = if deciles {
+    let decile_rates = if shape.deciles {
         Some(decile_rates(db, items, t0).await?)
     } else {
         None
+    };
+    let key_gaps = match shape.keys {
+        Some(_) => Some(key_gaps(db).await?),
+        None => None,
     };
     let tick = ctx.ticks_per_second;
     Ok(DrainRun {
         workers: n,
         items,
+        keys: shape.keys,
+        enqueue_rate,
         rate: items as f64 / seconds,
         seconds,
         startup_s: startup.as_secs_f64(),
@@ -172,6 +236,7 @@ async fn drain(
             .map(|s| machine_ticks.saturating_sub(s + worker_ticks) as f64 / tick),
         statements: stmts,
         decile_rates,
+        key_gaps,
     })
 }
 
@@ -181,19 +246,70 @@ pub(crate) async fn fill(
     items: usize,
     payload: serde_json::Value,
 ) -> BenchResult<()> {
+    fill_keyed(db, items, payload, None).await
+}
+
+/// [`fill`], item `i` with ordering key `key-<i % n>` when `keys` is `Some(n)`.
+pub(crate) async fn fill_keyed(
+    db: &BenchDb,
+    items: usize,
+    payload: serde_json::Value,
+    keys: Option<usize>,
+) -> BenchResult<()> {
     let coordinator = db.coordinator();
-    let mut left = items;
-    while left > 0 {
-        let n = left.min(FILL_BATCH);
-        let batch = (0..n)
-            .map(|_| NewWork::new(QUEUE, payload.clone()))
+    let mut done = 0;
+    while done < items {
+        let n = (items - done).min(FILL_BATCH);
+        let batch = (done..done + n)
+            .map(|i| {
+                let item = NewWork::new(QUEUE, payload.clone());
+                match keys {
+                    Some(keys) => item.ordering_key(format!("key-{}", i % keys)),
+                    None => item,
+                }
+            })
             .collect();
         coordinator
             .enqueue_work(EnqueueWorkParams { items: batch })
             .await?;
-        left -= n;
+        done += n;
     }
     Ok(())
+}
+
+/// The completion gaps of a keyed drain ([`KeyGaps`]); an error when an item completed
+/// before the item ahead of it in its key (the promise keys make), or when no key had two
+/// items to compare.
+async fn key_gaps(db: &BenchDb) -> BenchResult<KeyGaps> {
+    let sql = format!(
+        "{} SELECT count(*)::int8,
+                count(*) FILTER (WHERE gap < interval '0')::int8,
+                coalesce(1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY gap)), 0)::float8,
+                coalesce(1000 * extract(epoch FROM percentile_cont(0.9) WITHIN GROUP (ORDER BY gap)), 0)::float8,
+                coalesce(1000 * extract(epoch FROM max(gap)), 0)::float8
+         FROM (SELECT finished_at - lag(finished_at) OVER (PARTITION BY ordering_key ORDER BY ordering_seq) AS gap
+               FROM {SCHEMA}.work WHERE ordering_key IS NOT NULL) g
+         WHERE gap IS NOT NULL",
+        setup::MARK
+    );
+    let (gaps, backwards, p50, p90, max): (i64, i64, f64, f64, f64) =
+        sqlx::query_as(&sql).fetch_one(db.pool()).await?;
+    if gaps == 0 {
+        return Err("keyed drain: no key had two completed items to compare".into());
+    }
+    if backwards > 0 {
+        return Err(format!(
+            "keyed drain: {backwards} of {gaps} items completed before the item ahead of them in their key"
+        )
+        .into());
+    }
+    let round = |ms: f64| (ms * 1_000.0).round() / 1_000.0;
+    Ok(KeyGaps {
+        gaps,
+        p50_ms: round(p50),
+        p90_ms: round(p90),
+        max_ms: round(max),
+    })
 }
 
 /// Items per second in each tenth of the items (by completion time).
@@ -215,4 +331,105 @@ async fn decile_rates(db: &BenchDb, items: usize, t0: f64) -> BenchResult<Vec<f6
             rate.round()
         })
         .collect())
+}
+
+/// Drains of two shapes run alternately: the plain drain (`base`) and a variant, the two
+/// drains of a pair back to back, which one goes first alternating between pairs
+/// ([`Pairs::order`]), so that a machine that drifts favours neither.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Pairs {
+    pub(crate) base: Vec<DrainRun>,
+    pub(crate) variant: Vec<DrainRun>,
+}
+
+impl Pairs {
+    /// Pair `pair`'s order: `false` is the base, `true` the variant.
+    pub(crate) fn order(pair: usize) -> [bool; 2] {
+        if pair.is_multiple_of(2) {
+            [false, true]
+        } else {
+            [true, false]
+        }
+    }
+
+    pub(crate) fn push(&mut self, variant: bool, run: DrainRun) {
+        if variant {
+            self.variant.push(run);
+        } else {
+            self.base.push(run);
+        }
+    }
+
+    /// The median rate of `runs`.
+    pub(crate) fn median(runs: &[DrainRun]) -> f64 {
+        let mut rates: Vec<f64> = runs.iter().map(|r| r.rate).collect();
+        rates.sort_by(f64::total_cmp);
+        rates[rates.len() / 2]
+    }
+
+    /// The variant's median rate over the base's.
+    pub(crate) fn ratio_of_medians(&self) -> f64 {
+        Self::median(&self.variant) / Self::median(&self.base)
+    }
+
+    /// Each pair's ratio, variant over base, in the order they ran.
+    pub(crate) fn ratios(&self) -> Vec<f64> {
+        self.variant
+            .iter()
+            .zip(&self.base)
+            .map(|(v, b)| v.rate / b.rate)
+            .collect()
+    }
+
+    /// The median of the pairs' ratios: the figure, as it discounts the machine's drift
+    /// between pairs.
+    pub(crate) fn ratio(&self) -> f64 {
+        let mut ratios = self.ratios();
+        ratios.sort_by(f64::total_cmp);
+        ratios[ratios.len() / 2]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(rate: f64) -> DrainRun {
+        DrainRun {
+            workers: 2,
+            items: 100,
+            keys: None,
+            enqueue_rate: 1.0,
+            rate,
+            seconds: 100.0 / rate,
+            startup_s: 0.0,
+            wal_bytes_per_item: 0.0,
+            server_cpu_s: None,
+            worker_cpu_s: 0.0,
+            other_cpu_s: None,
+            statements: Vec::new(),
+            decile_rates: None,
+            key_gaps: None,
+        }
+    }
+
+    #[test]
+    fn pairs_alternate_which_goes_first() {
+        assert_eq!(Pairs::order(0), [false, true]);
+        assert_eq!(Pairs::order(1), [true, false]);
+        assert_eq!(Pairs::order(2), [false, true]);
+    }
+
+    #[test]
+    fn the_pair_ratio_is_the_median_of_each_pairs_ratio() {
+        let mut pairs = Pairs::default();
+        // Pair ratios 0.5, 0.9, 0.8 on a drifting machine: 0.8; the ratio of the medians 0.5.
+        for (base, variant) in [(100.0, 50.0), (50.0, 45.0), (200.0, 160.0)] {
+            pairs.push(false, run(base));
+            pairs.push(true, run(variant));
+        }
+        assert_eq!(pairs.ratios(), vec![0.5, 0.9, 0.8]);
+        assert!((pairs.ratio() - 0.8).abs() < 1e-12);
+        assert!((pairs.ratio_of_medians() - 50.0 / 100.0).abs() < 1e-12);
+    }
 }

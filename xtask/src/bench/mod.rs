@@ -4,15 +4,17 @@
 //! figures against the project's targets. `docs/performance.md` describes every method.
 //!
 //! Scenarios (each on a fresh database, each process stopped by pid also on errors):
-//! `ceiling` (pgbench, minimal queue cycle), `drain`, `enqueue`, `pickup`, `renewal` (with
-//! memory), `failover`, `idle`, `ops` (the operator's reads on a large store), `dashboard`
-//! (the drain with and without the dashboard open beside it).
+//! `ceiling` (pgbench, minimal queue cycle), `drain`, `keyed` (ordering keys: a keyed drain
+//! paired with the plain one, one hot key), `enqueue`, `pickup`, `renewal` (with memory),
+//! `failover`, `idle`, `ops` (the operator's reads on a large store), `dashboard` (the drain
+//! with and without the dashboard open beside it).
 
 mod ceiling;
 mod drain;
 mod enqueue;
 mod failover;
 mod idle;
+mod keyed;
 mod ops;
 mod pickup;
 mod renewal;
@@ -30,9 +32,10 @@ use crate::Outcome;
 pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// What `--only` can pick, in the order they run.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "ceiling",
     "drain",
+    "keyed",
     "enqueue",
     "pickup",
     "renewal",
@@ -90,6 +93,10 @@ pub(crate) struct Plan {
     pub(crate) ops_items: usize,
     /// Drains without and with the dashboard beside them, each.
     pub(crate) dashboard_pairs: usize,
+    /// Plain and keyed drains (ordering keys), each.
+    pub(crate) keyed_pairs: usize,
+    /// Drains of one hot key.
+    pub(crate) hot_key_runs: usize,
 }
 
 impl Plan {
@@ -114,6 +121,8 @@ impl Plan {
             ceiling_single_secs: 10,
             ops_items: 1_000_000,
             dashboard_pairs: 5,
+            keyed_pairs: 3,
+            hot_key_runs: 3,
         }
     }
 
@@ -138,6 +147,8 @@ impl Plan {
             ceiling_single_secs: 1,
             ops_items: 100_000,
             dashboard_pairs: 1,
+            keyed_pairs: 1,
+            hot_key_runs: 1,
         }
     }
 }
@@ -283,6 +294,10 @@ async fn bench(options: Options) -> BenchResult<ExitCode> {
         let outcome = match scenario {
             "ceiling" => ceiling::run(&ctx).await.map(|runs| report.ceiling(runs)),
             "drain" => drains(&ctx, &mut report).await,
+            "keyed" => {
+                let workers = report.best_drain_workers().unwrap_or(2);
+                keyed::run(&ctx, workers).await.map(|k| report.keyed(k))
+            }
             "enqueue" => enqueue::run(&ctx).await.map(|r| report.enqueue(r)),
             "pickup" => pickup::run(&ctx).await.map(|r| report.pickup(r)),
             "renewal" => renewals(&ctx, &mut report).await,
@@ -325,7 +340,7 @@ async fn drains(ctx: &Ctx, report: &mut report::Report) -> BenchResult<()> {
     for &n in &ctx.plan.drain_workers {
         let mut runs = Vec::new();
         for i in 0..ctx.plan.drain_runs {
-            let run = drain::run_once(ctx, n, ctx.plan.drain_items, false).await?;
+            let run = drain::run_once(ctx, &drain::Shape::plain(n, ctx.plan.drain_items)).await?;
             eprintln!(
                 "bench: drain, {n} worker(s), run {}/{}: {:.0} items/s ({:.2} s; {:.0} WAL bytes/item)",
                 i + 1,
@@ -340,7 +355,7 @@ async fn drains(ctx: &Ctx, report: &mut report::Report) -> BenchResult<()> {
     }
     if let Some(items) = ctx.plan.drain_deep_items {
         let n = report.best_drain_workers().unwrap_or(4);
-        let run = drain::run_once(ctx, n, items, true).await?;
+        let run = drain::run_once(ctx, &drain::Shape::plain(n, items).deciles()).await?;
         eprintln!(
             "bench: drain of {items} items, {n} worker(s): {:.0} items/s",
             run.rate

@@ -22,7 +22,7 @@ use workpump_coordinator::{
     WorkFilter, WorkState,
 };
 
-use super::drain::{self, DrainRun};
+use super::drain::{self, Pairs, Shape};
 use super::setup::{self, BenchDb, QUEUE, SCHEMA};
 use super::{BenchResult, Ctx};
 
@@ -174,44 +174,25 @@ fn round1(v: f64) -> f64 {
 #[derive(Clone, Debug)]
 pub(crate) struct DashboardCost {
     pub(crate) workers: usize,
-    pub(crate) without: Vec<DrainRun>,
-    pub(crate) with: Vec<DrainRun>,
+    /// Without (base) and with (variant) the dashboard.
+    pub(crate) pairs: Pairs,
     /// Pages the dashboard served during the drains beside it.
     pub(crate) pages: u64,
 }
 
 impl DashboardCost {
-    fn median(runs: &[DrainRun]) -> f64 {
-        let mut rates: Vec<f64> = runs.iter().map(|r| r.rate).collect();
-        rates.sort_by(f64::total_cmp);
-        rates[rates.len() / 2]
-    }
-
-    /// Drain rate with the dashboard over without, medians.
-    pub(crate) fn ratio_of_medians(&self) -> f64 {
-        Self::median(&self.with) / Self::median(&self.without)
-    }
-
-    /// The median of each pair's ratio (with over without, the two drains of a pair run back
-    /// to back): the figure, as it discounts the machine's drift between pairs.
+    /// The median of each pair's ratio (with over without): the figure.
     pub(crate) fn ratio(&self) -> f64 {
-        let mut ratios: Vec<f64> = self
-            .with
-            .iter()
-            .zip(&self.without)
-            .map(|(w, o)| w.rate / o.rate)
-            .collect();
-        ratios.sort_by(f64::total_cmp);
-        ratios[ratios.len() / 2]
+        self.pairs.ratio()
     }
 
     pub(crate) fn to_json(&self) -> serde_json::Value {
         json!({
             "workers": self.workers,
-            "without_items_per_s": self.without.iter().map(|r| r.rate.round()).collect::<Vec<_>>(),
-            "with_items_per_s": self.with.iter().map(|r| r.rate.round()).collect::<Vec<_>>(),
+            "without_items_per_s": self.pairs.base.iter().map(|r| r.rate.round()).collect::<Vec<_>>(),
+            "with_items_per_s": self.pairs.variant.iter().map(|r| r.rate.round()).collect::<Vec<_>>(),
             "pages_served": self.pages,
-            "ratio_of_medians": (self.ratio_of_medians() * 1000.0).round() / 1000.0,
+            "ratio_of_medians": (self.pairs.ratio_of_medians() * 1000.0).round() / 1000.0,
             "median_pair_ratio": (self.ratio() * 1000.0).round() / 1000.0,
         })
     }
@@ -220,19 +201,14 @@ impl DashboardCost {
 pub(crate) async fn dashboard_cost(ctx: &Ctx, workers: usize) -> BenchResult<DashboardCost> {
     let mut cost = DashboardCost {
         workers,
-        without: Vec::new(),
-        with: Vec::new(),
+        pairs: Pairs::default(),
         pages: 0,
     };
+    let shape = Shape::plain(workers, ctx.plan.drain_items);
     for pair in 0..ctx.plan.dashboard_pairs {
-        // Alternate which goes first, so a machine that drifts favours neither.
-        for beside in if pair % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        } {
+        for beside in Pairs::order(pair) {
             let pages = Arc::new(AtomicU64::new(0));
-            let run = drain::run_once_beside(ctx, workers, ctx.plan.drain_items, |url| {
+            let run = drain::run_once_beside(ctx, &shape, |url| {
                 if beside {
                     Some(open_dashboard(url.to_owned(), pages.clone()))
                 } else {
@@ -247,10 +223,8 @@ pub(crate) async fn dashboard_cost(ctx: &Ctx, workers: usize) -> BenchResult<Das
             );
             if beside {
                 cost.pages += pages.load(Ordering::Relaxed);
-                cost.with.push(run);
-            } else {
-                cost.without.push(run);
             }
+            cost.pairs.push(beside, run);
         }
     }
     if cost.pages == 0 {

@@ -8,10 +8,11 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use super::ceiling::CeilingRun;
-use super::drain::DrainRun;
+use super::drain::{DrainRun, Pairs};
 use super::enqueue::{EnqueueRates, BULK_BATCH};
 use super::failover::FailoverRun;
 use super::idle::{Idle, WORKERS as IDLE_WORKERS};
+use super::keyed::{self, Keyed};
 use super::ops::{DashboardCost, OpsTimings};
 use super::pickup::Pickup;
 use super::renewal::{Renewal, LEASE_MS};
@@ -41,6 +42,10 @@ const OPS_READ_TARGET_MS: f64 = 50.0;
 const DASHBOARD_RATIO_TARGET: f64 = 0.97;
 /// Memory target, MB.
 const RSS_TARGET: f64 = 100.0;
+/// The keyed drain (100 000 items over 10 000 keys) over the plain drain of the same run.
+const KEYED_RATIO_TARGET: f64 = 0.70;
+/// One hot key: items per second.
+const HOT_KEY_TARGET: f64 = 300.0;
 
 pub(crate) struct Report {
     figures: Map<String, Value>,
@@ -48,6 +53,7 @@ pub(crate) struct Report {
     errors: Vec<(String, String)>,
     drains: Vec<(usize, Vec<DrainRun>)>,
     drain_deep: Option<DrainRun>,
+    keyed: Option<Keyed>,
     ceiling: Vec<CeilingRun>,
     renewals: Vec<Renewal>,
     pickup: Option<Pickup>,
@@ -95,6 +101,7 @@ impl Report {
             errors: Vec::new(),
             drains: Vec::new(),
             drain_deep: None,
+            keyed: None,
             ceiling: Vec::new(),
             renewals: Vec::new(),
             pickup: None,
@@ -179,6 +186,31 @@ impl Report {
         }
         self.details.insert("drain_1m_run".into(), run.to_json());
         self.drain_deep = Some(run);
+    }
+
+    pub(crate) fn keyed(&mut self, k: Keyed) {
+        let keyed = Pairs::median(&k.pairs.variant);
+        let plain = Pairs::median(&k.pairs.base);
+        self.set("keyed_drain", keyed.round());
+        self.set("keyed_plain_drain", plain.round());
+        self.set("keyed_over_unkeyed", round3(k.pairs.ratio()));
+        self.set(
+            "keyed_enqueue",
+            Keyed::enqueue_median(&k.pairs.variant).round(),
+        );
+        self.set(
+            "keyed_plain_enqueue",
+            Keyed::enqueue_median(&k.pairs.base).round(),
+        );
+        if !k.hot.is_empty() {
+            self.set("hot_key", Pairs::median(&k.hot).round());
+        }
+        if let Some((p50, p90)) = k.hot_gap_ms() {
+            self.set("hot_key_item_ms_p50", p50);
+            self.set("hot_key_item_ms_p90", p90);
+        }
+        self.details.insert("keyed".into(), k.to_json());
+        self.keyed = Some(k);
     }
 
     pub(crate) fn enqueue(&mut self, r: EnqueueRates) {
@@ -446,6 +478,46 @@ impl Report {
                     .map(|r| r >= DRAIN_CEILING_TARGET),
             );
         }
+        if let Some(k) = &self.keyed {
+            let ratio = self.num("keyed_over_unkeyed");
+            push(
+                &format!(
+                    "keyed_drain ({} items, {} keys, {} workers)",
+                    group(keyed::ITEMS as f64),
+                    group(keyed::KEYS as f64),
+                    k.workers
+                ),
+                self.num("keyed_drain"),
+                "/s",
+                String::new(),
+                None,
+            );
+            push(
+                "keyed_over_unkeyed (median of pairs)",
+                ratio,
+                "",
+                ">= 0.70".into(),
+                ratio.map(|r| r >= KEYED_RATIO_TARGET),
+            );
+            let hot = self.num("hot_key");
+            push(
+                &format!(
+                    "hot_key ({} items, one key)",
+                    group(keyed::HOT_KEY_ITEMS as f64)
+                ),
+                hot,
+                "/s",
+                ">= 300/s".into(),
+                hot.map(|v| v >= HOT_KEY_TARGET),
+            );
+            push(
+                "hot_key_item_ms_p50 (completion to next)",
+                self.num("hot_key_item_ms_p50"),
+                "ms",
+                String::new(),
+                None,
+            );
+        }
         let deep = self.num("drain_4_1m");
         let deep_label = match &self.drain_deep {
             Some(r) => format!("drain_4_1m (1 000 000 items, {} workers)", r.workers),
@@ -661,40 +733,13 @@ impl Report {
     fn details_text(&self, out: &mut String) {
         if !self.drains.is_empty() || self.drain_deep.is_some() {
             let _ = writeln!(out, "\ndrain runs");
-            let _ = writeln!(
-                out,
-                "  {:>7} {:>9} {:>9} {:>8} {:>8} {:>10} {:>12} {:>12} {:>10}",
-                "workers",
-                "items",
-                "items/s",
-                "seconds",
-                "startup",
-                "WAL B/item",
-                "server µs/it",
-                "worker µs/it",
-                "other CPU"
-            );
             let all = self
                 .drains
                 .iter()
                 .flat_map(|(_, runs)| runs.iter())
-                .chain(self.drain_deep.iter());
-            for r in all {
-                let per_item = |s: f64| format!("{:.0}", s * 1e6 / r.items as f64);
-                let _ = writeln!(
-                    out,
-                    "  {:>7} {:>9} {:>9} {:>7.2}s {:>7.2}s {:>10.0} {:>12} {:>12} {:>10}",
-                    r.workers,
-                    group(r.items as f64),
-                    group(r.rate),
-                    r.seconds,
-                    r.startup_s,
-                    r.wal_bytes_per_item,
-                    r.server_cpu_s.map_or("-".to_owned(), per_item),
-                    per_item(r.worker_cpu_s),
-                    r.other_cpu_s.map_or("-".to_owned(), |s| format!("{s:.2}s"))
-                );
-            }
+                .chain(self.drain_deep.iter())
+                .map(|r| (r.workers.to_string(), r));
+            drain_runs_table(out, "workers", all);
             if let Some(rates) = self
                 .drain_deep
                 .as_ref()
@@ -718,6 +763,71 @@ impl Report {
                     let _ = writeln!(
                         out,
                         "\nwhere the drain's database time went ({} workers, {} items, last run)",
+                        r.workers,
+                        group(r.items as f64)
+                    );
+                    statement_table(out, &r.statements, r.items);
+                }
+            }
+        }
+        if let Some(k) = &self.keyed {
+            let _ = writeln!(
+                out,
+                "\nordering keys, {} workers: plain and keyed drains alternated (pair ratios {}), then one hot key",
+                k.workers,
+                k.pairs
+                    .ratios()
+                    .iter()
+                    .map(|r| format!("{r:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let runs = k
+                .pairs
+                .base
+                .iter()
+                .map(|r| ("plain", r))
+                .chain(k.pairs.variant.iter().map(|r| ("keyed", r)))
+                .chain(k.hot.iter().map(|r| ("hot key", r)))
+                .map(|(label, r)| (label.to_owned(), r));
+            drain_runs_table(out, "drain", runs);
+            let _ = writeln!(
+                out,
+                "  enqueue (bulk, 10 000 a call), median: plain {} items/s, keyed {} items/s",
+                group(Keyed::enqueue_median(&k.pairs.base)),
+                group(Keyed::enqueue_median(&k.pairs.variant))
+            );
+            for (label, r) in k
+                .pairs
+                .variant
+                .iter()
+                .map(|r| ("keyed", r))
+                .chain(k.hot.iter().map(|r| ("hot key", r)))
+            {
+                if let Some(g) = &r.key_gaps {
+                    let _ = writeln!(
+                        out,
+                        "  {label}: completion of an item to the next of its key: p50 {} ms, p90 {} ms, max {} ms ({} gaps)",
+                        g.p50_ms, g.p90_ms, g.max_ms, group(g.gaps as f64)
+                    );
+                }
+            }
+            if let Some(r) = k.pairs.variant.last() {
+                if !r.statements.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "\nwhere the keyed drain's database time went ({} workers, {} items, last run)",
+                        r.workers,
+                        group(r.items as f64)
+                    );
+                    statement_table(out, &r.statements, r.items);
+                }
+            }
+            if let Some(r) = k.hot.last() {
+                if !r.statements.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "\nwhere the hot key's database time went ({} workers, {} items, last run)",
                         r.workers,
                         group(r.items as f64)
                     );
@@ -828,6 +938,43 @@ impl Report {
                 shown.join("; ")
             );
         }
+    }
+}
+
+/// One line per drain run, labelled (the worker count, or the kind of drain).
+fn drain_runs_table<'a>(
+    out: &mut String,
+    label: &str,
+    runs: impl Iterator<Item = (String, &'a DrainRun)>,
+) {
+    let _ = writeln!(
+        out,
+        "  {:>7} {:>9} {:>9} {:>8} {:>8} {:>10} {:>12} {:>12} {:>10}",
+        label,
+        "items",
+        "items/s",
+        "seconds",
+        "startup",
+        "WAL B/item",
+        "server µs/it",
+        "worker µs/it",
+        "other CPU"
+    );
+    for (label, r) in runs {
+        let per_item = |s: f64| format!("{:.0}", s * 1e6 / r.items as f64);
+        let _ = writeln!(
+            out,
+            "  {:>7} {:>9} {:>9} {:>7.2}s {:>7.2}s {:>10.0} {:>12} {:>12} {:>10}",
+            label,
+            group(r.items as f64),
+            group(r.rate),
+            r.seconds,
+            r.startup_s,
+            r.wal_bytes_per_item,
+            r.server_cpu_s.map_or("-".to_owned(), per_item),
+            per_item(r.worker_cpu_s),
+            r.other_cpu_s.map_or("-".to_owned(), |s| format!("{s:.2}s"))
+        );
     }
 }
 
