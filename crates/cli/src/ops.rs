@@ -588,6 +588,8 @@ pub(crate) async fn settings(
     let now = ops
         .set_queue_settings(SetQueueSettingsParams {
             ordering_dead_head: args.ordering_dead_head,
+            max_running: None,
+            rate_limit: None,
             queue: args.queue.clone(),
             max_attempts: args.max_attempts,
             owner,

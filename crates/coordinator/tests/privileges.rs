@@ -533,6 +533,8 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
     }
     c.set_queue_settings(SetQueueSettingsParams {
         ordering_dead_head: None,
+        max_running: None,
+        rate_limit: None,
         queue: QUEUE.into(),
         max_attempts: None,
         owner: Some(Some("ops".into())),
