@@ -231,13 +231,13 @@ impl RateLimit {
 
     /// [`crate::Error::InvalidArgument`] naming the value out of range, if any.
     pub fn validate(&self) -> crate::Result<()> {
-        if self.limit < 1 || self.limit > MAX_RATE_LIMIT {
+        if !(1..=MAX_RATE_LIMIT).contains(&self.limit) {
             return Err(crate::Error::InvalidArgument(format!(
                 "rate_limit must be between 1 and {MAX_RATE_LIMIT}, got {}",
                 self.limit
             )));
         }
-        if self.period < MIN_RATE_PERIOD || self.period > MAX_RATE_PERIOD {
+        if !(MIN_RATE_PERIOD..=MAX_RATE_PERIOD).contains(&self.period) {
             return Err(crate::Error::InvalidArgument(format!(
                 "rate_period must be between 1 ms and 1 day, got {:?}",
                 self.period
@@ -267,7 +267,7 @@ impl Serialize for RateLimit {
 /// [`crate::Error::InvalidArgument`] when a running limit is out of range (1 to
 /// [`MAX_RUNNING_LIMIT`]).
 pub fn validate_max_running(max_running: u32) -> crate::Result<()> {
-    if max_running < 1 || max_running > MAX_RUNNING_LIMIT {
+    if !(1..=MAX_RUNNING_LIMIT).contains(&max_running) {
         return Err(crate::Error::InvalidArgument(format!(
             "max_running must be between 1 and {MAX_RUNNING_LIMIT}, got {max_running}"
         )));

@@ -945,7 +945,9 @@ async fn an_empty_poll_of_a_limited_queue_stays_read_only_and_a_throttle_is_a_st
     tx.rollback().await.expect("rollback");
 
     enqueue_n(&c, 3).await;
-    let rows: Vec<(Option<i64>, String, Option<String>, Option<f64>)> = sqlx::query_as(
+    /// id, queue, throttle, throttle_wait.
+    type Row = (Option<i64>, String, Option<String>, Option<f64>);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, queue, throttle, throttle_wait
          FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
     )
