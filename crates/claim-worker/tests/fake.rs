@@ -1024,6 +1024,8 @@ impl Setup {
 /// tokio's) and claims then, without polling in between, even when work arrives meanwhile.
 #[tokio::test(start_paused = true)]
 async fn a_rate_throttled_loop_sleeps_until_the_next_token_and_never_busy_polls() {
+    let recorded = RecordedMetrics::default();
+    let _guard = recorded.set_local();
     let s = start(tight(), 100, None).await;
     s.limit(None, Some(RateLimit::new(2, Duration::from_secs(10))))
         .await;
@@ -1040,6 +1042,13 @@ async fn a_rate_throttled_loop_sleeps_until_the_next_token_and_never_busy_polls(
         "one token per 5 s: {times:?}"
     );
     assert_eq!(s.ran_as().len(), 2 + 4, "the burst, then a token each time");
+    let throttled = |reason| {
+        recorded.counter(
+            "workpump_claim_throttled_total",
+            &[("queue", "q"), ("reason", reason)],
+        )
+    };
+    assert_eq!((throttled("rate"), throttled("running")), (5, 0));
     s.stop().await;
 }
 
@@ -1049,6 +1058,8 @@ async fn a_rate_throttled_loop_sleeps_until_the_next_token_and_never_busy_polls(
 /// left to claim, a poll is empty again and backs off as usual.)
 #[tokio::test(start_paused = true)]
 async fn a_running_throttled_loop_claims_when_its_slot_frees_and_otherwise_within_the_base() {
+    let recorded = RecordedMetrics::default();
+    let _guard = recorded.set_local();
     let s = start(
         ClaimConfig::default(),
         10,
@@ -1069,5 +1080,13 @@ async fn a_running_throttled_loop_claims_when_its_slot_frees_and_otherwise_withi
     let longest = gaps(&times).into_iter().max().unwrap_or_default();
     assert!(longest <= 250, "waits of at most poll_base_ms: {times:?}");
     assert!(times.len() >= 13, "it kept polling: {times:?}");
+    let polls = |result| {
+        recorded.counter(
+            "workpump_claim_polls_total",
+            &[("queue", "q"), ("result", result)],
+        )
+    };
+    assert_eq!(polls("items"), 4);
+    assert!(polls("throttled") >= 8, "{}", polls("throttled"));
     s.stop().await;
 }

@@ -84,15 +84,16 @@ pub(super) async fn claim_loop(
                 };
                 ::metrics::counter!(metrics::POLLS, "queue" => queue.clone(), "result" => result)
                     .increment(1);
-                if n == 0 && throttle.is_none() {
+                match (n, &throttle) {
+                    (0, None) => empty = empty.saturating_add(1),
                     // A throttled poll is not empty: work is waiting for the limit, and the
-                    // backoff must not grow while it does.
-                    empty = empty.saturating_add(1);
-                } else if n == 0 {
-                } else {
-                    empty = 0;
-                    ::metrics::histogram!(metrics::BATCH_SIZE, "queue" => queue.clone())
-                        .record(n as f64);
+                    // backoff must not grow while it does (nor be reset: it was not served).
+                    (0, Some(_)) => {}
+                    _ => {
+                        empty = 0;
+                        ::metrics::histogram!(metrics::BATCH_SIZE, "queue" => queue.clone())
+                            .record(n as f64);
+                    }
                 }
                 for item in out.items {
                     let kind = if item.reclaimed { "reclaimed" } else { "new" };
