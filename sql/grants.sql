@@ -18,7 +18,8 @@ GRANT USAGE ON SCHEMA :"schema" TO :"runtime";
 --   work: enqueue (INSERT), claims, renewals, outcomes, promotion, cancel/retry (UPDATE),
 --         retention pruning and discard_work (DELETE).
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".work TO :"runtime";
---   queues: register_queue (INSERT ... ON CONFLICT DO UPDATE); claims read it.
+--   queues: register_queue (INSERT ... ON CONFLICT DO UPDATE); claims read it, and a claim of
+--           a queue with a flow limit locks its row and debits its rate bucket (UPDATE).
 GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".queues TO :"runtime";
 --   instances: record_heartbeat (INSERT, UPDATE), cleanup_stale_instances and
 --              deregister_instance (DELETE).

@@ -48,6 +48,21 @@ CREATE TABLE queues (
     -- (the dead letter ends the head like a completion and the next item runs).
     ordering_dead_head text  NOT NULL DEFAULT 'hold',
     CONSTRAINT queues_ordering_dead_head_valid CHECK (ordering_dead_head IN ('hold', 'skip')),
+    -- Flow control (docs/flow-control.md; NULL: unlimited). max_running: at most this many of
+    -- the queue's items running across the fleet. rate_limit per rate_period: at most this
+    -- many starts per period, a token bucket of capacity rate_limit refilled continuously at
+    -- rate_limit / rate_period: rate_tokens as of rate_refilled_at (NULL: full), written only
+    -- by claim_work under the row's lock (may be negative: a reclaim debits without refusal).
+    max_running        integer,
+    rate_limit         integer,
+    rate_period        interval,
+    rate_tokens        double precision,
+    rate_refilled_at   timestamptz,
+    CONSTRAINT queues_max_running_in_range CHECK (max_running BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_rate_both_or_neither CHECK ((rate_limit IS NULL) = (rate_period IS NULL)),
+    CONSTRAINT queues_rate_limit_in_range CHECK (rate_limit BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_rate_period_in_range
+        CHECK (rate_period BETWEEN interval '1 millisecond' AND interval '1 day'),
     CONSTRAINT queues_name_valid CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'),
     CONSTRAINT queues_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000)
 );
@@ -189,6 +204,10 @@ CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'ava
 -- and renewal would write an entry into it.)
 CREATE INDEX work_running_lease ON work ((coalesce(lease_expiry, '-infinity'::timestamptz)))
     WHERE state = 'running';
+-- claim_work, flow control: a limited queue's running rows, counted (index-only) under the
+-- queue row's lock to enforce max_running. Every claim and renewal of any queue writes an
+-- entry (a running row's update is never HOT: its lease_expiry is indexed above).
+CREATE INDEX work_running_queue ON work (queue) WHERE state = 'running';
 -- promotion of due scheduled (and retrying) rows.
 CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';
 -- retention pruning of finished rows, one range per state.

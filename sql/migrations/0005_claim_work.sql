@@ -8,7 +8,9 @@
 --      (ordering_advance; a dead one only in a queue that skips dead heads);
 --   3. reclaims orphans first (state running AND (instance_id IS NULL OR lease_expiry <
 --      now())): a released or expired lease; an expiry of exactly now() is still held;
---   4. fills the rest with available due rows, priority (lower first) then run_at then id.
+--   4. fills the rest with available due rows, priority (lower first) then run_at then id;
+--   5. (only when a queue among them has a flow limit: max_running, or rate_limit per
+--      rate_period; docs/flow-control.md) steps 3 and 4 as below instead.
 -- Every claimed row gets instance_id, lease_expiry = now() + lease, attempt + 1, renewals = 0
 -- and a fresh claim_token from claim_token_seq. Rows are taken FOR UPDATE SKIP LOCKED, so
 -- concurrent claimers never receive the same row. An available row never carries a cancel
@@ -33,6 +35,34 @@
 -- measures its dead owner, not the queue); `has_more` (the drain hint), the same on every row
 -- of one call, is true when claimable rows were left over after filling `max_items` (or when
 -- orphans alone filled it).
+--
+-- Flow control (step 5). A limited queue among the claimable ones that has something to
+-- claim (an available due row: one probe of work_claim) or had orphans reclaimed by this call
+-- has its queues row locked FOR NO KEY UPDATE (in name order, so two multi-queue claims never
+-- deadlock; NO KEY so that it never waits on, nor blocks, a key-share lock). Then, in a
+-- statement of its own (READ COMMITTED: a snapshot taken after the lock, so it sees the
+-- previous claimer's committed leases), its allowance:
+--   least(max_running - running, floor(tokens))   (a missing limit drops out; never < 0)
+-- where `running` counts the queue's running rows (work_running_queue, index-only; an
+-- expired but not yet reclaimed lease counts: its stopped owner may still be running it) and
+-- `tokens` is the bucket refilled to now(): least(rate_limit, rate_tokens + rate_limit *
+-- (now() - rate_refilled_at) / rate_period), a full bucket (rate_limit) when never used, less
+-- the orphans this call reclaimed from the queue. Step 4 takes at most the allowance from each
+-- limited queue (LIMIT least(remaining + 1, allowance): a throttled queue never makes the
+-- drain hint true), and a limited queue that was not locked (nothing to claim when looked)
+-- gives nothing. Reclaimed orphans are neither limited by max_running (already counted) nor
+-- refused by the rate, but they are started again, so they take tokens: the bucket may go
+-- negative, and later starts wait. Afterwards the bucket is debited by the rows started from
+-- it (rate_tokens, rate_refilled_at = now(); never moved back). The reclaimed and claimed rows
+-- are returned read back by primary key. An empty poll of a limited queue with nothing
+-- available locks and writes nothing (it stays read-only).
+-- A queue is throttled when its limit, not max_items, bounded what this call could take from
+-- it and it had at least that many rows to take (it may have none left). For each throttled
+-- queue the result ends with a status row: id and every item column NULL, `queue` the queue,
+-- `throttle` 'running' (max_running reached: no time is known, a slot frees when an item
+-- ends or a lease is reclaimed) or 'rate' (the bucket is empty) and `throttle_wait`, for
+-- 'rate', the seconds until the next token, on the database clock (NULL for 'running').
+-- When both limits bind, 'running' is reported. Item rows carry throttle NULL.
 --
 -- Arguments: instance registered (record_heartbeat first; WP003 otherwise, which is also what
 -- an evicted instance gets); queues non-empty, every one registered (an unknown queue raises
@@ -76,7 +106,9 @@ RETURNS TABLE (
     created_at   timestamptz,
     reclaimed    boolean,
     pickup_lag   double precision,
-    has_more     boolean
+    has_more     boolean,
+    throttle     text,
+    throttle_wait double precision
 )
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -91,6 +123,16 @@ DECLARE
     v_reclaimed bigint[] := '{}';
     v_kq        text[];
     v_kk        text[];
+    v_limited   text[];
+    v_lock      text[];
+    v_lq        text[];
+    v_allow     integer[];
+    v_tokens    double precision[];
+    v_per_sec   double precision[];
+    v_why       text[];
+    v_ids       bigint[];
+    v_throttled text[];
+    v_has_more  boolean;
 BEGIN
     IF p_instance IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'claim_work: instance must not be null';
@@ -116,8 +158,9 @@ BEGIN
 
     -- The queues this call may claim from: known and not paused. An unknown one is refused
     -- (looked for only when fewer queues matched than were named).
-    SELECT array_agg(q.name) FILTER (WHERE NOT q.paused), count(*)
-    INTO v_queues, v_known
+    SELECT array_agg(q.name) FILTER (WHERE NOT q.paused), count(*),
+           array_agg(q.name) FILTER (WHERE NOT q.paused AND (q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL))
+    INTO v_queues, v_known, v_limited
     FROM queues q
     WHERE q.name = ANY (p_queues);
     IF v_known < cardinality(p_queues) THEN
@@ -217,6 +260,127 @@ BEGIN
         SELECT coalesce(array_agg(c.id), '{}') INTO v_reclaimed FROM claimed c;
     END IF;
 
+    IF v_limited IS NOT NULL THEN
+        -- 5. Flow control: a limited queue is among them (see the header).
+        SELECT array_agg(l.name) INTO v_lock
+        FROM (
+            SELECT q.name FROM queues q
+            WHERE q.name = ANY (v_limited)
+              AND (EXISTS (SELECT 1 FROM work a
+                           WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now)
+                   OR (q.rate_limit IS NOT NULL
+                       AND EXISTS (SELECT 1 FROM work r WHERE r.id = ANY (v_reclaimed) AND r.queue = q.name)))
+            ORDER BY q.name
+            FOR NO KEY UPDATE
+        ) l;
+        IF v_lock IS NOT NULL THEN
+            -- A statement of its own, so that it sees what the previous holder committed.
+            SELECT array_agg(a.name),
+                   array_agg(greatest(0, least(a.running_left, floor(a.tokens - a.reclaimed)))::integer),
+                   array_agg(a.tokens), array_agg(a.per_sec),
+                   array_agg(CASE WHEN a.running_left IS NOT NULL
+                                       AND a.running_left <= coalesce(floor(a.tokens - a.reclaimed), a.running_left)
+                                  THEN 'running' ELSE 'rate' END)
+            INTO v_lq, v_allow, v_tokens, v_per_sec, v_why
+            FROM (
+                SELECT q.name,
+                       q.max_running - (SELECT count(*) FROM work w
+                                        WHERE w.state = 'running' AND w.queue = q.name) AS running_left,
+                       CASE WHEN q.rate_limit IS NOT NULL THEN
+                           CASE WHEN q.rate_tokens IS NULL THEN q.rate_limit::double precision
+                                ELSE least(q.rate_limit::double precision,
+                                           q.rate_tokens + q.rate_limit
+                                               * greatest(extract(epoch FROM v_now - q.rate_refilled_at), 0)
+                                               / extract(epoch FROM q.rate_period))
+                           END
+                       END AS tokens,
+                       q.rate_limit / extract(epoch FROM q.rate_period)::double precision AS per_sec,
+                       (SELECT count(*) FROM work r WHERE r.id = ANY (v_reclaimed) AND r.queue = q.name) AS reclaimed
+                FROM queues q
+                WHERE q.name = ANY (v_lock)
+            ) a;
+        END IF;
+
+        v_remaining := p_max_items - cardinality(v_reclaimed);
+        v_ids := '{}';
+        IF v_remaining = 0 THEN
+            -- Orphans alone filled the batch: more may be left.
+            v_has_more := true;
+        ELSE
+            WITH candidates AS MATERIALIZED (
+                SELECT c.id, q.name AS queue, c.priority, c.run_at
+                FROM unnest(v_queues) AS q(name)
+                LEFT JOIN unnest(v_lq, v_allow) AS l(name, allow) ON l.name = q.name
+                CROSS JOIN LATERAL (
+                    SELECT a.id, a.priority, a.run_at FROM work a
+                    WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now
+                    ORDER BY a.priority, a.run_at, a.id
+                    LIMIT least(v_remaining + 1,
+                                CASE WHEN q.name = ANY (v_limited) THEN coalesce(l.allow, 0) END)
+                    FOR UPDATE SKIP LOCKED
+                ) c
+            ), owner AS MATERIALIZED (
+                -- The instance lock (see the header), only when there is something to claim.
+                SELECT i.instance_id FROM instances i
+                WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM candidates)
+                FOR KEY SHARE
+            ), claimed AS (
+                UPDATE work w
+                SET state = 'running',
+                    instance_id = p_instance,
+                    lease_expiry = v_now + p_lease,
+                    claim_token = nextval('claim_token_seq'),
+                    attempt = w.attempt + 1,
+                    renewals = 0
+                WHERE w.id = ANY (ARRAY(
+                    SELECT c.id FROM candidates c CROSS JOIN owner o
+                    ORDER BY c.priority, c.run_at, c.id
+                    LIMIT v_remaining))
+                RETURNING w.id
+            )
+            SELECT coalesce((SELECT array_agg(c.id) FROM claimed c), '{}'),
+                   (SELECT count(*) > v_remaining FROM candidates),
+                   (SELECT array_agg(l.name) FROM unnest(v_lq, v_allow) AS l(name, allow)
+                    WHERE l.allow <= v_remaining
+                      AND (SELECT count(*) FROM candidates c WHERE c.queue = l.name) >= l.allow)
+            INTO v_ids, v_has_more, v_throttled;
+        END IF;
+
+        -- Debit the buckets by the rows started from them (claimed and reclaimed).
+        IF v_lq IS NOT NULL THEN
+            UPDATE queues q
+            SET rate_tokens = b.tokens - d.started,
+                rate_refilled_at = greatest(coalesce(q.rate_refilled_at, v_now), v_now)
+            FROM unnest(v_lq, v_tokens) AS b(name, tokens)
+            JOIN (SELECT x.queue, count(*) AS started FROM work x
+                  WHERE x.id = ANY (v_ids || v_reclaimed) GROUP BY x.queue) d ON d.queue = b.name
+            WHERE q.name = b.name AND q.rate_limit IS NOT NULL;
+        END IF;
+
+        RETURN QUERY
+        SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
+               r.lease_expiry, r.kind, r.payload, r.metadata, r.checkpoint, r.created_at,
+               r.id = ANY (v_reclaimed),
+               CASE WHEN r.id = ANY (v_reclaimed) THEN NULL
+                    ELSE extract(epoch FROM v_now - r.run_at)::double precision END,
+               v_has_more, NULL::text, NULL::double precision
+        FROM work r
+        WHERE r.id = ANY (v_ids || v_reclaimed)
+        UNION ALL
+        SELECT NULL::bigint, t.name, NULL::smallint, NULL::integer, NULL::integer, NULL::bigint,
+               NULL::timestamptz, NULL::text, NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::timestamptz,
+               NULL::boolean, NULL::double precision, v_has_more, t.why,
+               CASE WHEN t.why = 'rate' THEN
+                   -- Until the bucket, as debited, holds one whole token again.
+                   greatest(1 - (t.tokens - (SELECT count(*) FROM work x
+                                             WHERE x.id = ANY (v_ids || v_reclaimed) AND x.queue = t.name)),
+                            0) / t.per_sec
+               END
+        FROM unnest(v_lq, v_why, v_tokens, v_per_sec) AS t(name, why, tokens, per_sec)
+        WHERE t.name = ANY (v_throttled);
+        RETURN;
+    END IF;
+
     IF cardinality(v_reclaimed) = 0 THEN
         -- 4. (nothing reclaimed: the common path) Available due rows, one index range per
         -- queue, merged in claim order. One row more than needed is locked to learn whether
@@ -257,7 +421,7 @@ BEGIN
         )
         SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
                c.lease_expiry, c.kind, c.payload, c.metadata, c.checkpoint, c.created_at, false,
-               extract(epoch FROM v_now - c.run_at)::double precision, m.has_more
+               extract(epoch FROM v_now - c.run_at)::double precision, m.has_more, NULL::text, NULL::double precision
         FROM claimed c CROSS JOIN more m;
         RETURN;
     END IF;
@@ -267,7 +431,8 @@ BEGIN
         -- Orphans alone filled the batch: more may be left.
         RETURN QUERY
         SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
-               r.lease_expiry, r.kind, r.payload, r.metadata, r.checkpoint, r.created_at, true, NULL::double precision, true
+               r.lease_expiry, r.kind, r.payload, r.metadata, r.checkpoint, r.created_at, true, NULL::double precision, true,
+               NULL::text, NULL::double precision
         FROM work r
         WHERE r.id = ANY (v_reclaimed);
         RETURN;
@@ -310,13 +475,13 @@ BEGIN
     )
     SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
            r.lease_expiry, r.kind, r.payload, r.metadata, r.checkpoint, r.created_at, true, NULL::double precision,
-           m.has_more
+           m.has_more, NULL::text, NULL::double precision
     FROM work r CROSS JOIN more m
     WHERE r.id = ANY (v_reclaimed)
     UNION ALL
     SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
            c.lease_expiry, c.kind, c.payload, c.metadata, c.checkpoint, c.created_at, false,
-           extract(epoch FROM v_now - c.run_at)::double precision, m.has_more
+           extract(epoch FROM v_now - c.run_at)::double precision, m.has_more, NULL::text, NULL::double precision
     FROM claimed c CROSS JOIN more m;
 END;
 $$;

@@ -15,6 +15,8 @@
 --                                           over the last hour, per minute (queue_failures:
 --                                           minute buckets, so the hour is the last 60 to 61
 --                                           minutes; lease expiries are not counted);
+--   max_running, rate_limit, rate_period    its flow limits (docs/flow-control.md; NULL:
+--                                           unlimited), to read against `running`;
 --   db_now                                  the store's now(), the same on every row.
 --
 -- Cost (no write on any path but fail_work's failure bucket; nothing here touches the
@@ -59,6 +61,9 @@ RETURNS TABLE (
     dead_per_minute      double precision,
     dead_rate_exact      boolean,
     failed_per_minute    double precision,
+    max_running          integer,
+    rate_limit           integer,
+    rate_period          interval,
     db_now               timestamptz
 )
 LANGUAGE plpgsql STABLE
@@ -136,6 +141,7 @@ BEGIN
            rc.per_minute::double precision, rc.rate_exact,
            rd.per_minute::double precision, rd.rate_exact,
            (coalesce(fl.n, 0) / 60.0)::double precision,
+           q.max_running, q.rate_limit, q.rate_period,
            now()
     FROM keys k
     LEFT JOIN queues q ON q.name = k.queue

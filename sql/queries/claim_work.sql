@@ -1,4 +1,5 @@
--- ClaimWorker: lease up to $3 items of the queues $2 to instance $1 for $4.
+-- ClaimWorker: lease up to $3 items of the queues $2 to instance $1 for $4 (and a status row,
+-- id NULL, per throttled queue).
 SELECT id, queue, priority, attempt, max_attempts, claim_token, lease_expiry, kind, payload, metadata, checkpoint,
-       created_at, reclaimed, pickup_lag, has_more
+       created_at, reclaimed, pickup_lag, has_more, throttle, throttle_wait
 FROM {schema}.claim_work($1, $2, $3, $4)

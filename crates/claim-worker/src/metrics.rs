@@ -3,8 +3,13 @@
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
-/// claim_work calls, by queue and `result` (`items`, `empty`, `unknown_queue`, `error`).
+/// claim_work calls, by queue and `result` (`items`, `empty`, `throttled` — nothing claimed
+/// because of the queue's flow limit —, `unknown_queue`, `error`).
 pub const POLLS: &str = "workpump_claim_polls_total";
+/// Claims the store throttled, by queue and `reason` (`running`: the queue's `max_running`
+/// reached; `rate`: its rate bucket empty), whether or not they claimed something
+/// (docs/flow-control.md).
+pub const THROTTLED: &str = "workpump_claim_throttled_total";
 /// Items claimed, by queue and `kind` (`new`, `reclaimed`).
 pub const CLAIMED: &str = "workpump_claimed_items_total";
 /// How long a claim_work call took until its answer, in seconds, by queue (every call:
@@ -48,6 +53,11 @@ pub const OUTCOME_BATCH: &str = "workpump_outcome_batch_size";
 pub fn describe() {
     describe_counter!(POLLS, Unit::Count, "claim_work calls by queue and result");
     describe_counter!(CLAIMED, Unit::Count, "work items claimed by queue and kind");
+    describe_counter!(
+        THROTTLED,
+        Unit::Count,
+        "claims throttled by a queue's flow limit, by queue and reason"
+    );
     describe_histogram!(
         CLAIM_DURATION,
         Unit::Seconds,

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use workpump_coordinator::{Throttle, ThrottleReason};
+
 use crate::config::ClaimConfig;
 
 /// Whether LISTEN/NOTIFY is delivering wake signals.
@@ -36,6 +38,42 @@ pub fn wait_after(empty: u32, gate: Gate, config: &ClaimConfig) -> Option<Durati
     }
 }
 
+/// How the claim loop waits after the store throttled its queue (docs/flow-control.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ThrottleWait {
+    /// The longest wait.
+    pub(crate) wait: Duration,
+    /// Whether a freed slot of this loop or a wake signal ends it early.
+    pub(crate) on_signals: bool,
+}
+
+/// The wait after a throttled poll:
+///
+/// - rate limit: the store's time until the next token, at least 10 ms and at most `max`
+///   (so tokens come in batches rather than one poll per token), not cut short by wake
+///   signals (they would only meet the same empty bucket);
+/// - running limit (or a reason this version does not know): no time is known, so the loop
+///   polls again when one of its own slots frees, on a wake signal, or after `base` at most
+///   (a slot freed by another instance sends no signal) — never the relaxed NOTIFY-healthy
+///   wait, never no timer at all.
+///
+/// A throttled poll is not an empty one: the backoff does not grow.
+pub(crate) fn throttle_wait(throttle: &Throttle, config: &ClaimConfig) -> ThrottleWait {
+    match (throttle.reason, throttle.retry_after) {
+        (ThrottleReason::Rate, Some(after)) => ThrottleWait {
+            wait: after.clamp(MIN_RATE_WAIT, config.max().max(MIN_RATE_WAIT)),
+            on_signals: false,
+        },
+        _ => ThrottleWait {
+            wait: config.base(),
+            on_signals: true,
+        },
+    }
+}
+
+/// The shortest wait after a rate throttle.
+const MIN_RATE_WAIT: Duration = Duration::from_millis(10);
+
 fn backoff(start: Duration, max: Duration, empty: u32) -> Duration {
     if max <= start {
         return start;
@@ -47,6 +85,41 @@ fn backoff(start: Duration, max: Duration, empty: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn throttle(reason: ThrottleReason, retry_after: Option<Duration>) -> Throttle {
+        Throttle {
+            queue: "q".into(),
+            reason,
+            retry_after,
+        }
+    }
+
+    /// A rate throttle waits for the next token, at least 10 ms and at most the backoff cap,
+    /// deaf to signals; a running throttle waits for a signal or the base at most.
+    #[test]
+    fn a_throttle_waits_for_the_token_clamped_or_for_a_slot_within_the_base() {
+        let config = ClaimConfig::default();
+        let rate = |ms: u64| {
+            throttle_wait(
+                &throttle(ThrottleReason::Rate, Some(Duration::from_millis(ms))),
+                &config,
+            )
+        };
+        let deaf = |ms: u64| ThrottleWait {
+            wait: Duration::from_millis(ms),
+            on_signals: false,
+        };
+        assert_eq!(rate(0), deaf(10));
+        assert_eq!(rate(1_234), deaf(1_234));
+        assert_eq!(rate(3_600_000), deaf(config.poll_max_ms));
+        assert_eq!(
+            throttle_wait(&throttle(ThrottleReason::Running, None), &config),
+            ThrottleWait {
+                wait: Duration::from_millis(config.poll_base_ms),
+                on_signals: true,
+            }
+        );
+    }
 
     fn ms(d: Option<Duration>) -> Option<u64> {
         d.map(|d| d.as_millis() as u64)

@@ -1126,3 +1126,88 @@ async fn an_ended_hook_past_the_lease_grace_is_dropped_with_a_warning() {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+impl Setup {
+    /// Sets the queue's fleet-wide flow limits, as an operator would.
+    async fn limit(&self, max_running: Option<u32>, rate: Option<RateLimit>) {
+        self.fake
+            .set_queue_settings(SetQueueSettingsParams {
+                max_running: Some(max_running),
+                rate_limit: Some(rate),
+                ..SetQueueSettingsParams::new("q")
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// A rate-throttled loop sleeps the store's time until the next token (the fake's clock is
+/// tokio's) and claims then, without polling in between, even when work arrives meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_rate_throttled_loop_sleeps_until_the_next_token_and_never_busy_polls() {
+    let recorded = RecordedMetrics::default();
+    let _guard = recorded.set_local();
+    let s = start(tight(), 100, None).await;
+    s.limit(None, Some(RateLimit::new(2, Duration::from_secs(10))))
+        .await;
+    s.enqueue(10).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    s.enqueue(1).await; // a wake signal: it would only meet the empty bucket
+    s.fake.notify("q");
+    tokio::time::sleep(Duration::from_millis(19_600)).await;
+    let times = s.claim_times();
+    let g: Vec<u64> = gaps(&times).into_iter().skip_while(|g| *g == 0).collect();
+    assert_eq!(
+        g,
+        vec![5000, 5000, 5000, 5000],
+        "one token per 5 s: {times:?}"
+    );
+    assert_eq!(s.ran_as().len(), 2 + 4, "the burst, then a token each time");
+    let throttled = |reason| {
+        recorded.counter(
+            "workpump_claim_throttled_total",
+            &[("queue", "q"), ("reason", reason)],
+        )
+    };
+    assert_eq!((throttled("rate"), throttled("running")), (5, 0));
+    s.stop().await;
+}
+
+/// A loop throttled by the running limit polls again as soon as one of its own slots frees
+/// (here at 1.1 s, 2.2 s, 3.3 s: a handler holds 1.1 s), and otherwise every `poll_base_ms` —
+/// not the relaxed 5 s of a healthy NOTIFY gate, and without backing off. (Once nothing is
+/// left to claim, a poll is empty again and backs off as usual.)
+#[tokio::test(start_paused = true)]
+async fn a_running_throttled_loop_claims_when_its_slot_frees_and_otherwise_within_the_base() {
+    let recorded = RecordedMetrics::default();
+    let _guard = recorded.set_local();
+    let s = start(
+        ClaimConfig::default(),
+        10,
+        Some(Duration::from_millis(1100)),
+    )
+    .await;
+    s.limit(Some(1), None).await;
+    s.enqueue(4).await;
+    tokio::time::sleep(Duration::from_millis(3400)).await;
+    let times = s.claim_times();
+    assert_eq!(s.ran_as().len(), 4, "one at a time: {times:?}");
+    for slot_freed in [1100, 2200, 3300] {
+        assert!(
+            times.contains(&slot_freed),
+            "a claim at {slot_freed}: {times:?}"
+        );
+    }
+    let longest = gaps(&times).into_iter().max().unwrap_or_default();
+    assert!(longest <= 250, "waits of at most poll_base_ms: {times:?}");
+    assert!(times.len() >= 13, "it kept polling: {times:?}");
+    let polls = |result| {
+        recorded.counter(
+            "workpump_claim_polls_total",
+            &[("queue", "q"), ("result", result)],
+        )
+    };
+    assert_eq!(polls("items"), 4);
+    assert!(polls("throttled") >= 8, "{}", polls("throttled"));
+    s.stop().await;
+}

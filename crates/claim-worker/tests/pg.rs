@@ -65,6 +65,8 @@ async fn setup_with(register: impl FnOnce(&mut Handlers), config: ClaimConfig) -
     } = fresh_store().await;
     pg.register_queue(RegisterQueueParams {
         ordering_dead_head: Default::default(),
+        max_running: None,
+        rate_limit: None,
         name: "q".into(),
         max_attempts: 5,
         owner: None,

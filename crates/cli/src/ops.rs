@@ -9,7 +9,7 @@ use serde::Serialize;
 use workpump_coordinator::{
     BulkAction, BulkItem, BulkResult, BulkTotals, BulkWorkMatchingParams, BulkWorkParams,
     GetWorkParams, InstanceId, ListHeldKeysParams, ListInstancesParams, ListWorkOutcome,
-    ListWorkParams, Operations, OrderingDeadHead, PauseQueueParams, QueueOverviewParams,
+    ListWorkParams, Operations, OrderingDeadHead, PauseQueueParams, QueueOverviewParams, RateLimit,
     ResumeQueueParams, SetQueueSettingsParams, WorkFilter, WorkState, MAX_BULK_BATCH,
     MAX_PAGE_SIZE,
 };
@@ -173,6 +173,27 @@ pub(crate) struct SettingsArgs {
     /// `skip` (the next item runs); docs/ordering.md.
     #[arg(long, value_parser = parse_dead_head)]
     ordering_dead_head: Option<OrderingDeadHead>,
+    /// At most this many of the queue's items running across the whole fleet (1 to
+    /// 1 000 000); docs/flow-control.md.
+    #[arg(long, conflicts_with = "no_max_running",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_running: Option<u32>,
+    /// Remove the running limit (unlimited).
+    #[arg(long)]
+    no_max_running: bool,
+    /// At most this many of the queue's items started per `--rate-period-ms` across the
+    /// fleet (1 to 1 000 000; a burst of up to this many after an idle period); with
+    /// `--rate-period-ms`. A changed rate starts with a full bucket.
+    #[arg(long, requires = "rate_period_ms", conflicts_with = "no_rate_limit",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    rate_limit: Option<u32>,
+    /// The period of `--rate-limit` in milliseconds (1 to 86 400 000).
+    #[arg(long, requires = "rate_limit",
+          value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    rate_period_ms: Option<u64>,
+    /// Remove the rate limit (unlimited).
+    #[arg(long)]
+    no_rate_limit: bool,
 }
 
 fn parse_dead_head(name: &str) -> Result<OrderingDeadHead, String> {
@@ -198,6 +219,14 @@ pub(crate) struct QueueArg {
 
 fn ts(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+/// A rate limit as the listings show it: `100/1.0s`, or `unlimited`.
+fn rate_text(rate: Option<RateLimit>) -> String {
+    rate.map_or_else(
+        || "unlimited".to_owned(),
+        |r| format!("{}/{}", r.limit, secs(r.period)),
+    )
 }
 
 fn secs(d: Duration) -> String {
@@ -230,7 +259,11 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
                 q.owner.clone().unwrap_or_default(),
                 q.available.to_string(),
                 q.scheduled.to_string(),
-                q.running.to_string(),
+                // Against the fleet-wide limit, when the queue has one.
+                match q.max_running {
+                    Some(limit) => format!("{}/{limit}", q.running),
+                    None => q.running.to_string(),
+                },
                 q.blocked.to_string(),
                 q.pickup_lag.map_or_else(|| "-".to_owned(), secs),
                 format!("{:.1}", q.completed_per_minute.per_minute),
@@ -239,6 +272,8 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
                 bound(q.completed),
                 bound(q.dead),
                 bound(q.cancelled),
+                q.rate_limit
+                    .map_or_else(|| "-".to_owned(), |r| rate_text(Some(r))),
             ]
         })
         .collect();
@@ -258,6 +293,7 @@ pub(crate) async fn queues(ops: &dyn Operations, out: &Output) -> Result<(), Fai
             "completed",
             "dead",
             "cancelled",
+            "rate",
         ],
         &rows,
     );
@@ -594,11 +630,26 @@ pub(crate) async fn settings(
         (None, true) => Some(None),
         (None, false) => None,
     };
-    let changed =
-        args.max_attempts.is_some() || owner.is_some() || args.ordering_dead_head.is_some();
+    let max_running = match (args.max_running, args.no_max_running) {
+        (Some(n), _) => Some(Some(n)),
+        (None, true) => Some(None),
+        (None, false) => None,
+    };
+    let rate_limit = match (args.rate_limit, args.rate_period_ms, args.no_rate_limit) {
+        (Some(limit), Some(ms), _) => Some(Some(RateLimit::new(limit, Duration::from_millis(ms)))),
+        (_, _, true) => Some(None),
+        _ => None,
+    };
+    let changed = args.max_attempts.is_some()
+        || owner.is_some()
+        || args.ordering_dead_head.is_some()
+        || max_running.is_some()
+        || rate_limit.is_some();
     let now = ops
         .set_queue_settings(SetQueueSettingsParams {
             ordering_dead_head: args.ordering_dead_head,
+            max_running,
+            rate_limit,
             queue: args.queue.clone(),
             max_attempts: args.max_attempts,
             owner,
@@ -611,15 +662,20 @@ pub(crate) async fn settings(
             "max_attempts": now.max_attempts,
             "owner": now.owner,
             "ordering_dead_head": now.ordering_dead_head,
+            "max_running": now.max_running,
+            "rate_limit": now.rate_limit,
         }));
     } else {
         println!(
-            "queue {:?}{}: max_attempts {}, owner {}, ordering_dead_head {}",
+            "queue {:?}{}: max_attempts {}, owner {}, ordering_dead_head {}, max_running {}, rate {}",
             args.queue,
             if changed { " now" } else { "" },
             now.max_attempts,
             now.owner.as_deref().unwrap_or("nobody"),
-            now.ordering_dead_head
+            now.ordering_dead_head,
+            now.max_running
+                .map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+            rate_text(now.rate_limit)
         );
     }
     Ok(())

@@ -297,9 +297,11 @@ async fn queues_items_and_instances_show_a_store_with_work_in_every_state() {
         .lines()
         .find(|l| l.starts_with("emails "))
         .unwrap_or_else(|| panic!("no emails line:\n{table}"));
-    assert!(
-        emails_line.ends_with(" 1"),
-        "every cell has its column, the last one the cancelled count (1):\n{table}"
+    let cells: Vec<&str> = emails_line.split_whitespace().collect();
+    assert_eq!(
+        cells[cells.len() - 2..],
+        ["1", "-"],
+        "every cell has its column, the last two the cancelled count (1) and the rate (none):\n{table}"
     );
 
     let dead = json_of(url, &["items", "list", "--state", "dead"], 0);
@@ -611,6 +613,66 @@ async fn retry_cancel_discard_pause_and_resume_change_what_they_say_and_refuse_t
         url,
     ]);
     expect_code(&unknown, 1);
+
+    // The flow limits (docs/flow-control.md): set, shown in the listing, removed.
+    let limited = json_of(
+        url,
+        &[
+            "settings",
+            "emails",
+            "--max-running",
+            "5",
+            "--rate-limit",
+            "100",
+            "--rate-period-ms",
+            "1000",
+        ],
+        0,
+    );
+    assert_eq!(limited["max_running"], 5);
+    assert_eq!(
+        (
+            &limited["rate_limit"]["limit"],
+            &limited["rate_limit"]["period_ms"]
+        ),
+        (&Value::from(100), &Value::from(1000.0))
+    );
+    let listing = expect_code(&workpump(&["queues", "--database-url", url]), 0);
+    let emails_line = listing
+        .lines()
+        .find(|l| l.starts_with("emails"))
+        .unwrap_or_default();
+    assert!(
+        emails_line.contains("/5") && emails_line.contains("100/1.0s"),
+        "running against the limit, and the rate: {listing}"
+    );
+    let half = workpump(&[
+        "settings",
+        "emails",
+        "--rate-limit",
+        "100",
+        "--database-url",
+        url,
+    ]);
+    expect_code(&half, 2);
+    let zero = workpump(&[
+        "settings",
+        "emails",
+        "--max-running",
+        "0",
+        "--database-url",
+        url,
+    ]);
+    expect_code(&zero, 2);
+    let unlimited = json_of(
+        url,
+        &["settings", "emails", "--no-max-running", "--no-rate-limit"],
+        0,
+    );
+    assert_eq!(
+        (&unlimited["max_running"], &unlimited["rate_limit"]),
+        (&Value::Null, &Value::Null)
+    );
 
     let bad_cursor = workpump(&[
         "items",

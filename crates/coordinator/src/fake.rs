@@ -162,6 +162,38 @@ struct QueueRow {
     paused: bool,
     owner: Option<String>,
     ordering_dead_head: OrderingDeadHead,
+    max_running: Option<u32>,
+    rate_limit: Option<RateLimit>,
+    /// The rate bucket: tokens as of when (`None`: full), as `rate_tokens` and
+    /// `rate_refilled_at`.
+    bucket: Option<(f64, DateTime<Utc>)>,
+}
+
+impl QueueRow {
+    /// Sets the rate limit; a changed one starts with a full bucket.
+    fn set_rate(&mut self, rate: Option<RateLimit>) {
+        if self.rate_limit != rate {
+            self.bucket = None;
+        }
+        self.rate_limit = rate;
+    }
+
+    fn limited(&self) -> bool {
+        self.max_running.is_some() || self.rate_limit.is_some()
+    }
+
+    /// The bucket refilled to `now` (never moved back), as claim_work computes it.
+    fn tokens(&self, now: DateTime<Utc>) -> Option<f64> {
+        let rate = self.rate_limit?;
+        let cap = f64::from(rate.limit);
+        Some(match self.bucket {
+            None => cap,
+            Some((tokens, at)) => {
+                let elapsed = (now - at).to_std().unwrap_or_default().as_secs_f64();
+                cap.min(tokens + cap * elapsed / rate.period.as_secs_f64())
+            }
+        })
+    }
 }
 
 struct InstanceRow {
@@ -490,6 +522,19 @@ impl FakeCoordinator {
     /// a stray manual write, for the ordering repair's tests.
     pub fn delete_behind_the_stores_back(&self, id: WorkId) {
         self.state().work.remove(&id);
+    }
+
+    /// Moves a queue's rate bucket `by` into the past (its `rate_refilled_at`), as if that
+    /// much time had passed for its refill.
+    pub fn age_rate_bucket(&self, queue: &str, by: Duration) {
+        if let Some((_, at)) = self
+            .state()
+            .queues
+            .get_mut(queue)
+            .and_then(|q| q.bucket.as_mut())
+        {
+            *at -= chrono::Duration::from_std(by).unwrap_or_default();
+        }
     }
 
     /// Moves a finished item's finished_at `by` into the past.
@@ -880,21 +925,80 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
         r.push_error(now, owner, "lease_expired", error);
         items.push(take_lease(r, p.instance, token, now, lease, true));
     }
-    // 4. Available due rows.
-    let remaining = max - items.len();
-    if remaining > 0 {
-        let mut available: Vec<&Row> = st
+    // 5. Flow control: each limited queue's allowance (claim_work's step 5).
+    struct Limit {
+        allow: usize,
+        tokens: Option<f64>,
+        reason: ThrottleReason,
+    }
+    let mut limits: HashMap<&str, Option<Limit>> = HashMap::new();
+    for q in &queues {
+        let row = &st.queues[*q];
+        if !row.limited() {
+            continue;
+        }
+        let reclaimed = items.iter().filter(|i| i.queue == *q).count();
+        let has_available = st
             .work
             .values()
-            .filter(|r| {
-                r.state == WorkState::Available
-                    && r.run_at <= now
-                    && queues.contains(r.queue.as_str())
-            })
-            .collect();
-        in_claim_order(&mut available);
-        has_more = available.len() > remaining;
-        let ids: Vec<i64> = available.iter().take(remaining).map(|r| r.id).collect();
+            .any(|r| r.state == WorkState::Available && r.run_at <= now && r.queue == *q);
+        if !has_available && (row.rate_limit.is_none() || reclaimed == 0) {
+            // Not locked: nothing to claim from it.
+            limits.insert(q, None);
+            continue;
+        }
+        let running = st
+            .work
+            .values()
+            .filter(|r| r.state == WorkState::Running && r.queue == *q)
+            .count() as i64;
+        let running_left = row.max_running.map(|m| i64::from(m) - running);
+        let tokens = row.tokens(now);
+        let by_rate = tokens.map(|t| (t - reclaimed as f64).floor() as i64);
+        let allow = match (running_left, by_rate) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => unreachable!("a limited queue has a limit"),
+        };
+        let reason = match (running_left, by_rate) {
+            (Some(a), b) if a <= b.unwrap_or(a) => ThrottleReason::Running,
+            _ => ThrottleReason::Rate,
+        };
+        limits.insert(
+            q,
+            Some(Limit {
+                allow: allow.max(0) as usize,
+                tokens,
+                reason,
+            }),
+        );
+    }
+    // 4. Available due rows: per queue at most remaining + 1 (and its allowance), merged.
+    let remaining = max - items.len();
+    let mut claimed_from: HashMap<String, usize> = HashMap::new();
+    let mut candidates_of: HashMap<&str, usize> = HashMap::new();
+    if remaining > 0 {
+        let mut candidates: Vec<&Row> = Vec::new();
+        for q in &queues {
+            let cap = match limits.get(q) {
+                None => remaining + 1,
+                Some(None) => 0,
+                Some(Some(l)) => l.allow.min(remaining + 1),
+            };
+            let mut of_queue: Vec<&Row> = st
+                .work
+                .values()
+                .filter(|r| r.state == WorkState::Available && r.run_at <= now && r.queue == *q)
+                .collect();
+            in_claim_order(&mut of_queue);
+            of_queue.truncate(cap);
+            candidates_of.insert(q, of_queue.len());
+            candidates.extend(of_queue);
+        }
+        in_claim_order(&mut candidates);
+        has_more = candidates.len() > remaining;
+        let ids: Vec<i64> = candidates.iter().take(remaining).map(|r| r.id).collect();
         for id in ids {
             let token = st.next_token;
             st.next_token += 1;
@@ -903,7 +1007,43 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
             items.push(take_lease(r, p.instance, token, now, lease, false));
         }
     }
-    Ok(ClaimWorkOutcome { items, has_more })
+    for item in &items {
+        *claimed_from.entry(item.queue.clone()).or_default() += 1;
+    }
+    // Debit the buckets, and say which queues were throttled.
+    let mut throttles = Vec::new();
+    for (q, limit) in &limits {
+        let Some(limit) = limit else { continue };
+        let started = claimed_from.get(*q).copied().unwrap_or(0);
+        let row = st.queues.get_mut(*q).expect("a claimed queue exists");
+        let left = limit.tokens.map(|t| t - started as f64);
+        if let (Some(left), true) = (left, started > 0) {
+            let at = row.bucket.map_or(now, |(_, at)| at.max(now));
+            row.bucket = Some((left, at));
+        }
+        let throttled = remaining > 0
+            && limit.allow <= remaining
+            && candidates_of.get(*q).copied().unwrap_or(0) >= limit.allow;
+        if throttled {
+            let retry_after = match (limit.reason, row.rate_limit, left) {
+                (ThrottleReason::Rate, Some(rate), Some(left)) => {
+                    let per_sec = f64::from(rate.limit) / rate.period.as_secs_f64();
+                    Some(Duration::from_secs_f64((1.0 - left).max(0.0) / per_sec))
+                }
+                _ => None,
+            };
+            throttles.push(Throttle {
+                queue: (*q).to_owned(),
+                reason: limit.reason,
+                retry_after,
+            });
+        }
+    }
+    Ok(ClaimWorkOutcome {
+        items,
+        has_more,
+        throttles,
+    })
 }
 
 fn take_lease(
@@ -1170,6 +1310,9 @@ impl WorkCoordinator for FakeCoordinator {
                     paused: false,
                     owner: params.owner.clone(),
                     ordering_dead_head: params.ordering_dead_head,
+                    max_running: params.max_running,
+                    rate_limit: params.rate_limit,
+                    bucket: None,
                 },
             );
             return Ok(RegisterQueueOutcome {
@@ -1177,22 +1320,30 @@ impl WorkCoordinator for FakeCoordinator {
                 owner: params.owner,
                 max_attempts: params.max_attempts,
                 ordering_dead_head: params.ordering_dead_head,
+                max_running: params.max_running,
+                rate_limit: params.rate_limit,
             });
         };
         // As register_queue decides: adopt an unowned queue, accept the same settings, let
         // the owner change its own, and keep another owner's.
-        let applied = if q.owner.is_none() && params.owner.is_some() {
+        let apply = |q: &mut QueueRow, params: RegisterQueueParams| {
             q.owner = params.owner;
             q.max_attempts = params.max_attempts;
             q.ordering_dead_head = params.ordering_dead_head;
+            q.max_running = params.max_running;
+            q.set_rate(params.rate_limit);
+        };
+        let applied = if q.owner.is_none() && params.owner.is_some() {
+            apply(q, params);
             true
         } else if q.max_attempts == params.max_attempts
             && q.ordering_dead_head == params.ordering_dead_head
+            && q.max_running == params.max_running
+            && q.rate_limit == params.rate_limit
         {
             true
         } else if q.owner.is_some() && q.owner == params.owner {
-            q.max_attempts = params.max_attempts;
-            q.ordering_dead_head = params.ordering_dead_head;
+            apply(q, params);
             true
         } else {
             false
@@ -1202,6 +1353,8 @@ impl WorkCoordinator for FakeCoordinator {
             owner: q.owner.clone(),
             max_attempts: q.max_attempts,
             ordering_dead_head: q.ordering_dead_head,
+            max_running: q.max_running,
+            rate_limit: q.rate_limit,
         })
     }
 
@@ -2119,6 +2272,8 @@ impl Operations for FakeCoordinator {
                     scheduled: of(WorkState::Scheduled),
                     running: of(WorkState::Running),
                     blocked: of(WorkState::Blocked),
+                    max_running: settings.and_then(|q| q.max_running),
+                    rate_limit: settings.and_then(|q| q.rate_limit),
                     completed,
                     dead,
                     cancelled,
@@ -2272,10 +2427,18 @@ impl Operations for FakeCoordinator {
         if let Some(mode) = params.ordering_dead_head {
             q.ordering_dead_head = mode;
         }
+        if let Some(n) = params.max_running {
+            q.max_running = n;
+        }
+        if let Some(rate) = params.rate_limit {
+            q.set_rate(rate);
+        }
         Ok(SetQueueSettingsOutcome {
             owner: q.owner.clone(),
             max_attempts: q.max_attempts,
             ordering_dead_head: q.ordering_dead_head,
+            max_running: q.max_running,
+            rate_limit: q.rate_limit,
         })
     }
 

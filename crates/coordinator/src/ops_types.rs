@@ -472,6 +472,11 @@ pub struct QueueOverview {
     pub running: u64,
     /// Waiting behind the head of their ordering key (exact).
     pub blocked: u64,
+    /// Its fleet-wide running limit, compared with `running` (`None`: unlimited;
+    /// docs/flow-control.md).
+    pub max_running: Option<u32>,
+    /// Its fleet-wide rate limit (`None`: unlimited).
+    pub rate_limit: Option<crate::RateLimit>,
     /// Completed and not yet pruned.
     pub completed: Count,
     /// Dead letters.
@@ -766,9 +771,27 @@ pub struct SetQueueSettingsParams {
     /// What a dead head of an ordering key does from now on (docs/ordering.md); `None` keeps
     /// it.
     pub ordering_dead_head: Option<crate::OrderingDeadHead>,
+    /// The fleet-wide running limit (docs/flow-control.md): `Some(Some(n))` sets it,
+    /// `Some(None)` removes it (unlimited), `None` keeps it.
+    pub max_running: Option<Option<u32>>,
+    /// The fleet-wide rate limit (docs/flow-control.md): `Some(Some(rate))` sets it (a changed
+    /// rate starts with a full bucket), `Some(None)` removes it, `None` keeps it.
+    pub rate_limit: Option<Option<crate::RateLimit>>,
 }
 
 impl SetQueueSettingsParams {
+    /// Changes nothing yet: add the settings to change.
+    pub fn new(queue: impl Into<String>) -> Self {
+        SetQueueSettingsParams {
+            queue: queue.into(),
+            max_attempts: None,
+            owner: None,
+            ordering_dead_head: None,
+            max_running: None,
+            rate_limit: None,
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         if let Some(m) = self.max_attempts {
             crate::validate::validate_max_attempts(m)?;
@@ -776,6 +799,11 @@ impl SetQueueSettingsParams {
         crate::validate::validate_owner(
             "set_queue_settings",
             self.owner.as_ref().and_then(|o| o.as_deref()),
+        )?;
+        crate::validate::validate_flow_limits(
+            "set_queue_settings",
+            self.max_running.flatten(),
+            self.rate_limit.flatten(),
         )
     }
 }
@@ -790,6 +818,10 @@ pub struct SetQueueSettingsOutcome {
     pub max_attempts: i32,
     /// What a dead head of an ordering key does in the queue.
     pub ordering_dead_head: crate::OrderingDeadHead,
+    /// The fleet-wide running limit (`None`: unlimited).
+    pub max_running: Option<u32>,
+    /// The fleet-wide rate limit (`None`: unlimited).
+    pub rate_limit: Option<crate::RateLimit>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -135,6 +135,12 @@ pub struct RegisterQueueParams {
     /// What a dead letter of an ordering key does to the items of its key behind it
     /// (docs/ordering.md). **Default: [`OrderingDeadHead::Hold`].**
     pub ordering_dead_head: OrderingDeadHead,
+    /// At most this many of the queue's items running across the whole fleet, 1 to
+    /// [`MAX_RUNNING_LIMIT`] (docs/flow-control.md). **Default: none (unlimited).**
+    pub max_running: Option<u32>,
+    /// At most this many starts per period across the whole fleet (docs/flow-control.md).
+    /// **Default: none (unlimited).**
+    pub rate_limit: Option<RateLimit>,
 }
 
 impl RegisterQueueParams {
@@ -145,7 +151,23 @@ impl RegisterQueueParams {
             max_attempts: crate::DEFAULT_MAX_ATTEMPTS,
             owner: None,
             ordering_dead_head: OrderingDeadHead::Hold,
+            max_running: None,
+            rate_limit: None,
         }
+    }
+
+    /// Sets the fleet-wide running limit (see
+    /// [`max_running`](RegisterQueueParams#structfield.max_running)).
+    pub fn max_running(mut self, max_running: Option<u32>) -> Self {
+        self.max_running = max_running;
+        self
+    }
+
+    /// Sets the fleet-wide rate limit (see
+    /// [`rate_limit`](RegisterQueueParams#structfield.rate_limit)).
+    pub fn rate_limit(mut self, rate_limit: Option<RateLimit>) -> Self {
+        self.rate_limit = rate_limit;
+        self
     }
 
     /// Sets what a dead head of an ordering key does (see
@@ -175,6 +197,83 @@ pub struct RegisterQueueOutcome {
     pub max_attempts: i32,
     /// What a dead head of an ordering key does in this queue.
     pub ordering_dead_head: OrderingDeadHead,
+    /// The fleet-wide running limit (`None`: unlimited).
+    pub max_running: Option<u32>,
+    /// The fleet-wide rate limit (`None`: unlimited).
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// The largest fleet-wide running limit a queue takes (`max_running`).
+pub const MAX_RUNNING_LIMIT: u32 = 1_000_000;
+/// The largest number of starts per period a rate limit takes.
+pub const MAX_RATE_LIMIT: u32 = 1_000_000;
+/// The shortest period of a rate limit.
+pub const MIN_RATE_PERIOD: Duration = Duration::from_millis(1);
+/// The longest period of a rate limit.
+pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(86_400);
+
+/// A queue's fleet-wide rate limit: at most `limit` items of the queue started per `period`
+/// across every instance, a token bucket in the store (docs/flow-control.md). The bucket holds
+/// up to `limit` tokens, so after an idle period up to `limit` items start at once; it refills
+/// continuously at `limit / period`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RateLimit {
+    /// Starts per period, 1 to [`MAX_RATE_LIMIT`] (also the largest burst).
+    pub limit: u32,
+    /// The period, [`MIN_RATE_PERIOD`] to [`MAX_RATE_PERIOD`].
+    pub period: Duration,
+}
+
+impl RateLimit {
+    /// `limit` starts per `period` (checked where it is used: [`RateLimit::validate`]).
+    pub fn new(limit: u32, period: Duration) -> Self {
+        RateLimit { limit, period }
+    }
+
+    /// [`crate::Error::InvalidArgument`] naming the value out of range, if any.
+    pub fn validate(&self) -> crate::Result<()> {
+        if !(1..=MAX_RATE_LIMIT).contains(&self.limit) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "rate_limit must be between 1 and {MAX_RATE_LIMIT}, got {}",
+                self.limit
+            )));
+        }
+        if !(MIN_RATE_PERIOD..=MAX_RATE_PERIOD).contains(&self.period) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "rate_period must be between 1 ms and 1 day, got {:?}",
+                self.period
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for RateLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} per {:?}", self.limit, self.period)
+    }
+}
+
+impl Serialize for RateLimit {
+    /// `{"limit": 100, "period_ms": 1000.0}`.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("RateLimit", 2)?;
+        st.serialize_field("limit", &self.limit)?;
+        st.serialize_field("period_ms", &(self.period.as_secs_f64() * 1000.0))?;
+        st.end()
+    }
+}
+
+/// [`crate::Error::InvalidArgument`] when a running limit is out of range (1 to
+/// [`MAX_RUNNING_LIMIT`]).
+pub fn validate_max_running(max_running: u32) -> crate::Result<()> {
+    if !(1..=MAX_RUNNING_LIMIT).contains(&max_running) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "max_running must be between 1 and {MAX_RUNNING_LIMIT}, got {max_running}"
+        )));
+    }
+    Ok(())
 }
 
 /// What a dead letter that heads its ordering key does to the items of its key behind it, per
@@ -413,7 +512,63 @@ pub struct ClaimWorkOutcome {
     /// The claimed items.
     pub items: Vec<ClaimedWork>,
     /// The drain hint: claimable items were left after filling `max_items`; poll again at once.
+    /// A throttled queue never makes it true.
     pub has_more: bool,
+    /// The queues whose flow limit bounded this claim (docs/flow-control.md), one entry per
+    /// queue (a claim may name several), in no particular order; empty when none did.
+    pub throttles: Vec<Throttle>,
+}
+
+/// A queue's flow limit bounded a claim: it had at least as many claimable items as its limit
+/// let this claim take (possibly none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Throttle {
+    /// The queue.
+    pub queue: String,
+    /// Which limit.
+    pub reason: ThrottleReason,
+    /// For [`ThrottleReason::Rate`], how long until the queue's next token, on the store's
+    /// clock; `None` for [`ThrottleReason::Running`] (a slot frees when an item ends or a dead
+    /// instance's lease is reclaimed: no time is known).
+    pub retry_after: Option<Duration>,
+}
+
+/// Which flow limit throttled a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ThrottleReason {
+    /// `max_running` items of the queue are running across the fleet (reported when both
+    /// limits bind).
+    Running,
+    /// The queue's rate bucket is empty.
+    Rate,
+}
+
+impl ThrottleReason {
+    /// Its name in the store and as a metric label (`running`, `rate`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThrottleReason::Running => "running",
+            ThrottleReason::Rate => "rate",
+        }
+    }
+
+    /// Parses a name from the store; anything else is [`crate::Error::InvalidArgument`].
+    pub fn parse(s: &str) -> crate::Result<Self> {
+        match s {
+            "running" => Ok(ThrottleReason::Running),
+            "rate" => Ok(ThrottleReason::Rate),
+            other => Err(crate::Error::InvalidArgument(format!(
+                "unknown throttle reason {other:?}"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for ThrottleReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

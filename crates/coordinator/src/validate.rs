@@ -87,7 +87,27 @@ pub fn validate_schema_name(name: &str) -> Result<()> {
 pub(crate) fn validate_register_queue(p: &RegisterQueueParams) -> Result<()> {
     validate_queue_name(&p.name)?;
     validate_max_attempts(p.max_attempts)?;
-    validate_owner("register_queue", p.owner.as_deref())
+    validate_owner("register_queue", p.owner.as_deref())?;
+    validate_flow_limits("register_queue", p.max_running, p.rate_limit)
+}
+
+/// A queue's flow limits (docs/flow-control.md): each `None` (unlimited) or in range.
+pub(crate) fn validate_flow_limits(
+    what: &str,
+    max_running: Option<u32>,
+    rate: Option<crate::RateLimit>,
+) -> Result<()> {
+    let named = |e: Error| match e {
+        Error::InvalidArgument(m) => invalid(format!("{what}: {m}")),
+        other => other,
+    };
+    if let Some(n) = max_running {
+        crate::validate_max_running(n).map_err(named)?;
+    }
+    if let Some(r) = rate {
+        r.validate().map_err(named)?;
+    }
+    Ok(())
 }
 
 /// A queue owner's name: 1 to 128 characters, no NUL.

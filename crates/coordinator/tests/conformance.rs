@@ -131,7 +131,7 @@ impl Harness for PgHarness {
         let rows = sqlx::query(
             "SELECT id, claim_token, queue, kind, payload, metadata, priority, attempt, max_attempts, checkpoint,
                     lease_expiry, created_at, reclaimed, pickup_lag, has_more
-             FROM workpump.claim_work($1, $2, $3, $4)",
+             FROM workpump.claim_work($1, $2, $3, $4) WHERE id IS NOT NULL",
         )
         .bind(params.instance.0)
         .bind(&params.queues)
@@ -169,6 +169,8 @@ impl Harness for PgHarness {
                 })
                 .collect(),
             has_more,
+            // (Unlimited queues only: a throttle's status row is filtered out above.)
+            throttles: Vec::new(),
         })
     }
 
@@ -224,6 +226,18 @@ impl Harness for PgHarness {
         .execute(&self.pool)
         .await
         .expect("move run_at");
+    }
+
+    async fn age_rate_bucket(&self, queue: &str, by: Duration) {
+        sqlx::query(
+            "UPDATE workpump.queues SET rate_refilled_at = rate_refilled_at - $2
+             WHERE name = $1 AND rate_refilled_at IS NOT NULL",
+        )
+        .bind(queue)
+        .bind(interval(chrono::Duration::from_std(by).expect("age")))
+        .execute(&self.pool)
+        .await
+        .expect("age the rate bucket");
     }
 
     async fn age_finished(&self, id: WorkId, by: Duration) {
@@ -396,6 +410,9 @@ impl Harness for FakeHarness {
     }
     async fn set_run_at(&self, id: WorkId, offset: chrono::Duration) {
         self.0.set_run_at(id, offset)
+    }
+    async fn age_rate_bucket(&self, queue: &str, by: Duration) {
+        self.0.age_rate_bucket(queue, by)
     }
     async fn age_finished(&self, id: WorkId, by: Duration) {
         self.0.age_finished(id, by)

@@ -900,3 +900,156 @@ async fn a_keyed_enqueue_in_a_repeatable_read_transaction_is_refused_naming_it()
     assert_eq!(count(&pool, "SELECT count(*) FROM workpump.work").await, 1);
     pool.close().await;
 }
+
+// -- flow control ---------------------------------------------------------------------------------
+
+async fn limit(c: &PgCoordinator, max_running: Option<u32>, rate: Option<RateLimit>) {
+    c.set_queue_settings(SetQueueSettingsParams {
+        max_running: Some(max_running),
+        rate_limit: Some(rate),
+        ..SetQueueSettingsParams::new("q")
+    })
+    .await
+    .expect("limit the queue");
+}
+
+/// A poll of a limited queue with nothing available takes no lock and stays read-only, like
+/// an unlimited one; a throttled claim returns its status row (id NULL) after the items.
+#[tokio::test]
+async fn an_empty_poll_of_a_limited_queue_stays_read_only_and_a_throttle_is_a_status_row() {
+    let (_db, pool, c) = migrated().await;
+    limit(
+        &c,
+        Some(1),
+        Some(RateLimit::new(10, Duration::from_secs(1))),
+    )
+    .await;
+    let me = registered(&c).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let rows: Vec<Option<i64>> = sqlx::query_scalar(
+        "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+    )
+    .bind(me.0)
+    .fetch_all(&mut *tx)
+    .await
+    .expect("claim");
+    assert!(rows.is_empty(), "nothing to claim, nothing throttled");
+    let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("xid");
+    assert_eq!(
+        xid, None,
+        "an empty poll of a limited queue took a transaction id"
+    );
+    tx.rollback().await.expect("rollback");
+
+    enqueue_n(&c, 3).await;
+    /// id, queue, throttle, throttle_wait.
+    type Row = (Option<i64>, String, Option<String>, Option<f64>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT id, queue, throttle, throttle_wait
+         FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+    )
+    .bind(me.0)
+    .fetch_all(&pool)
+    .await
+    .expect("claim");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows[0].0.is_some() && rows[0].2.is_none(), "{rows:?}");
+    assert_eq!(
+        (
+            rows[1].0,
+            rows[1].1.as_str(),
+            rows[1].2.as_deref(),
+            rows[1].3
+        ),
+        (None, "q", Some("running"), None),
+        "both limits bind: running is reported"
+    );
+}
+
+/// Four claimers racing on a queue with `max_running` 5: a sampler reading the committed
+/// running count never sees more than 5, it does see 5, and every item is completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claimers_never_run_more_than_max_running() {
+    const ITEMS: usize = 300;
+    const LIMIT: i64 = 5;
+    let (_db, pool, c) = migrated().await;
+    limit(&c, Some(LIMIT as u32), None).await;
+    enqueue_n(&c, ITEMS).await;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (pool, done) = (pool.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                samples.push(
+                    count(
+                        &pool,
+                        "SELECT count(*) FROM workpump.work WHERE queue = 'q' AND state = 'running'",
+                    )
+                    .await,
+                );
+            }
+            samples
+        })
+    };
+    let claimers: Vec<_> = (0..4)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let me = registered(&c).await;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut completed = 0;
+                let mut throttled = 0;
+                loop {
+                    let out = claim(&c, me, 3, LEASE).await;
+                    throttled += usize::from(!out.throttles.is_empty());
+                    if out.items.is_empty() && out.throttles.is_empty() {
+                        return (completed, throttled);
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "the claimers did not drain the queue"
+                    );
+                    let fences: Vec<Fence> = out.items.iter().map(|i| i.fence).collect();
+                    completed += fences.len();
+                    if !fences.is_empty() {
+                        tokio::task::yield_now().await;
+                        c.complete_work(CompleteWorkParams {
+                            instance: me,
+                            items: fences,
+                        })
+                        .await
+                        .expect("complete");
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut completed = 0;
+    let mut throttled = 0;
+    for t in claimers {
+        let (n, th) = t.await.expect("claimer");
+        completed += n;
+        throttled += th;
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let samples = sampler.await.expect("sampler");
+    assert_eq!(completed, ITEMS, "every item ran once");
+    let finished = count(
+        &pool,
+        "SELECT count(*) FROM workpump.work WHERE queue = 'q' AND state = 'completed'",
+    )
+    .await;
+    assert_eq!(finished, ITEMS as i64);
+    assert!(!samples.is_empty(), "the sampler read the running count");
+    let highest = samples.iter().copied().max().unwrap_or_default();
+    assert!(
+        highest <= LIMIT,
+        "{highest} running at once (limit {LIMIT})"
+    );
+    assert!(throttled > 0, "the claimers met the limit");
+    assert_eq!(highest, LIMIT, "the limit was reached: {samples:?}");
+}

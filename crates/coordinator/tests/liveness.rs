@@ -371,7 +371,7 @@ async fn two_heartbeats_sweeping_each_other_do_not_deadlock() {
 async fn an_ordering_keys_lock_is_never_taken_for_an_alive_lock() {
     let db = database().await;
     let mut setup = connect(&db).await;
-    sqlx::query("SELECT workpump.register_queue('q', 10, NULL, 'hold')")
+    sqlx::query("SELECT workpump.register_queue('q', 10, NULL, 'hold', NULL, NULL, NULL)")
         .execute(&mut setup)
         .await
         .expect("queue");

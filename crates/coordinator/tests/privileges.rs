@@ -533,12 +533,50 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
     }
     c.set_queue_settings(SetQueueSettingsParams {
         ordering_dead_head: None,
+        max_running: None,
+        rate_limit: None,
         queue: QUEUE.into(),
         max_attempts: None,
         owner: Some(Some("ops".into())),
     })
     .await
     .expect("set_queue_settings");
+    // A claim of a queue with flow limits locks the queue's row and debits its bucket.
+    c.set_queue_settings(SetQueueSettingsParams {
+        max_running: Some(Some(5)),
+        rate_limit: Some(Some(RateLimit::new(10, Duration::from_secs(1)))),
+        ..SetQueueSettingsParams::new(QUEUE)
+    })
+    .await
+    .expect("set the flow limits");
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new(QUEUE, serde_json::json!({"limited": true}))],
+    })
+    .await
+    .expect("enqueue to a limited queue");
+    let limited = c
+        .claim_work(ClaimWorkParams {
+            instance: me,
+            queues: vec![QUEUE.into()],
+            max_items: 1,
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .expect("claim of a limited queue");
+    assert_eq!(limited.items.len(), 1, "{:?}", limited.throttles);
+    c.complete_work(CompleteWorkParams {
+        instance: me,
+        items: limited.items.iter().map(|i| i.fence).collect(),
+    })
+    .await
+    .expect("complete");
+    c.set_queue_settings(SetQueueSettingsParams {
+        max_running: Some(None),
+        rate_limit: Some(None),
+        ..SetQueueSettingsParams::new(QUEUE)
+    })
+    .await
+    .expect("remove the flow limits");
 
     // Maintenance: promotion, expired orphans, retention, stale peers and their tombstones.
     admin_exec(

@@ -191,6 +191,19 @@ pub struct QueueConfig {
     /// runs); see docs/ordering.md. Stored with the queue's settings, like `max_attempts`.
     /// **Default: `"hold"`.**
     pub ordering_dead_head: Option<workpump_coordinator::OrderingDeadHead>,
+    /// At most this many items of the queue running across the whole fleet, every instance
+    /// together (1 to 1 000 000; docs/flow-control.md). Stored with the queue's settings, like
+    /// `max_attempts`; `concurrency` still bounds each instance. **Default: none
+    /// (unlimited).**
+    pub max_running: Option<u32>,
+    /// At most this many items of the queue started per `rate_period_ms` across the whole
+    /// fleet (1 to 1 000 000; a burst of up to this many after an idle period; set both or
+    /// neither; docs/flow-control.md). Stored with the queue's settings. **Default: none
+    /// (unlimited).**
+    pub rate_limit: Option<u32>,
+    /// The period of `rate_limit`, 1 ms to 1 day. **Default: none.**
+    #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
+    pub rate_period_ms: Option<u64>,
     /// The retry delay unit: attempt n waits about `base × 2^n`. **Default: 1 000 ms.**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub backoff_base_ms: Option<u64>,
@@ -212,6 +225,50 @@ pub struct QueueConfig {
     /// Longest attempt. **Default: `lease.max_duration_ms`.**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub max_duration_ms: Option<u64>,
+}
+
+impl QueueConfig {
+    /// The flow limits' problems, each naming its key under `prefix` (`queues.<name>`): the
+    /// ranges are the store's ([`workpump_coordinator::validate_max_running`],
+    /// [`workpump_coordinator::RateLimit::validate`]), and the rate is both keys or neither.
+    fn validate_flow_limits(&self, prefix: &str, problems: &mut Vec<ConfigProblem>) {
+        let reason = |e: workpump_coordinator::Error| match e {
+            workpump_coordinator::Error::InvalidArgument(m) => m,
+            other => other.to_string(),
+        };
+        if let Some(n) = self.max_running {
+            if let Err(e) = workpump_coordinator::validate_max_running(n) {
+                problems.push(ConfigProblem::new(
+                    format!("{prefix}.max_running"),
+                    reason(e),
+                ));
+            }
+        }
+        match (self.rate_limit, self.rate_period_ms) {
+            (None, None) => {}
+            (Some(_), None) => problems.push(ConfigProblem::new(
+                format!("{prefix}.rate_period_ms"),
+                "must be set with rate_limit (the period its starts are counted over)",
+            )),
+            (None, Some(_)) => problems.push(ConfigProblem::new(
+                format!("{prefix}.rate_limit"),
+                "must be set with rate_period_ms (the starts allowed per period)",
+            )),
+            (Some(limit), Some(period)) => {
+                let rate =
+                    workpump_coordinator::RateLimit::new(limit, Duration::from_millis(period));
+                if let Err(e) = rate.validate() {
+                    let m = reason(e);
+                    let key = if m.starts_with("rate_period") {
+                        "rate_period_ms"
+                    } else {
+                        "rate_limit"
+                    };
+                    problems.push(ConfigProblem::new(format!("{prefix}.{key}"), m));
+                }
+            }
+        }
+    }
 }
 
 impl HostConfig {
@@ -333,6 +390,7 @@ impl HostConfig {
                     ));
                 }
             }
+            q.validate_flow_limits(&prefix, &mut problems);
         }
         for queue in &queues {
             let prefix = format!("queues.{queue}");
@@ -407,6 +465,21 @@ impl HostConfig {
             .get(queue)
             .and_then(|q| q.ordering_dead_head)
             .unwrap_or_default()
+    }
+
+    /// A queue's fleet-wide running limit (`None`: unlimited).
+    pub fn max_running(&self, queue: &str) -> Option<u32> {
+        self.queues.get(queue).and_then(|q| q.max_running)
+    }
+
+    /// A queue's fleet-wide rate limit (`None`: unlimited, or only half configured, which
+    /// [`validate`](Self::validate) refuses).
+    pub fn rate_limit(&self, queue: &str) -> Option<workpump_coordinator::RateLimit> {
+        let q = self.queues.get(queue)?;
+        Some(workpump_coordinator::RateLimit::new(
+            q.rate_limit?,
+            Duration::from_millis(q.rate_period_ms?),
+        ))
     }
 
     /// A queue's attempt limit.

@@ -642,7 +642,10 @@ async fn start(
     let queues: Vec<RegisterQueueParams> = queue_names
         .iter()
         .map(|q| {
-            RegisterQueueParams::new(q.clone()).ordering_dead_head(config.ordering_dead_head(q))
+            RegisterQueueParams::new(q.clone())
+                .ordering_dead_head(config.ordering_dead_head(q))
+                .max_running(config.max_running(q))
+                .rate_limit(config.rate_limit(q))
         })
         .map(|p| RegisterQueueParams {
             max_attempts: config.max_attempts(&p.name),
@@ -815,6 +818,17 @@ fn warn_settings_kept(
 ) {
     let (queue, max_attempts) = (declared.name.as_str(), declared.max_attempts);
     let dead_head = declared.ordering_dead_head;
+    let limits = |max_running: Option<u32>, rate: Option<workpump_coordinator::RateLimit>| {
+        format!(
+            "max_running = {}, rate = {}",
+            max_running.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+            rate.map_or_else(|| "unlimited".to_owned(), |r| r.to_string())
+        )
+    };
+    let (declared_limits, kept_limits) = (
+        limits(declared.max_running, declared.rate_limit),
+        limits(stored.max_running, stored.rate_limit),
+    );
     let ours = service.map_or_else(
         || "this host (no `service` configured)".to_owned(),
         |s| format!("service {s:?}"),
@@ -830,10 +844,10 @@ fn warn_settings_kept(
         declared_ordering_dead_head = %dead_head,
         kept_ordering_dead_head = %stored.ordering_dead_head,
         "queue {queue:?}: {ours} declares max_attempts = {max_attempts}, ordering_dead_head = \
-         {dead_head}, but the queue's settings belong to {theirs} (max_attempts = {}, \
-         ordering_dead_head = {}); keeping theirs. Align the settings, or have an operator \
-         change them or hand the queue over (`workpump settings`, \
-         Operations::set_queue_settings)",
+         {dead_head}, {declared_limits}, but the queue's settings belong to {theirs} \
+         (max_attempts = {}, ordering_dead_head = {}, {kept_limits}); keeping theirs. Align the \
+         settings, or have an operator change them or hand the queue over (`workpump \
+         settings`, Operations::set_queue_settings)",
         stored.max_attempts,
         stored.ordering_dead_head
     );

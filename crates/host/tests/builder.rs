@@ -300,6 +300,11 @@ async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_set
                     },
                 );
             }
+            // The flow limits travel with the declaration, like max_attempts.
+            let orders = c.queues.get_mut("orders").expect("configured above");
+            orders.max_running = Some(3);
+            orders.rate_limit = Some(100);
+            orders.rate_period_ms = Some(1_000);
         })
         .start()
         .await
@@ -324,6 +329,16 @@ async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_set
         ),
         (Some("shop"), Some(4), 1)
     );
+    assert_eq!(
+        (orders.max_running, orders.rate_limit),
+        (
+            Some(3),
+            Some(workpump_coordinator::RateLimit::new(
+                100,
+                Duration::from_secs(1)
+            ))
+        )
+    );
     let shared = overview.get("shared").expect("declared");
     assert_eq!(
         (shared.owner.as_deref(), shared.max_attempts),
@@ -334,8 +349,9 @@ async fn a_producer_only_host_declares_its_queues_and_keeps_another_services_set
     assert!(
         logged.contains(
             "queue \"shared\": service \"shop\" declares max_attempts = 7, ordering_dead_head = \
-             hold, but the queue's settings belong to service \"billing\" (max_attempts = 10, \
-             ordering_dead_head = hold); keeping theirs"
+             hold, max_running = unlimited, rate = unlimited, but the queue's settings belong to \
+             service \"billing\" (max_attempts = 10, ordering_dead_head = hold, max_running = \
+             unlimited, rate = unlimited); keeping theirs"
         ),
         "the warning names both services:\n{logged}"
     );

@@ -171,6 +171,43 @@ fn one_bad_key_is_one_problem_naming_it() {
             queue(|q| q.backoff_cap_ms = Some(u64::MAX)),
         ),
         (
+            "queues.emails.max_running",
+            queue(|q| q.max_running = Some(0)),
+        ),
+        (
+            "queues.emails.max_running",
+            queue(|q| q.max_running = Some(1_000_001)),
+        ),
+        (
+            "queues.emails.rate_period_ms",
+            queue(|q| q.rate_limit = Some(10)),
+        ),
+        (
+            "queues.emails.rate_limit",
+            queue(|q| q.rate_period_ms = Some(1_000)),
+        ),
+        (
+            "queues.emails.rate_limit",
+            queue(|q| {
+                q.rate_limit = Some(0);
+                q.rate_period_ms = Some(1_000);
+            }),
+        ),
+        (
+            "queues.emails.rate_period_ms",
+            queue(|q| {
+                q.rate_limit = Some(5);
+                q.rate_period_ms = Some(0);
+            }),
+        ),
+        (
+            "queues.emails.rate_period_ms",
+            queue(|q| {
+                q.rate_limit = Some(5);
+                q.rate_period_ms = Some(86_400_001);
+            }),
+        ),
+        (
             "lease.channel_capacity",
             with(|c| c.lease.channel_capacity = 0),
         ),

@@ -63,6 +63,9 @@ fn numeric_settings() -> Vec<String> {
         "grace_ms",
         "max_renewals",
         "max_duration_ms",
+        "max_running",
+        "rate_limit",
+        "rate_period_ms",
     ] {
         out.push(format!("queues.{QUEUE}.{field}"));
     }

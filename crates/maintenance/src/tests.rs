@@ -101,6 +101,8 @@ fn call_times(fake: &FakeCoordinator, method: Method, start: Instant) -> Vec<Dur
 async fn queue(fake: &FakeCoordinator, name: &str, max_attempts: i32) {
     fake.register_queue(RegisterQueueParams {
         ordering_dead_head: Default::default(),
+        max_running: None,
+        rate_limit: None,
         name: name.into(),
         max_attempts,
         owner: None,

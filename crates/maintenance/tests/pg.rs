@@ -40,6 +40,8 @@ impl Store {
         self.coordinator
             .register_queue(RegisterQueueParams {
                 ordering_dead_head: Default::default(),
+                max_running: None,
+                rate_limit: None,
                 name: name.into(),
                 max_attempts,
                 owner: None,

@@ -1,5 +1,6 @@
 //! One poll loop per queue: claims no more than the queue's free handler slots, hands each
-//! item to dispatch, and waits adaptively between claims ([`wait_after`]).
+//! item to dispatch, and waits adaptively between claims ([`wait_after`]), or, when the
+//! store throttled the queue (its fleet-wide flow limits), as [`throttle_wait`] says.
 
 use super::*;
 
@@ -62,19 +63,37 @@ pub(super) async fn claim_loop(
         if !matches!(result, Err(Error::UnknownQueue(_))) {
             unknown_reported = false;
         }
+        let mut throttle = None;
         let full = match result {
             Ok(out) => {
                 health.ok();
                 let n = out.items.len();
-                let result = if n == 0 { "empty" } else { "items" };
+                for t in &out.throttles {
+                    ::metrics::counter!(
+                        metrics::THROTTLED,
+                        "queue" => t.queue.clone(),
+                        "reason" => t.reason.as_str()
+                    )
+                    .increment(1);
+                }
+                throttle = out.throttles.iter().find(|t| t.queue == queue).cloned();
+                let result = match (n, &throttle) {
+                    (0, Some(_)) => "throttled",
+                    (0, None) => "empty",
+                    _ => "items",
+                };
                 ::metrics::counter!(metrics::POLLS, "queue" => queue.clone(), "result" => result)
                     .increment(1);
-                if n == 0 {
-                    empty = empty.saturating_add(1);
-                } else {
-                    empty = 0;
-                    ::metrics::histogram!(metrics::BATCH_SIZE, "queue" => queue.clone())
-                        .record(n as f64);
+                match (n, &throttle) {
+                    (0, None) => empty = empty.saturating_add(1),
+                    // A throttled poll is not empty: work is waiting for the limit, and the
+                    // backoff must not grow while it does (nor be reset: it was not served).
+                    (0, Some(_)) => {}
+                    _ => {
+                        empty = 0;
+                        ::metrics::histogram!(metrics::BATCH_SIZE, "queue" => queue.clone())
+                            .record(n as f64);
+                    }
                 }
                 for item in out.items {
                     let kind = if item.reclaimed { "reclaimed" } else { "new" };
@@ -140,6 +159,28 @@ pub(super) async fn claim_loop(
         };
         if full {
             // The drain hint: more is waiting; poll again at once.
+            continue;
+        }
+        if let Some(t) = throttle {
+            let ThrottleWait { wait, on_signals } = throttle_wait(&t, &shared.config);
+            ::metrics::histogram!(metrics::POLL_WAIT, "queue" => queue.clone())
+                .record(wait.as_secs_f64());
+            if on_signals {
+                // The running limit: a slot freed by this instance, a wake signal (an item
+                // ended elsewhere may send none, so also the base cadence at most).
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = slot_freed.notified() => {}
+                    _ = q.wake.notified() => {}
+                }
+            } else {
+                // The rate limit: nothing is claimable before the next token, whatever wakes.
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
             continue;
         }
         let wait = wait_after(empty, *gate.borrow_and_update(), &shared.config);

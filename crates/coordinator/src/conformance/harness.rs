@@ -108,6 +108,9 @@ pub trait Harness: Send + Sync {
     /// Sets a waiting (scheduled or available) item's run_at to the store's now + `offset`
     /// (negative: due; an available item only ever gets a negative one).
     async fn set_run_at(&self, id: WorkId, offset: chrono::Duration);
+    /// Moves a queue's rate bucket `by` into the past (`rate_refilled_at`), as if that much
+    /// time had passed for its refill; a bucket never used (full) is left as it is.
+    async fn age_rate_bucket(&self, queue: &str, by: Duration);
     /// Moves a finished item's finished_at `by` into the past.
     async fn age_finished(&self, id: WorkId, by: Duration);
     /// Deletes an item behind the store's back (no store function runs): what a stray

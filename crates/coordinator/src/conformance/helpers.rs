@@ -21,6 +21,8 @@ pub(super) async fn queue(h: &dyn Harness, name: &str, max_attempts: i32) {
     h.coordinator()
         .register_queue(RegisterQueueParams {
             ordering_dead_head: Default::default(),
+            max_running: None,
+            rate_limit: None,
             name: name.into(),
             max_attempts,
             owner: None,

@@ -11,11 +11,13 @@
 //! The cases live in one module per concern — `claim.rs`, `renewal.rs`, `liveness.rs`
 //! (instances, heartbeats, sweeps, the alive-lock), `outcomes.rs`, `enqueue.rs`,
 //! `maintenance.rs`, `operations.rs` (the operator's actions), `inspect.rs` (the operator's
-//! reads), `periodic.rs` (`fire_periodic`), `ordering.rs` (ordering keys) — with the shared short forms of
+//! reads), `periodic.rs` (`fire_periodic`), `ordering.rs` (ordering keys), `flow.rs` (flow control:
+//! running and rate limits per queue) — with the shared short forms of
 //! the calls in `helpers.rs` and the [`Harness`] in `harness.rs`; this file lists them.
 
 mod claim;
 mod enqueue;
+mod flow;
 mod harness;
 mod helpers;
 mod inspect;
@@ -29,6 +31,7 @@ mod renewal;
 
 pub use claim::*;
 pub use enqueue::*;
+pub use flow::*;
 pub use harness::{ErrorEntry, Harness, JudgeSlot, WorkRow};
 pub use helpers::judge;
 pub use inspect::*;
@@ -158,6 +161,13 @@ macro_rules! conformance_suite {
             the_repair_promotes_the_next_item_of_a_key_left_without_a_head,
             a_bad_ordering_key_is_refused_naming_the_item,
             enqueue_racing_completion_never_strands_a_key,
+            // flow.rs
+            the_running_limit_holds_across_instances_and_slots_come_back_when_items_end,
+            a_dead_instances_slots_come_back_with_its_leases_and_a_reclaim_is_allowed_at_the_limit,
+            the_rate_limit_allows_a_burst_then_refills_over_time,
+            a_reclaim_is_not_refused_by_the_rate_but_takes_a_token,
+            a_limit_throttles_only_its_queue_and_never_the_drain_hint,
+            flow_limits_are_queue_settings_and_bad_ones_are_refused,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

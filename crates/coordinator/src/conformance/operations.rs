@@ -587,6 +587,8 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     let declare = |name: &str, max_attempts: i32, owner: Option<&str>| {
         c.register_queue(RegisterQueueParams {
             ordering_dead_head: Default::default(),
+            max_running: None,
+            rate_limit: None,
             name: name.into(),
             max_attempts,
             owner: owner.map(str::to_owned),
@@ -594,6 +596,8 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     };
     let settings = |applied: bool, owner: Option<&str>, max_attempts: i32| RegisterQueueOutcome {
         ordering_dead_head: Default::default(),
+        max_running: None,
+        rate_limit: None,
         applied,
         owner: owner.map(str::to_owned),
         max_attempts,
@@ -653,6 +657,8 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     let set = |max_attempts, owner: Option<Option<&str>>| {
         ops.set_queue_settings(SetQueueSettingsParams {
             ordering_dead_head: None,
+            max_running: None,
+            rate_limit: None,
             queue: "q".into(),
             max_attempts,
             owner: owner.map(|o| o.map(str::to_owned)),
@@ -678,6 +684,8 @@ pub async fn queue_settings_have_one_owner_and_an_operator_may_change_or_hand_th
     let err = ops
         .set_queue_settings(SetQueueSettingsParams {
             ordering_dead_head: None,
+            max_running: None,
+            rate_limit: None,
             queue: "nope".into(),
             max_attempts: Some(3),
             owner: None,

@@ -31,6 +31,8 @@ async fn set_dead_head(h: &dyn Harness, q: &str, mode: OrderingDeadHead) {
             max_attempts: None,
             owner: None,
             ordering_dead_head: Some(mode),
+            max_running: None,
+            rate_limit: None,
         })
         .await
         .expect("set ordering_dead_head");
@@ -292,6 +294,8 @@ pub async fn the_dead_head_rule_is_a_queue_setting_with_one_owner(h: &dyn Harnes
             max_attempts: None,
             owner: None,
             ordering_dead_head: Some(OrderingDeadHead::Skip),
+            max_running: None,
+            rate_limit: None,
         })
         .await
         .expect("set");

@@ -675,21 +675,25 @@ impl WorkCoordinator for PgCoordinator {
     async fn register_queue(&self, params: RegisterQueueParams) -> Result<RegisterQueueOutcome> {
         validate::validate_register_queue(&params)?;
         let ctx = || format!("registering queue {:?}", params.name);
-        let (applied, owner, max_attempts, dead_head): (bool, Option<String>, i32, String) =
-            sqlx::query_as(&self.stmts.register_queue)
-                .bind(&params.name)
-                .bind(params.max_attempts)
-                .bind(params.owner.as_deref())
-                .bind(params.ordering_dead_head.as_str())
-                .fetch_one(self.control().await?)
-                .await
-                .map_err(|e| self.db_error(ctx(), e))?;
+        let row: SettingsRow = sqlx::query_as(&self.stmts.register_queue)
+            .bind(&params.name)
+            .bind(params.max_attempts)
+            .bind(params.owner.as_deref())
+            .bind(params.ordering_dead_head.as_str())
+            .bind(params.max_running.map(|n| n as i32))
+            .bind(params.rate_limit.map(|r| r.limit as i32))
+            .bind(params.rate_limit.map(|r| interval(r.period)))
+            .fetch_one(self.control().await?)
+            .await
+            .map_err(|e| self.db_error(ctx(), e))?;
         Ok(RegisterQueueOutcome {
-            applied,
-            owner,
-            max_attempts,
-            ordering_dead_head: OrderingDeadHead::parse(&dead_head)
+            applied: row.applied.unwrap_or(true),
+            owner: row.owner,
+            max_attempts: row.max_attempts,
+            ordering_dead_head: OrderingDeadHead::parse(&row.ordering_dead_head)
                 .map_err(|e| Error::database(ctx(), e.to_string()))?,
+            max_running: row.max_running.map(|n| n.max(0) as u32),
+            rate_limit: rate_limit(row.rate_limit, row.rate_period),
         })
     }
 
@@ -719,28 +723,48 @@ impl WorkCoordinator for PgCoordinator {
                 _ => self.db_error(format!("claiming up to {} items", params.max_items), e),
             })?;
         let has_more = rows.iter().any(|r| r.has_more);
-        let items = rows
-            .into_iter()
-            .map(|r| ClaimedWork {
+        let ctx = || format!("claiming up to {} items", params.max_items);
+        let mut items = Vec::with_capacity(rows.len());
+        let mut throttles = Vec::new();
+        for r in rows {
+            // A status row (id NULL) says a queue was throttled; the others are items.
+            let (Some(id), Some(claim_token), Some(priority), Some(attempt)) =
+                (r.id, r.claim_token, r.priority, r.attempt)
+            else {
+                let reason = r.throttle.as_deref().unwrap_or_default();
+                throttles.push(Throttle {
+                    queue: r.queue,
+                    reason: ThrottleReason::parse(reason)
+                        .map_err(|e| Error::database(ctx(), e.to_string()))?,
+                    retry_after: r.throttle_wait.map(seconds),
+                });
+                continue;
+            };
+            let missing = |what: &str| Error::database(ctx(), format!("item {id} without {what}"));
+            items.push(ClaimedWork {
                 fence: Fence {
-                    id: r.id,
-                    token: r.claim_token,
+                    id,
+                    token: claim_token,
                 },
                 queue: r.queue,
                 kind: r.kind,
-                payload: r.payload,
+                payload: r.payload.ok_or_else(|| missing("payload"))?,
                 metadata: r.metadata,
-                priority: r.priority,
-                attempt: r.attempt,
-                max_attempts: r.max_attempts,
+                priority,
+                attempt,
+                max_attempts: r.max_attempts.ok_or_else(|| missing("max_attempts"))?,
                 checkpoint: r.checkpoint,
-                lease_expiry: r.lease_expiry,
-                created_at: r.created_at,
-                reclaimed: r.reclaimed,
+                lease_expiry: r.lease_expiry.ok_or_else(|| missing("lease_expiry"))?,
+                created_at: r.created_at.ok_or_else(|| missing("created_at"))?,
+                reclaimed: r.reclaimed.unwrap_or(false),
                 pickup_lag: r.pickup_lag.map(seconds),
-            })
-            .collect();
-        Ok(ClaimWorkOutcome { items, has_more })
+            });
+        }
+        Ok(ClaimWorkOutcome {
+            items,
+            has_more,
+            throttles,
+        })
     }
 
     async fn renew_leases(&self, params: RenewLeasesParams) -> Result<RenewLeasesOutcome> {
@@ -1358,6 +1382,8 @@ impl Operations for PgCoordinator {
                 scheduled: r.scheduled.max(0) as u64,
                 running: r.running.max(0) as u64,
                 blocked: r.blocked.max(0) as u64,
+                max_running: r.max_running.map(|n| n.max(0) as u32),
+                rate_limit: rate_limit(r.rate_limit, r.rate_period),
                 completed: Count {
                     items: r.completed.max(0) as u64,
                     exact: r.completed_exact,
@@ -1495,21 +1521,28 @@ impl Operations for PgCoordinator {
     ) -> Result<SetQueueSettingsOutcome> {
         params.validate()?;
         let ctx = || format!("setting queue {:?}'s settings", params.queue);
-        let (owner, max_attempts, dead_head): (Option<String>, i32, String) =
-            sqlx::query_as(&self.stmts.set_queue_settings)
-                .bind(&params.queue)
-                .bind(params.max_attempts)
-                .bind(params.owner.clone().flatten())
-                .bind(params.owner.is_some())
-                .bind(params.ordering_dead_head.map(OrderingDeadHead::as_str))
-                .fetch_one(self.control().await?)
-                .await
-                .map_err(|e| self.db_error(ctx(), e))?;
+        let rate = params.rate_limit.flatten();
+        let row: SettingsRow = sqlx::query_as(&self.stmts.set_queue_settings)
+            .bind(&params.queue)
+            .bind(params.max_attempts)
+            .bind(params.owner.clone().flatten())
+            .bind(params.owner.is_some())
+            .bind(params.ordering_dead_head.map(OrderingDeadHead::as_str))
+            .bind(params.max_running.is_some())
+            .bind(params.max_running.flatten().map(|n| n as i32))
+            .bind(params.rate_limit.is_some())
+            .bind(rate.map(|r| r.limit as i32))
+            .bind(rate.map(|r| interval(r.period)))
+            .fetch_one(self.control().await?)
+            .await
+            .map_err(|e| self.db_error(ctx(), e))?;
         Ok(SetQueueSettingsOutcome {
-            owner,
-            max_attempts,
-            ordering_dead_head: OrderingDeadHead::parse(&dead_head)
+            owner: row.owner,
+            max_attempts: row.max_attempts,
+            ordering_dead_head: OrderingDeadHead::parse(&row.ordering_dead_head)
                 .map_err(|e| Error::database(ctx(), e.to_string()))?,
+            max_running: row.max_running.map(|n| n.max(0) as u32),
+            rate_limit: rate_limit(row.rate_limit, row.rate_period),
         })
     }
 
@@ -1618,6 +1651,19 @@ struct DetailRow {
     db_now: DateTime<Utc>,
 }
 
+/// A queue's settings as register_queue and set_queue_settings return them.
+#[derive(sqlx::FromRow)]
+struct SettingsRow {
+    #[sqlx(default)]
+    applied: Option<bool>,
+    owner: Option<String>,
+    max_attempts: i32,
+    ordering_dead_head: String,
+    max_running: Option<i32>,
+    rate_limit: Option<i32>,
+    rate_period: Option<PgInterval>,
+}
+
 #[derive(sqlx::FromRow)]
 struct OverviewRow {
     queue: String,
@@ -1641,6 +1687,9 @@ struct OverviewRow {
     dead_per_minute: f64,
     dead_rate_exact: bool,
     failed_per_minute: f64,
+    max_running: Option<i32>,
+    rate_limit: Option<i32>,
+    rate_period: Option<PgInterval>,
     db_now: DateTime<Utc>,
 }
 
@@ -1660,6 +1709,14 @@ struct InstanceListRow {
 
 /// A PostgreSQL interval of days and microseconds (what `now() - timestamptz` gives) as a
 /// duration; negative parts count as zero.
+/// A stored rate limit (`rate_limit`, `rate_period`, set together or not at all).
+fn rate_limit(limit: Option<i32>, period: Option<PgInterval>) -> Option<RateLimit> {
+    Some(RateLimit::new(
+        limit?.max(0) as u32,
+        interval_to_duration(period?),
+    ))
+}
+
 fn interval_to_duration(i: PgInterval) -> Duration {
     let micros = i64::from(i.days) * 86_400_000_000 + i.microseconds;
     Duration::from_micros(micros.max(0) as u64)
@@ -1707,21 +1764,24 @@ impl Sessions {
 
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
-    id: i64,
+    /// NULL (with every item column) on a throttle status row.
+    id: Option<i64>,
     queue: String,
-    priority: i16,
-    attempt: i32,
-    max_attempts: i32,
-    claim_token: i64,
-    lease_expiry: DateTime<Utc>,
+    priority: Option<i16>,
+    attempt: Option<i32>,
+    max_attempts: Option<i32>,
+    claim_token: Option<i64>,
+    lease_expiry: Option<DateTime<Utc>>,
     kind: Option<String>,
-    payload: Value,
+    payload: Option<Value>,
     metadata: Option<Value>,
     checkpoint: Option<Value>,
-    created_at: DateTime<Utc>,
-    reclaimed: bool,
+    created_at: Option<DateTime<Utc>>,
+    reclaimed: Option<bool>,
     pickup_lag: Option<f64>,
     has_more: bool,
+    throttle: Option<String>,
+    throttle_wait: Option<f64>,
 }
 
 fn split_fences(fences: &[Fence]) -> (Vec<i64>, Vec<i64>) {
