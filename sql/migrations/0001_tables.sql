@@ -166,6 +166,11 @@ CREATE TABLE work (
     ordering_key     text,
     -- Its place in its key's order (ordering_seq); set exactly when ordering_key is.
     ordering_seq     bigint,
+    -- Counted toward its queue's max_running while running (work_running_limited): set by
+    -- claim_work on the rows it claims from a limited queue, and by flow_mark_running on a
+    -- queue's running rows when it gets a max_running. Rows of unlimited queues stay false,
+    -- so they never enter that index.
+    limited          boolean     NOT NULL DEFAULT false,
     created_at       timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,
     -- An owner without an expiry could never be reclaimed (three-valued logic): impossible.
@@ -204,10 +209,11 @@ CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'ava
 -- and renewal would write an entry into it.)
 CREATE INDEX work_running_lease ON work ((coalesce(lease_expiry, '-infinity'::timestamptz)))
     WHERE state = 'running';
--- claim_work, flow control: a limited queue's running rows, counted (index-only) under the
--- queue row's lock to enforce max_running. Every claim and renewal of any queue writes an
--- entry (a running row's update is never HOT: its lease_expiry is indexed above).
-CREATE INDEX work_running_queue ON work (queue) WHERE state = 'running';
+-- claim_work, flow control: a limited queue's running rows, counted under the queue row's
+-- lock to enforce max_running. Only rows marked `limited` enter it, so claims and renewals of
+-- unlimited queues write no entry here (a running row's update is never HOT: its
+-- lease_expiry is indexed above, so every index whose predicate holds gets one).
+CREATE INDEX work_running_limited ON work (queue) WHERE state = 'running' AND limited;
 -- promotion of due scheduled (and retrying) rows.
 CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';
 -- retention pruning of finished rows, one range per state.

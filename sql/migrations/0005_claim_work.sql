@@ -43,8 +43,10 @@
 -- statement of its own (READ COMMITTED: a snapshot taken after the lock, so it sees the
 -- previous claimer's committed leases), its allowance:
 --   least(max_running - running, floor(tokens))   (a missing limit drops out; never < 0)
--- where `running` counts the queue's running rows (work_running_queue, index-only; an
--- expired but not yet reclaimed lease counts: its stopped owner may still be running it) and
+-- where `running` counts the queue's running rows marked `limited` (work_running_limited;
+-- this step marks every row it claims from a limited queue, and flow_mark_running marks the
+-- rows already running when a queue gets its max_running; an expired but not yet reclaimed
+-- lease counts: its stopped owner may still be running it) and
 -- `tokens` is the bucket refilled to now(): least(rate_limit, rate_tokens + rate_limit *
 -- (now() - rate_refilled_at) / rate_period), a full bucket (rate_limit) when never used, less
 -- the orphans this call reclaimed from the queue. Step 4 takes at most the allowance from each
@@ -285,7 +287,8 @@ BEGIN
             FROM (
                 SELECT q.name,
                        q.max_running - (SELECT count(*) FROM work w
-                                        WHERE w.state = 'running' AND w.queue = q.name) AS running_left,
+                                        WHERE w.state = 'running' AND w.queue = q.name
+                                          AND w.limited) AS running_left,
                        CASE WHEN q.rate_limit IS NOT NULL THEN
                            CASE WHEN q.rate_tokens IS NULL THEN q.rate_limit::double precision
                                 ELSE least(q.rate_limit::double precision,
@@ -331,7 +334,8 @@ BEGIN
                     lease_expiry = v_now + p_lease,
                     claim_token = nextval('claim_token_seq'),
                     attempt = w.attempt + 1,
-                    renewals = 0
+                    renewals = 0,
+                    limited = w.queue = ANY (v_limited)
                 WHERE w.id = ANY (ARRAY(
                     SELECT c.id FROM candidates c CROSS JOIN owner o
                     ORDER BY c.priority, c.run_at, c.id

@@ -10,7 +10,8 @@
 --   ordering_repair); switching to 'hold' makes the dead letters of keys hold their keys;
 --   set_owner true sets the owner to `owner` (NULL: nobody owns it; the next named declarer
 --   adopts it), false leaves the owner as it is;
---   set_max_running true sets max_running (NULL: unlimited), false keeps it;
+--   set_max_running true sets max_running (NULL: unlimited), false keeps it; a max_running
+--   set marks the queue's running rows so that they count toward it (flow_mark_running);
 --   set_rate true sets rate_limit and rate_period (both NULL: unlimited), false keeps them. A
 --   changed rate starts with a full token bucket (docs/flow-control.md). Lowering a limit
 --   never stops running items: claims wait until the queue is under it again.
@@ -70,6 +71,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP001',
             MESSAGE = format('set_queue_settings: unknown queue %L', p_name),
             DETAIL = p_name;
+    END IF;
+    IF p_set_max_running AND p_max_running IS NOT NULL THEN
+        PERFORM flow_mark_running(p_name);
     END IF;
 END;
 $$;

@@ -38,3 +38,23 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- flow_mark_running(queue) -> void
+--
+-- Marks the queue's running rows `limited`, so that claim_work's max_running count
+-- (work_running_limited) includes them. claim_work marks the rows it claims from a limited
+-- queue; this marks those claimed while the queue had no max_running. register_queue and
+-- set_queue_settings call it whenever they store a max_running. A claim in flight that read
+-- the queue's settings before they committed leases unmarked rows: they are not counted until
+-- they end (docs/flow-control.md).
+-- Cost: the running rows of every queue (work_running_lease) with a heap visit each, bounded by
+-- the items in flight; a row already marked is not written.
+-- Fencing: none (no lease changes). Clock rule: none.
+CREATE FUNCTION flow_mark_running(p_queue text)
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    UPDATE work w SET limited = true
+    WHERE w.queue = p_queue AND w.state = 'running' AND NOT w.limited;
+$$;

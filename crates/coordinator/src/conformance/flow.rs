@@ -345,3 +345,33 @@ pub async fn flow_limits_are_queue_settings_and_bad_ones_are_refused(h: &dyn Har
     assert_eq!(all.items.len(), 3, "unlimited again");
     assert!(all.throttles.is_empty());
 }
+
+/// Items already running when a queue gets its `max_running` count toward it: an operator's
+/// limit of 3 on a queue with 3 running throttles the next claim, and its slots come back as
+/// those items end.
+pub async fn items_running_before_a_limit_is_set_count_toward_it(h: &dyn Harness) {
+    limited_queue(h, "q", 10, None, None).await;
+    let me = instance(h).await;
+    enqueue_n(h, "q", 6).await;
+    let running = claim(h, me, &["q"], 3).await;
+    assert_eq!(running.items.len(), 3);
+    assert!(running.throttles.is_empty(), "no limit yet");
+
+    h.operations()
+        .set_queue_settings(SetQueueSettingsParams {
+            max_running: Some(Some(3)),
+            ..SetQueueSettingsParams::new("q")
+        })
+        .await
+        .expect("set max_running");
+    let none = claim(h, me, &["q"], 10).await;
+    assert!(
+        none.items.is_empty(),
+        "the three claimed before the limit count toward it"
+    );
+    assert_eq!(reasons(&none), throttled("q", ThrottleReason::Running));
+
+    complete(h, me, vec![running.items[0].fence]).await;
+    let one = claim(h, me, &["q"], 10).await;
+    assert_eq!(one.items.len(), 1, "the slot of the item that ended");
+}
