@@ -313,6 +313,68 @@ async fn the_sql_function_names_a_refused_batchs_first_problem_and_writes_nothin
     assert!(answers.iter().all(|a| a.2));
 }
 
+/// `PgCoordinator::enqueue_work` commits without notifying and wakes right after the commit,
+/// before it returns: the queues with items due now or at a business time, not a queue whose
+/// items are only delayed. The function called with `notify => false` sends nothing.
+#[tokio::test]
+async fn enqueue_work_wakes_after_its_commit_and_the_function_without_notify_sends_nothing() {
+    let (_db, pool, c) = migrated().await;
+    for q in ["delayed", "at", "sentinel"] {
+        c.register_queue(RegisterQueueParams::new(q))
+            .await
+            .expect("queue");
+    }
+    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("event"),
+        ListenEvent::Connected
+    );
+    // Without notify: nothing, though the item is due.
+    let rows = sqlx::query(
+        "SELECT * FROM workpump.enqueue_work(ARRAY['sentinel'], ARRAY['{}'::jsonb],
+             ARRAY[NULL::smallint], ARRAY[NULL::interval], ARRAY[NULL::timestamptz],
+             ARRAY[NULL::text], ARRAY[NULL::integer], ARRAY[NULL::text], ARRAY[NULL::jsonb],
+             ARRAY[NULL::text], false)",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("enqueued");
+    assert_eq!(rows.len(), 1);
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![
+            NewWork::new("delayed", json!(1)).run_after(Duration::from_secs(600)),
+            NewWork::new("q", json!(2)),
+            NewWork::new("at", json!(3)).run_at(chrono::Utc::now() - chrono::Duration::hours(1)),
+            NewWork::new("q", json!(4)),
+        ],
+    })
+    .await
+    .expect("enqueue");
+    // A later transaction's signal marks the end of the ones before.
+    c.enqueue_with(
+        &mut *pool.acquire().await.expect("conn"),
+        EnqueueWorkParams {
+            items: vec![NewWork::new("sentinel", json!(5))],
+        },
+    )
+    .await
+    .expect("enqueue");
+    let mut seen: Vec<String> = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+            .await
+            .expect("a signal within the deadline")
+            .expect("event");
+        match event {
+            ListenEvent::Wake { queue } if queue == "sentinel" => break,
+            ListenEvent::Wake { queue } => seen.push(queue),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, vec!["at".to_owned(), "q".to_owned()]);
+}
+
 /// NOTIFY goes out on commit, once per queue per transaction, and reaches a listener.
 #[tokio::test]
 async fn enqueue_wakes_listeners_once_per_queue_per_transaction_on_commit() {
