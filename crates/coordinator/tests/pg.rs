@@ -352,7 +352,7 @@ async fn enqueue_work_wakes_after_its_commit_and_the_function_without_notify_sen
     .expect("enqueue");
     // A later transaction's signal marks the end of the ones before.
     c.enqueue_with(
-        &mut *pool.acquire().await.expect("conn"),
+        &mut pool.acquire().await.expect("conn"),
         EnqueueWorkParams {
             items: vec![NewWork::new("sentinel", json!(5))],
         },
