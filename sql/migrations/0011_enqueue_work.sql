@@ -35,16 +35,33 @@
 --                   from a cached sequence, need not follow it across sessions). A batch with
 --                   ordering keys in a REPEATABLE READ or SERIALIZABLE transaction is refused
 --                   (WP002): its snapshot could hide a head that finished meanwhile.
--- Ids are drawn from work_id_seq up front, so each result maps to its input without relying
--- on the order of RETURNING.
+--   notify         (optional, default true) whether this call wakes the claimers itself; see
+--                   below.
+-- Cost (docs/performance.md, "Enqueue"): one INSERT does the work of a batch without unique
+-- or ordering keys. The checks ride in it: the join to queues and one test per row refuse
+-- bad input, and only then does enqueue_work_check scan the batch to name the problem exactly
+-- as before (so a refused batch is never slower to explain, and a good one pays no scan).
+-- Ids come from the INSERT (work.id's default, drawn in item order by this session, so
+-- increasing in item order: sorted, they map to the items without relying on the order of
+-- RETURNING). A batch with unique keys draws its ids up front instead (the answer for a
+-- conflicted item needs its input id); a batch with ordering keys is checked up front
+-- (before it takes the keys' locks) and draws ordering_seq; an unkeyed batch pays for
+-- neither.
 --
--- Wakes claimers: one pg_notify(<schema>.wake, queue) per queue with due work. PostgreSQL folds
--- identical notifications of one transaction into one, so a transaction notifies each queue
--- at most once, and only when it commits.
+-- Wakes claimers (unless notify is false): one pg_notify(<schema>.wake, queue) per queue that
+-- got an available item. PostgreSQL folds identical notifications of one transaction into
+-- one, so a transaction notifies each queue at most once, and only when it commits. A
+-- notifying transaction holds PostgreSQL's notification-queue lock from before its commit
+-- until the commit's WAL flush is over, so notifying producers commit one at a time;
+-- PgCoordinator::enqueue_work (its own one-statement transaction) therefore passes false
+-- and sends the wake right after the commit, in a separate transaction that does not wait
+-- for its flush (docs/store.md, "Wake signals"). A caller's transaction (enqueue_with)
+-- notifies here: only its commit can say when the work becomes visible.
 --
 -- Result: one row per input item, in input order (ord is 1-based); id is never NULL.
 -- Arguments: all lists the same length, 1..50000 items; anything invalid raises WP002 naming
--- the item, and nothing is written.
+-- the item (an unknown queue WP001), and nothing is written; with several problems, the
+-- first unknown queue, else the first invalid item (enqueue_work_check, below).
 -- Fencing: none; new items have no owner.
 -- Clock rule: run_at from run_after, and created_at, use the database's now().
 CREATE FUNCTION enqueue_work(
@@ -57,7 +74,8 @@ CREATE FUNCTION enqueue_work(
     p_max_attempts integer[],
     p_kinds        text[],
     p_metadata     jsonb[],
-    p_ordering_keys text[]
+    p_ordering_keys text[],
+    p_notify       boolean DEFAULT true
 )
 RETURNS TABLE (ord integer, id bigint, inserted boolean)
 LANGUAGE plpgsql VOLATILE
@@ -68,11 +86,12 @@ DECLARE
     v_n        integer := coalesce(cardinality(p_queues), 0);
     v_now      timestamptz := now();
     v_ids      bigint[];
-    v_unknown  text;
+    v_wake     text[];
     v_bad      integer;
     v_answer   bigint[];
     v_inserted boolean[];
     v_keyed    boolean;
+    v_unique   boolean;
     v_key_ord  bigint[];
     v_seq      bigint[];
     r          record;
@@ -93,46 +112,27 @@ BEGIN
             MESSAGE = 'enqueue_work: queues, payloads, priorities, run_after, run_at, unique_keys, max_attempts, kinds, metadata and ordering_keys must have the same length';
     END IF;
 
-    SELECT t.q INTO v_unknown
-    FROM unnest(p_queues) WITH ORDINALITY AS t(q, i)
-    WHERE t.q IS NULL OR NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = t.q)
-    ORDER BY t.i LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP001', DETAIL = coalesce(v_unknown, ''),
-            MESSAGE = format('enqueue_work: unknown queue %L (register it first)', v_unknown);
-    END IF;
+    -- num_nonnulls counts in C, without a scan through the executor.
+    v_keyed := num_nonnulls(VARIADIC p_ordering_keys) > 0;
+    v_unique := num_nonnulls(VARIADIC p_unique_keys) > 0;
 
-    SELECT t.i INTO v_bad
-    FROM unnest(p_payloads, p_run_after, p_run_at, p_max_attempts, p_kinds, p_metadata, p_ordering_keys)
-         WITH ORDINALITY AS t(p, ra, rat, ma, k, md, ok, i)
-    WHERE t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL) OR t.ra < interval '0'
-       OR t.ma < 1 OR t.ma > 1000 OR length(t.k) NOT BETWEEN 1 AND 128
-       OR (t.md IS NOT NULL AND jsonb_typeof(t.md) <> 'object')
-       OR length(t.ok) NOT BETWEEN 1 AND 128
-    ORDER BY t.i LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP002',
-            MESSAGE = format('enqueue_work: item %s is invalid (payload must not be null; run_after and run_at '
-                             'exclude each other; run_after must not be negative; max_attempts must be 1..1000; '
-                             'a kind has 1..128 characters; metadata is a JSON object; an ordering key has '
-                             '1..128 characters)', v_bad);
-    END IF;
-
-    -- Ordering keys: each distinct key's lock, in sorted order (two batches sharing keys never
-    -- deadlock), before the inserts below look for the keys' unfinished items.
-    v_keyed := EXISTS (SELECT 1 FROM unnest(p_ordering_keys) k WHERE k IS NOT NULL);
-    -- Under a transaction snapshot (REPEATABLE READ, SERIALIZABLE) the probe below could miss
-    -- a head that finished while this waited for the key's lock, and strand the item: refused.
-    IF v_keyed AND current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP002',
-            MESSAGE = format('enqueue_work: items with an ordering key must be enqueued in a READ COMMITTED '
-                             'transaction (this one is %s): under a transaction snapshot the key''s head may '
-                             'have finished unseen; nothing was enqueued',
-                             upper(current_setting('transaction_isolation')));
-    END IF;
     IF v_keyed THEN
-        -- Each keyed item's place among this batch's items of its key (1: the first); only
-        -- for a batch with keys, so an unkeyed batch's insert stays the plain one.
+        -- Bad input is refused before any key's lock is taken.
+        PERFORM enqueue_work_check(NULL, p_queues, p_payloads, p_run_after, p_run_at, p_max_attempts,
+                                   p_kinds, p_metadata, p_ordering_keys);
+        -- Under a transaction snapshot (REPEATABLE READ, SERIALIZABLE) the probe below could
+        -- miss a head that finished while this waited for the key's lock, and strand the item:
+        -- refused.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION USING ERRCODE = 'WP002',
+                MESSAGE = format('enqueue_work: items with an ordering key must be enqueued in a READ COMMITTED '
+                                 'transaction (this one is %s): under a transaction snapshot the key''s head may '
+                                 'have finished unseen; nothing was enqueued',
+                                 upper(current_setting('transaction_isolation')));
+        END IF;
+        -- Ordering keys: each distinct key's lock, in sorted order (two batches sharing keys
+        -- never deadlock), before the insert below looks for the keys' unfinished items.
+        -- Each keyed item's place among this batch's items of its key (1: the first).
         v_key_ord := ARRAY(
             SELECT x.key_ord FROM (
                 SELECT u.i, row_number() OVER (PARTITION BY u.q, u.k ORDER BY u.i) AS key_ord
@@ -153,51 +153,74 @@ BEGIN
             ORDER BY u.i);
     END IF;
 
-    v_ids := ARRAY(SELECT nextval('work_id_seq') FROM generate_series(1, v_n));
+    IF v_unique THEN
+        -- The answer for an item a unique key turned away needs its input's id: drawn up front.
+        v_ids := ARRAY(SELECT nextval('work_id_seq') FROM generate_series(1, v_n));
+    END IF;
 
-    INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind, metadata,
-                      ordering_key, ordering_seq)
-    SELECT v_ids[t.i], t.q,
-           CASE WHEN t.okey IS NOT NULL AND (
-                    v_key_ord[t.i] > 1
-                    OR EXISTS (SELECT 1 FROM work h
-                               WHERE h.queue = t.q AND h.ordering_key = t.okey
-                                 AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
-                                 AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
-                    THEN 'blocked'::work_state
-                WHEN t.due <= v_now THEN 'available'::work_state
-                ELSE 'scheduled'::work_state END,
-           coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due, t.p, t.ukey, t.k, t.md, t.okey, v_seq[t.i]
-    FROM (
-        SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
-                         WHEN u.ra IS NOT NULL THEN v_now + u.ra
-                         ELSE v_now END AS due
-        FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts,
-                    p_kinds, p_metadata, p_ordering_keys)
-             WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, k, md, okey, i)
-    ) t
-    JOIN queues q ON q.name = t.q
-    ORDER BY t.i
-    ON CONFLICT (queue, unique_key)
-        WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked')
-        DO NOTHING;
+    -- One row per item, in item order. A row that fails a check (an unknown queue: no row of
+    -- queues joins it) makes enqueue_work_check raise the batch's first problem, before that
+    -- row is written; the statement fails and nothing of the batch is written.
+    WITH ins AS (
+        INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind,
+                          metadata, ordering_key, ordering_seq)
+        SELECT coalesce(v_ids[t.i], nextval('work_id_seq')), t.q,
+               CASE WHEN t.okey IS NOT NULL AND (
+                        v_key_ord[t.i] > 1
+                        OR EXISTS (SELECT 1 FROM work h
+                                   WHERE h.queue = t.q AND h.ordering_key = t.okey
+                                     AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
+                                     AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
+                        THEN 'blocked'::work_state
+                    WHEN t.due <= v_now THEN 'available'::work_state
+                    ELSE 'scheduled'::work_state END,
+               coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due,
+               CASE WHEN q.name IS NULL OR t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL)
+                         OR t.ra < interval '0' OR t.ma < 1 OR t.ma > 1000
+                         OR length(t.k) NOT BETWEEN 1 AND 128
+                         OR (t.md IS NOT NULL AND jsonb_typeof(t.md) <> 'object')
+                         OR length(t.okey) NOT BETWEEN 1 AND 128
+                    THEN enqueue_work_check(t.i::integer, p_queues, p_payloads, p_run_after, p_run_at,
+                                            p_max_attempts, p_kinds, p_metadata, p_ordering_keys)
+                    ELSE t.p END,
+               t.ukey, t.k, t.md, t.okey, v_seq[t.i]
+        FROM (
+            SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
+                             WHEN u.ra IS NOT NULL THEN v_now + u.ra
+                             ELSE v_now END AS due
+            FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts,
+                        p_kinds, p_metadata, p_ordering_keys)
+                 WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, k, md, okey, i)
+        ) t
+        LEFT JOIN queues q ON q.name = t.q
+        ORDER BY t.i
+        ON CONFLICT (queue, unique_key)
+            WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked')
+            DO NOTHING
+        RETURNING id, queue, state
+    )
+    SELECT CASE WHEN v_unique THEN NULL ELSE array_agg(ins.id ORDER BY ins.id) END,
+           array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'available')
+    INTO v_answer, v_wake
+    FROM ins;
 
     -- A keyed item inserted blocked behind an earlier item of this batch that a unique key
     -- turned away has no head: hand each such key on (a no-op for a key with a head).
-    IF v_keyed AND EXISTS (SELECT 1 FROM unnest(p_unique_keys) k WHERE k IS NOT NULL) THEN
+    IF v_keyed AND v_unique THEN
         PERFORM ordering_advance(p_queues, p_ordering_keys);
     END IF;
 
-    PERFORM pg_notify(current_schema() || '.wake', d.q)
-    FROM (
-        SELECT DISTINCT u.q
-        FROM unnest(p_queues, p_run_after, p_run_at) AS u(q, ra, rat)
-        WHERE (u.ra IS NULL OR u.ra <= interval '0') AND (u.rat IS NULL OR u.rat <= v_now)
-    ) d;
+    IF p_notify AND v_wake IS NOT NULL THEN
+        PERFORM pg_notify(current_schema() || '.wake', w.q) FROM unnest(v_wake) AS w(q);
+    END IF;
 
-    IF NOT EXISTS (SELECT 1 FROM unnest(p_unique_keys) k WHERE k IS NOT NULL) THEN
-        -- No unique keys: nothing can have conflicted.
-        RETURN QUERY SELECT g.i::integer, v_ids[g.i], true FROM generate_series(1, v_n) AS g(i);
+    IF NOT v_unique THEN
+        -- No unique keys: every item was inserted, its id drawn in item order.
+        IF cardinality(v_answer) IS DISTINCT FROM v_n THEN
+            RAISE EXCEPTION USING ERRCODE = 'XX000',
+                MESSAGE = format('enqueue_work: %s of %s items were inserted', coalesce(cardinality(v_answer), 0), v_n);
+        END IF;
+        RETURN QUERY SELECT g.i::integer, v_answer[g.i], true FROM generate_series(1, v_n) AS g(i);
         RETURN;
     END IF;
 
@@ -235,5 +258,67 @@ BEGIN
 
     RETURN QUERY
     SELECT g.i::integer, v_answer[g.i], v_inserted[g.i] FROM generate_series(1, v_n) AS g(i);
+END;
+$$;
+
+-- enqueue_work_check(item, queues, payloads, run_after, run_at, max_attempts, kinds, metadata,
+--                    ordering_keys) -> jsonb
+--
+-- Names the first problem of an enqueue_work batch: the first item (in input order) whose
+-- queue is NULL or unknown raises WP001 (the name in DETAIL); else the first invalid item
+-- raises WP002 naming it (1-based) and every rule. enqueue_work calls it up front for a batch
+-- with ordering keys, and from its INSERT for a row that failed a check (item = that row), so
+-- an unkeyed batch pays for these scans only when it is refused. Returns NULL when the batch
+-- has no problem and item is NULL (the jsonb type lets the INSERT call it in place of the
+-- payload); with item given it never returns: a row enqueue_work's check refused that these
+-- scans cannot name (a mismatch between the two) still raises WP002 naming that item.
+-- Fencing: none. Clock rule: none (no time is compared).
+CREATE FUNCTION enqueue_work_check(
+    p_item         integer,
+    p_queues       text[],
+    p_payloads     jsonb[],
+    p_run_after    interval[],
+    p_run_at       timestamptz[],
+    p_max_attempts integer[],
+    p_kinds        text[],
+    p_metadata     jsonb[],
+    p_ordering_keys text[]
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_unknown  text;
+    v_bad      integer;
+BEGIN
+    SELECT t.q INTO v_unknown
+    FROM unnest(p_queues) WITH ORDINALITY AS t(q, i)
+    WHERE t.q IS NULL OR NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = t.q)
+    ORDER BY t.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP001', DETAIL = coalesce(v_unknown, ''),
+            MESSAGE = format('enqueue_work: unknown queue %L (register it first)', v_unknown);
+    END IF;
+
+    SELECT t.i INTO v_bad
+    FROM unnest(p_payloads, p_run_after, p_run_at, p_max_attempts, p_kinds, p_metadata, p_ordering_keys)
+         WITH ORDINALITY AS t(p, ra, rat, ma, k, md, ok, i)
+    WHERE t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL) OR t.ra < interval '0'
+       OR t.ma < 1 OR t.ma > 1000 OR length(t.k) NOT BETWEEN 1 AND 128
+       OR (t.md IS NOT NULL AND jsonb_typeof(t.md) <> 'object')
+       OR length(t.ok) NOT BETWEEN 1 AND 128
+    ORDER BY t.i LIMIT 1;
+    IF NOT FOUND THEN
+        v_bad := p_item;
+    END IF;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('enqueue_work: item %s is invalid (payload must not be null; run_after and run_at '
+                             'exclude each other; run_after must not be negative; max_attempts must be 1..1000; '
+                             'a kind has 1..128 characters; metadata is a JSON object; an ordering key has '
+                             '1..128 characters)', v_bad);
+    END IF;
+    RETURN NULL;
 END;
 $$;

@@ -27,8 +27,11 @@ pub trait WorkCoordinator: Send + Sync + 'static {
     /// Declares a queue or updates its settings. Idempotent.
     async fn register_queue(&self, params: RegisterQueueParams) -> Result<RegisterQueueOutcome>;
 
-    /// Enqueues a batch in one round trip, all or nothing. Unknown queue, invalid payload or
-    /// oversized batch: an error naming the problem and nothing written.
+    /// Enqueues a batch in one statement, all or nothing. Unknown queue, invalid payload or
+    /// oversized batch: an error naming the problem and nothing written. When it returns,
+    /// the batch is committed and the claimers of its queues with work due have been sent
+    /// a wake (the PostgreSQL store sends it right after the commit, in a round trip of its
+    /// own: docs/store.md, "Wake signals").
     async fn enqueue_work(&self, params: EnqueueWorkParams) -> Result<EnqueueWorkOutcome>;
 
     /// Leases runnable and orphaned items; see the SQL function

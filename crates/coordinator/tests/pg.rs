@@ -231,6 +231,150 @@ async fn a_failed_enqueue_inside_a_transaction_writes_nothing_of_the_batch() {
     assert_eq!(n, 0);
 }
 
+/// The SQL function, called directly (other languages do; the Rust API checks first): a
+/// batch with a bad row is refused with its first problem named — the first unknown queue,
+/// else the first invalid item — wherever in the batch the rows are, and nothing is written.
+#[tokio::test]
+async fn the_sql_function_names_a_refused_batchs_first_problem_and_writes_nothing() {
+    let (_db, pool, _c) = migrated().await;
+    // Five items into `q`; `queues` and `max_attempts` replace some.
+    let call = |queues: Vec<&'static str>, max_attempts: Vec<Option<i32>>| {
+        let pool = pool.clone();
+        async move {
+            let n = queues.len();
+            sqlx::query(
+                "SELECT * FROM workpump.enqueue_work($1, array_fill('{}'::jsonb, ARRAY[$2]),
+                     array_fill(NULL::smallint, ARRAY[$2]), array_fill(NULL::interval, ARRAY[$2]),
+                     array_fill(NULL::timestamptz, ARRAY[$2]), array_fill(NULL::text, ARRAY[$2]),
+                     $3, array_fill(NULL::text, ARRAY[$2]), array_fill(NULL::jsonb, ARRAY[$2]),
+                     array_fill(NULL::text, ARRAY[$2]))",
+            )
+            .bind(queues)
+            .bind(n as i32)
+            .bind(max_attempts)
+            .fetch_all(&pool)
+            .await
+        }
+    };
+    let code_and_message = |r: Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>| {
+        let e = r.expect_err("refused");
+        let db = e.as_database_error().expect("a database error");
+        (
+            db.code().expect("a code").into_owned(),
+            db.message().to_owned(),
+        )
+    };
+    // An invalid item (the 2nd) before an unknown queue (the 4th): the unknown queue is named.
+    let (code, message) = code_and_message(
+        call(
+            vec!["q", "q", "q", "nope", "q"],
+            vec![None, Some(0), None, None, None],
+        )
+        .await,
+    );
+    assert_eq!(code, "WP001");
+    assert_eq!(
+        message,
+        "enqueue_work: unknown queue 'nope' (register it first)"
+    );
+    // Invalid items only: the first is named, with every rule.
+    let (code, message) = code_and_message(
+        call(
+            vec!["q", "q", "q", "q", "q"],
+            vec![None, None, Some(1001), Some(0), None],
+        )
+        .await,
+    );
+    assert_eq!(code, "WP002");
+    assert!(
+        message.starts_with("enqueue_work: item 3 is invalid (payload must not be null;")
+            && message.contains("max_attempts must be 1..1000"),
+        "{message}"
+    );
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(n, 0, "a refused batch writes nothing");
+    // A good batch: one row per item, in order, ids increasing with the items.
+    let rows = call(vec!["q"; 5], vec![None; 5]).await.expect("enqueued");
+    let answers: Vec<(i32, i64, bool)> = rows
+        .iter()
+        .map(|r| {
+            use sqlx::Row;
+            (r.get("ord"), r.get("id"), r.get("inserted"))
+        })
+        .collect();
+    assert_eq!(
+        answers.iter().map(|a| a.0).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    assert!(answers.windows(2).all(|w| w[0].1 < w[1].1), "{answers:?}");
+    assert!(answers.iter().all(|a| a.2));
+}
+
+/// `PgCoordinator::enqueue_work` commits without notifying and wakes right after the commit,
+/// before it returns: the queues with items due now or at a business time, not a queue whose
+/// items are only delayed. The function called with `notify => false` sends nothing.
+#[tokio::test]
+async fn enqueue_work_wakes_after_its_commit_and_the_function_without_notify_sends_nothing() {
+    let (_db, pool, c) = migrated().await;
+    for q in ["delayed", "at", "sentinel"] {
+        c.register_queue(RegisterQueueParams::new(q))
+            .await
+            .expect("queue");
+    }
+    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("event"),
+        ListenEvent::Connected
+    );
+    // Without notify: nothing, though the item is due.
+    let rows = sqlx::query(
+        "SELECT * FROM workpump.enqueue_work(ARRAY['sentinel'], ARRAY['{}'::jsonb],
+             ARRAY[NULL::smallint], ARRAY[NULL::interval], ARRAY[NULL::timestamptz],
+             ARRAY[NULL::text], ARRAY[NULL::integer], ARRAY[NULL::text], ARRAY[NULL::jsonb],
+             ARRAY[NULL::text], false)",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("enqueued");
+    assert_eq!(rows.len(), 1);
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![
+            NewWork::new("delayed", json!(1)).run_after(Duration::from_secs(600)),
+            NewWork::new("q", json!(2)),
+            NewWork::new("at", json!(3)).run_at(chrono::Utc::now() - chrono::Duration::hours(1)),
+            NewWork::new("q", json!(4)),
+        ],
+    })
+    .await
+    .expect("enqueue");
+    // A later transaction's signal marks the end of the ones before.
+    c.enqueue_with(
+        &mut pool.acquire().await.expect("conn"),
+        EnqueueWorkParams {
+            items: vec![NewWork::new("sentinel", json!(5))],
+        },
+    )
+    .await
+    .expect("enqueue");
+    let mut seen: Vec<String> = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+            .await
+            .expect("a signal within the deadline")
+            .expect("event");
+        match event {
+            ListenEvent::Wake { queue } if queue == "sentinel" => break,
+            ListenEvent::Wake { queue } => seen.push(queue),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, vec!["at".to_owned(), "q".to_owned()]);
+}
+
 /// NOTIFY goes out on commit, once per queue per transaction, and reaches a listener.
 #[tokio::test]
 async fn enqueue_wakes_listeners_once_per_queue_per_transaction_on_commit() {

@@ -83,7 +83,7 @@ impl Client {
         one(outcome)
     }
 
-    /// Enqueues a batch in one round trip, all or nothing (at most
+    /// Enqueues a batch in one statement, all or nothing (at most
     /// [`MAX_ENQUEUE_BATCH`](crate::coordinator::MAX_ENQUEUE_BATCH) items; kinds and queues
     /// may be mixed). The answer lists the items in input order.
     pub async fn enqueue_many<I>(&self, items: I) -> Result<EnqueueWorkOutcome, Error>

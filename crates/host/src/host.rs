@@ -1061,7 +1061,7 @@ impl HostHandle {
         crate::client::one(self.enqueue_many([job]).await?)
     }
 
-    /// Enqueues a batch in one round trip, all or nothing (kinds and queues may be mixed),
+    /// Enqueues a batch in one statement, all or nothing (kinds and queues may be mixed),
     /// and wakes this host's claim loops for their queues; see [`enqueue`](Self::enqueue).
     pub async fn enqueue_many<I>(
         &self,

@@ -491,6 +491,39 @@ async fn an_item_enqueued_in_the_callers_transaction_wakes_the_claimers_at_its_c
     db.drop_database().await.expect("drop");
 }
 
+/// `enqueue_work` commits without notifying and sends the wake right after its commit: a
+/// producer in another process (here a `Client`, which wakes no local claim loop) starts the
+/// item on a host that never polls on a timer, and the item is committed and its wake sent
+/// by the time the call returns.
+#[tokio::test]
+async fn an_item_a_client_enqueues_wakes_a_host_that_never_polls_after_its_commit() {
+    let (db, pool) = database().await;
+    let ran = Ran::default();
+    let host = start_unpolled(db.url(), &ran).await;
+    host.ready().await.expect("ready");
+    wait_until(Duration::from_secs(10), "LISTEN is healthy", || async {
+        host.health().listener_healthy
+    })
+    .await;
+    let client = Client::connect(db.url()).expect("a client");
+    let out = client
+        .enqueue(NewWork::new("watched", json!({ "n": 7 })))
+        .await
+        .expect("enqueue");
+    assert!(out.inserted);
+    // No timer polls and no local wake: only the wake sent after the commit starts the claim.
+    wait_until(Duration::from_secs(10), "the enqueued item ran", || async {
+        count_state(&pool, "completed").await == 1
+    })
+    .await;
+    assert_eq!(*ran.lock().expect("ran"), ["7"]);
+
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
 #[tokio::test]
 async fn an_operators_cancel_of_a_running_item_is_logged_at_info_with_the_handlers_reason() {
     let (db, pool) = database().await;

@@ -190,6 +190,7 @@ struct Statements {
     release_work: String,
     checkpoint_work: String,
     enqueue_work: String,
+    wake_queues: String,
     register_queue: String,
     record_heartbeat: String,
     cleanup_stale_instances: String,
@@ -248,6 +249,7 @@ impl Statements {
             release_work: s(query_file!("release_work")),
             checkpoint_work: s(query_file!("checkpoint_work")),
             enqueue_work: s(query_file!("enqueue_work")),
+            wake_queues: s(query_file!("wake_queues")),
             register_queue: s(query_file!("register_queue")),
             record_heartbeat: s(query_file!("record_heartbeat")),
             cleanup_stale_instances: s(query_file!("cleanup_stale_instances")),
@@ -447,6 +449,17 @@ impl PgCoordinator {
         conn: &mut PgConnection,
         params: EnqueueWorkParams,
     ) -> Result<EnqueueWorkOutcome> {
+        self.enqueue_on(conn, params, true).await
+    }
+
+    /// `enqueue_work` on `conn`; `notify`: whether the statement's transaction sends the wake
+    /// signals itself (at its commit).
+    async fn enqueue_on(
+        &self,
+        conn: &mut PgConnection,
+        params: EnqueueWorkParams,
+        notify: bool,
+    ) -> Result<EnqueueWorkOutcome> {
         let texts = validate::validate_enqueue(&params)?;
         let n = params.items.len();
         let mut kinds = Vec::with_capacity(n);
@@ -483,6 +496,7 @@ impl PgCoordinator {
             .bind(&kinds)
             .bind(&texts.metadata)
             .bind(&ordering_keys)
+            .bind(notify)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
@@ -706,7 +720,28 @@ impl WorkCoordinator for PgCoordinator {
             .acquire()
             .await
             .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
-        self.enqueue_with(&mut conn, params).await
+        // The statement is a transaction of its own: it commits without notifying (a
+        // notifying commit holds PostgreSQL's notification-queue lock through its WAL flush,
+        // so notifying producers commit one at a time), and the wake goes out right after
+        // the commit, before this returns (docs/store.md, "Wake signals").
+        let wake = due_queues(&params);
+        let out = self.enqueue_on(&mut conn, params, false).await?;
+        if !wake.is_empty() {
+            if let Err(e) = sqlx::query(&self.stmts.wake_queues)
+                .bind(self.wake_channel())
+                .bind(&wake)
+                .execute(&mut *conn)
+                .await
+            {
+                // The items are committed: an error here would have the caller enqueue them
+                // again. Claimers find them at their next poll instead.
+                tracing::warn!(
+                    "enqueued {n} items, but waking the claimers of {wake:?} failed; they find \
+                     the items at their next poll: {e}"
+                );
+            }
+        }
+        Ok(out)
     }
 
     async fn claim_work(&self, params: ClaimWorkParams) -> Result<ClaimWorkOutcome> {
@@ -1867,4 +1902,23 @@ pub(crate) fn db_error(context: impl Into<String>, e: sqlx::Error) -> Error {
         }
     }
     Error::database(context, e)
+}
+
+/// The distinct queues of a batch that may have work due now, to wake after it committed:
+/// items due at once, and items at a business time (which may be past: whether it is, only
+/// the database's clock says, so they are woken for; a wake for nothing costs one empty
+/// claim). An item delayed by `run_after` is scheduled: promotion wakes its queue when due.
+fn due_queues(params: &EnqueueWorkParams) -> Vec<String> {
+    let mut queues: Vec<String> = params
+        .items
+        .iter()
+        .filter(|i| match i.schedule {
+            Schedule::Now | Schedule::At(_) => true,
+            Schedule::After(d) => d.is_zero(),
+        })
+        .map(|i| i.queue.clone())
+        .collect();
+    queues.sort_unstable();
+    queues.dedup();
+    queues
 }
