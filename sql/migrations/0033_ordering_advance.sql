@@ -76,51 +76,60 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    r       record;
-    v_hold  boolean;
-    v_state work_state;
-    v_n     integer := 0;
+    v_n    integer;
+    v_wake text[];
 BEGIN
     IF cardinality(p_queues) IS DISTINCT FROM cardinality(p_keys) THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = 'ordering_advance: queues and keys must have the same length';
     END IF;
-    FOR r IN
+    -- The keys' locks, in one statement, in the one global order (queue, key; "C"): the
+    -- ordering_lock of each key, without its wrapper's call per key.
+    PERFORM pg_advisory_xact_lock(2003828737, hashtext(y.q || chr(31) || y.k))
+    FROM (
         SELECT x.q, x.k FROM (
             SELECT DISTINCT u.q, u.k
             FROM unnest(p_queues, p_keys) AS u(q, k)
             WHERE u.q IS NOT NULL AND u.k IS NOT NULL) x
-        ORDER BY x.q COLLATE "C", x.k COLLATE "C"
-    LOOP
-        PERFORM ordering_lock(r.q, r.k);
-        SELECT q.ordering_dead_head = 'hold' INTO v_hold FROM queues q WHERE q.name = r.q;
-        IF EXISTS (
+        ORDER BY x.q COLLATE "C", x.k COLLATE "C") y;
+    -- A statement after the locks (its snapshot sees every commit before them): the keys
+    -- without a head, each one's lowest blocked item promoted, its queue's settings read once.
+    WITH k AS (
+        SELECT DISTINCT u.q, u.k
+        FROM unnest(p_queues, p_keys) AS u(q, k)
+        WHERE u.q IS NOT NULL AND u.k IS NOT NULL
+    ), s AS (
+        SELECT k.q, k.k,
+               coalesce(qs.ordering_dead_head = 'hold', true) AS hold,
+               coalesce(qs.paused, false) AS paused
+        FROM k LEFT JOIN queues qs ON qs.name = k.q
+    ), nxt AS (
+        SELECT b.id, s.paused
+        FROM s
+        CROSS JOIN LATERAL (
+            SELECT b.id FROM work b
+            WHERE b.queue = s.q AND b.ordering_key = s.k AND b.state = 'blocked'
+            ORDER BY b.ordering_seq
+            LIMIT 1) b
+        WHERE NOT EXISTS (
             SELECT 1 FROM work h
-            WHERE h.queue = r.q AND h.ordering_key = r.k
+            WHERE h.queue = s.q AND h.ordering_key = s.k
               AND h.state IN ('available', 'scheduled', 'running', 'dead')
-              AND (h.state <> 'dead' OR coalesce(v_hold, true))
-        ) THEN
-            CONTINUE;
-        END IF;
-        v_state := NULL;
+              AND (h.state <> 'dead' OR s.hold))
+    ), promoted AS (
         UPDATE work w
         SET state = CASE WHEN w.run_at <= now() THEN 'available'::work_state ELSE 'scheduled'::work_state END,
             run_at = greatest(w.run_at, now())
-        WHERE w.id = (
-            SELECT b.id FROM work b
-            WHERE b.queue = r.q AND b.ordering_key = r.k AND b.state = 'blocked'
-            ORDER BY b.ordering_seq
-            LIMIT 1
-            FOR UPDATE)
-        RETURNING w.state INTO v_state;
-        IF v_state IS NOT NULL THEN
-            v_n := v_n + 1;
-            IF v_state = 'available'
-               AND NOT EXISTS (SELECT 1 FROM queues qs WHERE qs.name = r.q AND qs.paused) THEN
-                PERFORM pg_notify(current_schema() || '.wake', r.q);
-            END IF;
-        END IF;
-    END LOOP;
+        FROM nxt
+        WHERE w.id = nxt.id AND w.state = 'blocked'
+        RETURNING w.queue, w.state, nxt.paused
+    )
+    SELECT count(*)::integer,
+           coalesce(array_agg(DISTINCT p.queue) FILTER (WHERE p.state = 'available' AND NOT p.paused), '{}')
+    INTO v_n, v_wake
+    FROM promoted p;
+    -- One wake per queue with an item made available (NOTIFY folds repeats anyway).
+    PERFORM pg_notify(current_schema() || '.wake', q.q) FROM unnest(v_wake) AS q(q);
     RETURN v_n;
 END;
 $$;
