@@ -16,8 +16,9 @@
 -- form, (namespace 0x77700001, hashtext(queue || chr(31) || key)): pg_locks shows it with
 -- objsubid = 2, a different lock space from the alive-locks' bigint keys (objsubid = 1), which
 -- is all alive_lock_held_keys() reads; keep it so. A hash collision between two keys only
--- serializes them more than needed. (The namespace constant is written only in ordering_lock
--- and ordering_try_lock, below.)
+-- serializes them more than needed. (The namespace constant is written only in this file:
+-- ordering_lock, ordering_try_lock and ordering_advance's set-based lock statement, which
+-- takes the same lock for many keys without a call of the wrapper per key.)
 -- ordering_try_lock: the same lock without waiting; false when another transaction holds it.
 -- bulk_work_matching takes it in the filter of the rows it locks, so that it never holds a
 -- row while it waits for that row's key (a promotion holds the key and waits for the row):
@@ -27,14 +28,17 @@
 -- transaction commits, the order of one key is its commit order, and a later enqueue of the
 -- key sees every earlier one.
 --
--- ordering_advance: for each distinct (queue, key) pair given (NULL keys ignored; an unkeyed
--- row costs nothing), in sorted order: takes the key's lock, then, in a statement of its own
--- (so that under READ COMMITTED it sees everything committed before it got the lock), looks
--- for a head; when there is none, the key's first blocked item (lowest ordering_seq) becomes
--- its head:
+-- ordering_advance: for the distinct (queue, key) pairs given (NULL keys ignored; an unkeyed
+-- row costs nothing), set-based, three statements whatever the number of keys: the first takes
+-- every key's lock, in sorted order (queue, key; "C"); the second, a statement of its own (so
+-- that under READ COMMITTED it sees everything committed before the locks were granted), reads
+-- the keys' queues' settings once, finds the keys without a head and, for each, its first
+-- blocked item (lowest ordering_seq: one entry of work_ordering, LATERAL … LIMIT 1, so a long
+-- key's backlog is not read), and promotes them all in one UPDATE: each becomes its key's head,
 -- available, due now (run_at = greatest(run_at, now()), so its pickup lag measures the queue,
--- not the wait behind its key), or scheduled when its run_at is still ahead. A promoted
--- available item wakes its queue's claimers (pg_notify(<schema>.wake, queue), unless paused).
+-- not the wait behind its key), or scheduled when its run_at is still ahead. The third wakes
+-- the claimers of each queue that got an available item (pg_notify(<schema>.wake, queue), once
+-- per queue, not for a paused queue).
 -- Idempotent: a key with a head, or without blocked items, is left as it is.
 -- Result: the number of items promoted.
 -- Why no key is stranded: a head-ending transition changes the head's row before it calls
