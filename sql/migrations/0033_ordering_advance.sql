@@ -51,7 +51,8 @@
 -- miss an item enqueued meanwhile, which ordering_repair finds, promotes and counts
 -- (workpump_ordering_repairs_total).
 -- Lock order: every caller locks the rows it changes first, then the keys (sorted); the
--- promoted row is locked last, under its key's lock.
+-- promoted rows are locked last, under their keys' locks, all of a call in one UPDATE: only a
+-- key's lock holder changes its blocked rows, so that UPDATE waits for no one.
 -- Fencing: none; the callers fenced their own rows. Clock rule: run_at compares with now().
 CREATE FUNCTION ordering_lock(p_queue text, p_key text)
 RETURNS void
