@@ -826,7 +826,12 @@ async fn the_repair_finds_exactly_the_headless_keys_at_most_limit_a_call() {
         .await
         .expect("skip dead heads");
     let keyed = |q: &str, k: &str| NewWork::new(q, json!(k)).ordering_key(k);
-    let keys = [("q", "gone"), ("q", "held"), ("skip", "skipped"), ("skip", "healthy")];
+    let keys = [
+        ("q", "gone"),
+        ("q", "held"),
+        ("skip", "skipped"),
+        ("skip", "healthy"),
+    ];
     let items = keys
         .iter()
         .flat_map(|(q, k)| [keyed(q, k), keyed(q, k)])
