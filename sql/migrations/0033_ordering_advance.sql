@@ -16,8 +16,9 @@
 -- form, (namespace 0x77700001, hashtext(queue || chr(31) || key)): pg_locks shows it with
 -- objsubid = 2, a different lock space from the alive-locks' bigint keys (objsubid = 1), which
 -- is all alive_lock_held_keys() reads; keep it so. A hash collision between two keys only
--- serializes them more than needed. (The namespace constant is written only in ordering_lock
--- and ordering_try_lock, below.)
+-- serializes them more than needed. (The namespace constant is written only in this file:
+-- ordering_lock, ordering_try_lock and ordering_advance's set-based lock statement, which
+-- takes the same lock for many keys without a call of the wrapper per key.)
 -- ordering_try_lock: the same lock without waiting; false when another transaction holds it.
 -- bulk_work_matching takes it in the filter of the rows it locks, so that it never holds a
 -- row while it waits for that row's key (a promotion holds the key and waits for the row):
@@ -27,14 +28,17 @@
 -- transaction commits, the order of one key is its commit order, and a later enqueue of the
 -- key sees every earlier one.
 --
--- ordering_advance: for each distinct (queue, key) pair given (NULL keys ignored; an unkeyed
--- row costs nothing), in sorted order: takes the key's lock, then, in a statement of its own
--- (so that under READ COMMITTED it sees everything committed before it got the lock), looks
--- for a head; when there is none, the key's first blocked item (lowest ordering_seq) becomes
--- its head:
+-- ordering_advance: for the distinct (queue, key) pairs given (NULL keys ignored; an unkeyed
+-- row costs nothing), set-based, three statements whatever the number of keys: the first takes
+-- every key's lock, in sorted order (queue, key; "C"); the second, a statement of its own (so
+-- that under READ COMMITTED it sees everything committed before the locks were granted), reads
+-- the keys' queues' settings once, finds the keys without a head and, for each, its first
+-- blocked item (lowest ordering_seq: one entry of work_ordering, LATERAL … LIMIT 1, so a long
+-- key's backlog is not read), and promotes them all in one UPDATE: each becomes its key's head,
 -- available, due now (run_at = greatest(run_at, now()), so its pickup lag measures the queue,
--- not the wait behind its key), or scheduled when its run_at is still ahead. A promoted
--- available item wakes its queue's claimers (pg_notify(<schema>.wake, queue), unless paused).
+-- not the wait behind its key), or scheduled when its run_at is still ahead. The third wakes
+-- the claimers of each queue that got an available item (pg_notify(<schema>.wake, queue), once
+-- per queue, not for a paused queue).
 -- Idempotent: a key with a head, or without blocked items, is left as it is.
 -- Result: the number of items promoted.
 -- Why no key is stranded: a head-ending transition changes the head's row before it calls
@@ -47,7 +51,8 @@
 -- miss an item enqueued meanwhile, which ordering_repair finds, promotes and counts
 -- (workpump_ordering_repairs_total).
 -- Lock order: every caller locks the rows it changes first, then the keys (sorted); the
--- promoted row is locked last, under its key's lock.
+-- promoted rows are locked last, under their keys' locks, all of a call in one UPDATE: only a
+-- key's lock holder changes its blocked rows, so that UPDATE waits for no one.
 -- Fencing: none; the callers fenced their own rows. Clock rule: run_at compares with now().
 CREATE FUNCTION ordering_lock(p_queue text, p_key text)
 RETURNS void
@@ -76,51 +81,60 @@ SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE
-    r       record;
-    v_hold  boolean;
-    v_state work_state;
-    v_n     integer := 0;
+    v_n    integer;
+    v_wake text[];
 BEGIN
     IF cardinality(p_queues) IS DISTINCT FROM cardinality(p_keys) THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = 'ordering_advance: queues and keys must have the same length';
     END IF;
-    FOR r IN
+    -- The keys' locks, in one statement, in the one global order (queue, key; "C"): the
+    -- ordering_lock of each key, without its wrapper's call per key.
+    PERFORM pg_advisory_xact_lock(2003828737, hashtext(y.q || chr(31) || y.k))
+    FROM (
         SELECT x.q, x.k FROM (
             SELECT DISTINCT u.q, u.k
             FROM unnest(p_queues, p_keys) AS u(q, k)
             WHERE u.q IS NOT NULL AND u.k IS NOT NULL) x
-        ORDER BY x.q COLLATE "C", x.k COLLATE "C"
-    LOOP
-        PERFORM ordering_lock(r.q, r.k);
-        SELECT q.ordering_dead_head = 'hold' INTO v_hold FROM queues q WHERE q.name = r.q;
-        IF EXISTS (
+        ORDER BY x.q COLLATE "C", x.k COLLATE "C") y;
+    -- A statement after the locks (its snapshot sees every commit before them): the keys
+    -- without a head, each one's lowest blocked item promoted, its queue's settings read once.
+    WITH k AS (
+        SELECT DISTINCT u.q, u.k
+        FROM unnest(p_queues, p_keys) AS u(q, k)
+        WHERE u.q IS NOT NULL AND u.k IS NOT NULL
+    ), s AS (
+        SELECT k.q, k.k,
+               coalesce(qs.ordering_dead_head = 'hold', true) AS hold,
+               coalesce(qs.paused, false) AS paused
+        FROM k LEFT JOIN queues qs ON qs.name = k.q
+    ), nxt AS (
+        SELECT b.id, s.paused
+        FROM s
+        CROSS JOIN LATERAL (
+            SELECT b.id FROM work b
+            WHERE b.queue = s.q AND b.ordering_key = s.k AND b.state = 'blocked'
+            ORDER BY b.ordering_seq
+            LIMIT 1) b
+        WHERE NOT EXISTS (
             SELECT 1 FROM work h
-            WHERE h.queue = r.q AND h.ordering_key = r.k
+            WHERE h.queue = s.q AND h.ordering_key = s.k
               AND h.state IN ('available', 'scheduled', 'running', 'dead')
-              AND (h.state <> 'dead' OR coalesce(v_hold, true))
-        ) THEN
-            CONTINUE;
-        END IF;
-        v_state := NULL;
+              AND (h.state <> 'dead' OR s.hold))
+    ), promoted AS (
         UPDATE work w
         SET state = CASE WHEN w.run_at <= now() THEN 'available'::work_state ELSE 'scheduled'::work_state END,
             run_at = greatest(w.run_at, now())
-        WHERE w.id = (
-            SELECT b.id FROM work b
-            WHERE b.queue = r.q AND b.ordering_key = r.k AND b.state = 'blocked'
-            ORDER BY b.ordering_seq
-            LIMIT 1
-            FOR UPDATE)
-        RETURNING w.state INTO v_state;
-        IF v_state IS NOT NULL THEN
-            v_n := v_n + 1;
-            IF v_state = 'available'
-               AND NOT EXISTS (SELECT 1 FROM queues qs WHERE qs.name = r.q AND qs.paused) THEN
-                PERFORM pg_notify(current_schema() || '.wake', r.q);
-            END IF;
-        END IF;
-    END LOOP;
+        FROM nxt
+        WHERE w.id = nxt.id AND w.state = 'blocked'
+        RETURNING w.queue, w.state, nxt.paused
+    )
+    SELECT count(*)::integer,
+           coalesce(array_agg(DISTINCT p.queue) FILTER (WHERE p.state = 'available' AND NOT p.paused), '{}')
+    INTO v_n, v_wake
+    FROM promoted p;
+    -- One wake per queue with an item made available (NOTIFY folds repeats anyway).
+    PERFORM pg_notify(current_schema() || '.wake', q.q) FROM unnest(v_wake) AS q(q);
     RETURN v_n;
 END;
 $$;

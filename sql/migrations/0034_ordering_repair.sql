@@ -10,8 +10,8 @@
 -- workpump_ordering_repairs_total, which must stay 0.
 --
 -- Result: the number of items promoted (keys repaired).
--- Cost: one pass over the blocked items (work_ordering, its blocked entries), each key's lowest
--- blocked item probed for a head through the same index; keys of finished work are not read.
+-- Cost: one pass over work_ordering's rows (every unfinished or dead keyed item, read once,
+-- grouped by key), stopping after `limit` keys found; keys of finished work are not read.
 -- Arguments: 1 <= limit <= 10000 (WP002 otherwise).
 -- Fencing: none. Concurrency: safe on every instance at once (ordering_advance takes each
 -- key's lock and promotes only a key still without a head).
@@ -30,21 +30,21 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('ordering_repair: limit must be between 1 and 10000, got %s', p_limit);
     END IF;
+    -- One pass over work_ordering (the unfinished and dead keyed rows), grouped by key in the
+    -- index's order: a key with a blocked item and no head (a dead item is a head only in a
+    -- queue that holds dead heads). Each row is read once, where a probe per blocked item
+    -- (its key's lower blocked items, its key's head) read each key's rows once per item.
     SELECT array_agg(s.queue), array_agg(s.ordering_key) INTO v_kq, v_kk
     FROM (
-        SELECT b.queue, b.ordering_key FROM work b
-        WHERE b.state = 'blocked' AND b.ordering_key IS NOT NULL
-          -- the key's lowest blocked item ...
-          AND NOT EXISTS (SELECT 1 FROM work e
-                          WHERE e.queue = b.queue AND e.ordering_key = b.ordering_key
-                            AND e.state = 'blocked' AND e.ordering_seq < b.ordering_seq)
-          -- ... of a key without a head
-          AND NOT EXISTS (SELECT 1 FROM work h
-                          WHERE h.queue = b.queue AND h.ordering_key = b.ordering_key
-                            AND h.state IN ('available', 'scheduled', 'running', 'dead')
-                            AND (h.state <> 'dead' OR EXISTS (
-                                    SELECT 1 FROM queues q
-                                    WHERE q.name = h.queue AND q.ordering_dead_head = 'hold')))
+        SELECT w.queue, w.ordering_key
+        FROM work w
+        LEFT JOIN queues q ON q.name = w.queue
+        WHERE w.ordering_key IS NOT NULL
+          AND w.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
+        GROUP BY w.queue, w.ordering_key
+        HAVING bool_or(w.state = 'blocked')
+           AND NOT bool_or(w.state IN ('available', 'scheduled', 'running')
+                           OR (w.state = 'dead' AND coalesce(q.ordering_dead_head = 'hold', false)))
         LIMIT p_limit
     ) s;
     IF v_kk IS NULL THEN

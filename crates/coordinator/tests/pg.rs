@@ -955,3 +955,76 @@ async fn list_instances_sees_the_alive_locks_of_its_own_database_only() {
     assert!(alive(out));
     drop(elsewhere);
 }
+
+/// The repair finds exactly the keys left without a head — one whose head was deleted behind
+/// the store's back, one whose dead head sits in a queue that skips dead heads — and not a key
+/// held by its dead head in a 'hold' queue, nor a healthy one; at most `limit` keys a call.
+#[tokio::test]
+async fn the_repair_finds_exactly_the_headless_keys_at_most_limit_a_call() {
+    let (_db, pool, c) = migrated().await;
+    c.register_queue(RegisterQueueParams::new("skip"))
+        .await
+        .expect("register");
+    sqlx::query("UPDATE workpump.queues SET ordering_dead_head = 'skip' WHERE name = 'skip'")
+        .execute(&pool)
+        .await
+        .expect("skip dead heads");
+    let keyed = |q: &str, k: &str| NewWork::new(q, json!(k)).ordering_key(k);
+    let keys = [
+        ("q", "gone"),
+        ("q", "held"),
+        ("skip", "skipped"),
+        ("skip", "healthy"),
+    ];
+    let items = keys
+        .iter()
+        .flat_map(|(q, k)| [keyed(q, k), keyed(q, k)])
+        .collect();
+    c.enqueue_work(EnqueueWorkParams { items })
+        .await
+        .expect("enqueue");
+    let head = "(SELECT min(id) FROM workpump.work WHERE ordering_key = $1)";
+    let behind_the_back = [
+        format!("DELETE FROM workpump.work WHERE id = {head}"),
+        format!("UPDATE workpump.work SET state = 'dead', finished_at = now() WHERE id = {head}"),
+    ];
+    for (sql, key) in [
+        (&behind_the_back[0], "gone"),
+        (&behind_the_back[1], "held"),
+        (&behind_the_back[1], "skipped"),
+    ] {
+        let done = sqlx::query(sql)
+            .bind(key)
+            .execute(&pool)
+            .await
+            .expect("write behind the store's back");
+        assert_eq!(done.rows_affected(), 1, "{key}");
+    }
+    let repair = |limit| {
+        let c = &c;
+        async move {
+            c.ordering_repair(OrderingRepairParams { limit })
+                .await
+                .expect("repair")
+                .repaired
+        }
+    };
+    assert_eq!(repair(1).await, 1, "at most `limit` keys a call");
+    assert_eq!(repair(100).await, 1, "the other headless key");
+    assert_eq!(repair(100).await, 0, "nothing left");
+    for (key, expected) in [
+        ("gone", vec!["available"]),
+        ("held", vec!["dead", "blocked"]),
+        ("skipped", vec!["dead", "available"]),
+        ("healthy", vec!["available", "blocked"]),
+    ] {
+        let states: Vec<String> = sqlx::query_scalar(
+            "SELECT state::text FROM workpump.work WHERE ordering_key = $1 ORDER BY ordering_seq",
+        )
+        .bind(key)
+        .fetch_all(&pool)
+        .await
+        .expect("states");
+        assert_eq!(states, expected, "{key}");
+    }
+}
