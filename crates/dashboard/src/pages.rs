@@ -54,6 +54,10 @@ pub(crate) struct QueueRow {
     pub(crate) dead_rate: String,
     pub(crate) max_attempts: String,
     pub(crate) owner: String,
+    /// The fleet-wide running limit: `unlimited` or the number.
+    pub(crate) max_running: String,
+    /// The fleet-wide rate limit: `unlimited` or `N per period`.
+    pub(crate) rate_limit: String,
 }
 
 fn bounded(c: workpump_coordinator::Count) -> String {
@@ -93,6 +97,12 @@ impl From<&QueueOverview> for QueueRow {
                 .max_attempts
                 .map_or_else(|| "—".to_owned(), |m| m.to_string()),
             owner: q.owner.clone().unwrap_or_else(|| "nobody".to_owned()),
+            max_running: q
+                .max_running
+                .map_or_else(|| "unlimited".to_owned(), |m| m.to_string()),
+            rate_limit: q
+                .rate_limit
+                .map_or_else(|| "unlimited".to_owned(), |r| r.to_string()),
         }
     }
 }

@@ -278,6 +278,49 @@ async fn a_queue_page_lists_the_ordering_keys_held_by_a_dead_letter() {
     assert!(!emails.body.contains("held-keys"), "{}", emails.body);
 }
 
+/// A queue's page shows its fleet-wide flow limits (docs/flow-control.md), or `unlimited`.
+#[tokio::test]
+async fn a_queue_page_shows_its_flow_limits() {
+    use workpump_coordinator::{Operations, RateLimit, SetQueueSettingsParams};
+    let (fresh, _) = store().await;
+    let app = dashboard(&fresh.coordinator, Access::ReadOnly);
+    let before = get(&app, "/queues/emails", None).await;
+    assert!(
+        before
+            .body
+            .contains("<dd id=\"max-running\">unlimited</dd>"),
+        "{}",
+        before.body
+    );
+    assert!(before.body.contains("<dd id=\"rate-limit\">unlimited</dd>"));
+
+    fresh
+        .coordinator
+        .set_queue_settings(SetQueueSettingsParams {
+            max_running: Some(Some(50)),
+            rate_limit: Some(Some(RateLimit::new(
+                1_000,
+                std::time::Duration::from_secs(1),
+            ))),
+            ..SetQueueSettingsParams::new("emails")
+        })
+        .await
+        .expect("set the limits");
+    let after = get(&app, "/queues/emails", None).await;
+    assert!(
+        after.body.contains("<dd id=\"max-running\">50</dd>"),
+        "{}",
+        after.body
+    );
+    assert!(
+        after
+            .body
+            .contains("<dd id=\"rate-limit\">1000 per 1s</dd>"),
+        "{}",
+        after.body
+    );
+}
+
 #[tokio::test]
 async fn unknown_items_queues_states_and_cursors_are_clear_errors() {
     let (fresh, _items) = store().await;
