@@ -142,7 +142,7 @@ BEGIN
             SELECT x.q, x.k FROM (
                 SELECT DISTINCT u.q, u.k FROM unnest(p_queues, p_ordering_keys) AS u(q, k)
                 WHERE u.k IS NOT NULL) x
-            ORDER BY x.q COLLATE "C", x.k COLLATE "C"
+            ORDER BY hashtext(x.q || chr(31) || x.k), x.q COLLATE "C", x.k COLLATE "C"
         LOOP
             PERFORM ordering_lock(r.q, r.k);
         END LOOP;

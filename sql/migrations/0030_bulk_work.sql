@@ -92,7 +92,7 @@ BEGIN
                 SELECT DISTINCT w.queue AS q, w.ordering_key AS k FROM work w
                 WHERE w.id = ANY (p_ids) AND w.ordering_key IS NOT NULL
                   AND (p_action <> 'cancel' OR w.state <> 'running')) x
-            ORDER BY x.q COLLATE "C", x.k COLLATE "C"
+            ORDER BY hashtext(x.q || chr(31) || x.k), x.q COLLATE "C", x.k COLLATE "C"
         LOOP
             PERFORM ordering_lock(r.q, r.k);
         END LOOP;

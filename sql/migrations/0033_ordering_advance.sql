@@ -24,13 +24,16 @@
 -- row while it waits for that row's key (a promotion holds the key and waits for the row):
 -- a row whose key is busy is left for a later call, as one whose row is locked.
 -- Taken by enqueue_work for each key it inserts (sorted, so two batches never deadlock) and by
--- ordering_advance. Because enqueue_work draws ordering_seq under it and holds it until its
+-- ordering_advance. "Sorted", for every caller that takes several keys' locks, means by the
+-- lock itself, hashtext(queue || chr(31) || key), then by queue and key: two keys whose hashes
+-- collide share one lock, and ordering by name alone could then take the same two locks in
+-- opposite orders in two transactions. Because enqueue_work draws ordering_seq under it and holds it until its
 -- transaction commits, the order of one key is its commit order, and a later enqueue of the
 -- key sees every earlier one.
 --
 -- ordering_advance: for the distinct (queue, key) pairs given (NULL keys ignored; an unkeyed
 -- row costs nothing), set-based, three statements whatever the number of keys: the first takes
--- every key's lock, in sorted order (queue, key; "C"); the second, a statement of its own (so
+-- every key's lock, in sorted order (the lock's hash, then queue and key); the second, a statement of its own (so
 -- that under READ COMMITTED it sees everything committed before the locks were granted), reads
 -- the keys' queues' settings once, finds the keys without a head and, for each, its first
 -- blocked item (lowest ordering_seq: one entry of work_ordering, LATERAL … LIMIT 1, so a long
@@ -88,15 +91,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = 'ordering_advance: queues and keys must have the same length';
     END IF;
-    -- The keys' locks, in one statement, in the one global order (queue, key; "C"): the
-    -- ordering_lock of each key, without its wrapper's call per key.
+    -- The keys' locks, in one statement, in the one global order (the lock's hash, then queue
+    -- and key; see the header): the ordering_lock of each key, without its wrapper's call per
+    -- key.
     PERFORM pg_advisory_xact_lock(2003828737, hashtext(y.q || chr(31) || y.k))
     FROM (
         SELECT x.q, x.k FROM (
             SELECT DISTINCT u.q, u.k
             FROM unnest(p_queues, p_keys) AS u(q, k)
             WHERE u.q IS NOT NULL AND u.k IS NOT NULL) x
-        ORDER BY x.q COLLATE "C", x.k COLLATE "C") y;
+        ORDER BY hashtext(x.q || chr(31) || x.k), x.q COLLATE "C", x.k COLLATE "C") y;
     -- A statement after the locks (its snapshot sees every commit before them): the keys
     -- without a head, each one's lowest blocked item promoted, its queue's settings read once.
     WITH k AS (
