@@ -375,3 +375,33 @@ pub async fn items_running_before_a_limit_is_set_count_toward_it(h: &dyn Harness
     let one = claim(h, me, &["q"], 10).await;
     assert_eq!(one.items.len(), 1, "the slot of the item that ended");
 }
+
+/// The same when the owning service declares the limit (a host restarted with `max_running`
+/// in its configuration): the items it has running count toward it.
+pub async fn items_running_before_their_service_declares_a_limit_count_toward_it(h: &dyn Harness) {
+    let declare = |max_running: Option<u32>| RegisterQueueParams {
+        owner: Some("svc".into()),
+        ..RegisterQueueParams::new("q").max_running(max_running)
+    };
+    h.coordinator()
+        .register_queue(declare(None))
+        .await
+        .expect("declare unlimited");
+    let me = instance(h).await;
+    enqueue_n(h, "q", 4).await;
+    let running = claim(h, me, &["q"], 2).await;
+    assert_eq!(running.items.len(), 2);
+
+    let out = h
+        .coordinator()
+        .register_queue(declare(Some(2)))
+        .await
+        .expect("declare the limit");
+    assert!(out.applied, "the owner changes its own settings");
+    let none = claim(h, me, &["q"], 10).await;
+    assert!(
+        none.items.is_empty(),
+        "the two claimed before the declaration count toward it"
+    );
+    assert_eq!(reasons(&none), throttled("q", ThrottleReason::Running));
+}

@@ -169,6 +169,7 @@ macro_rules! conformance_suite {
             a_limit_throttles_only_its_queue_and_never_the_drain_hint,
             flow_limits_are_queue_settings_and_bad_ones_are_refused,
             items_running_before_a_limit_is_set_count_toward_it,
+            items_running_before_their_service_declares_a_limit_count_toward_it,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {
