@@ -9,8 +9,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use workpump_coordinator::{
-    CompleteWorkParams, Error, FailDisposition, FailWorkParams, Failure, Fence, HealthReporter,
-    InstanceId, OutcomeBatch, ReleaseWorkParams, WorkCoordinator, WorkState,
+    ClaimedWork, CompleteWorkParams, Error, FailDisposition, FailWorkParams, Failure, Fence,
+    HandOff, HealthReporter, InstanceId, OutcomeBatch, ReleaseWorkParams, WorkCoordinator,
+    WorkState,
 };
 
 use crate::metrics;
@@ -36,7 +37,9 @@ struct Request {
     instance: InstanceId,
     fence: Fence,
     outcome: Outcome,
-    reply: oneshot::Sender<Recorded>,
+    /// A completion that may take its ordering key's next item (docs/ordering.md).
+    hand_off: Option<HandOff>,
+    reply: oneshot::Sender<(Recorded, Option<ClaimedWork>)>,
 }
 
 /// The sending side; cheap to clone. The writer stops when every sender is gone.
@@ -65,18 +68,41 @@ impl Recorder {
         fence: Fence,
         outcome: Outcome,
     ) -> Recorded {
+        self.send(instance, fence, outcome, None).await.0
+    }
+
+    /// Writes the claim's completion, asking for its ordering key's next item when
+    /// `hand_off` says so, and waits for the result and the item handed on, if any.
+    pub(crate) async fn complete(
+        &self,
+        instance: InstanceId,
+        fence: Fence,
+        hand_off: Option<HandOff>,
+    ) -> (Recorded, Option<ClaimedWork>) {
+        self.send(instance, fence, Outcome::Complete, hand_off)
+            .await
+    }
+
+    async fn send(
+        &self,
+        instance: InstanceId,
+        fence: Fence,
+        outcome: Outcome,
+        hand_off: Option<HandOff>,
+    ) -> (Recorded, Option<ClaimedWork>) {
+        let stopped = || (Err("the outcome writer has stopped".into()), None);
         let (reply, rx) = oneshot::channel();
         let request = Request {
             instance,
             fence,
             outcome,
+            hand_off,
             reply,
         };
         if self.tx.send(request).is_err() {
-            return Err("the outcome writer has stopped".into());
+            return stopped();
         }
-        rx.await
-            .unwrap_or_else(|_| Err("the outcome writer has stopped".into()))
+        rx.await.unwrap_or_else(|_| stopped())
     }
 }
 
@@ -132,6 +158,12 @@ async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>, health
                     .into_iter()
                     .map(|r| (r.fence, r.state))
                     .collect();
+                // An item handed on goes to the first request for its claim only.
+                let mut handed_off: HashMap<Fence, ClaimedWork> = batch
+                    .handed_off
+                    .into_iter()
+                    .map(|h| (h.after, h.item))
+                    .collect();
                 for request in group {
                     let reply = match records.get(&request.fence) {
                         Some(state) => Ok(*state),
@@ -140,7 +172,8 @@ async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>, health
                             request.fence.id
                         )),
                     };
-                    let _ = request.reply.send(reply);
+                    let next = handed_off.remove(&request.fence);
+                    let _ = request.reply.send((reply, next));
                 }
             }
             Err(e) => {
@@ -154,7 +187,7 @@ async fn flush(coordinator: &dyn WorkCoordinator, requests: Vec<Request>, health
                 ));
                 let message = e.to_string();
                 for request in group {
-                    let _ = request.reply.send(Err(message.clone()));
+                    let _ = request.reply.send((Err(message.clone()), None));
                 }
             }
         }
@@ -173,10 +206,18 @@ async fn write(
     let fences = || group.iter().map(|r| r.fence).collect::<Vec<_>>();
     match kind {
         Kind::Complete => {
+            // The queues whose completions asked for a hand-off, each once.
+            let mut hand_off: Vec<HandOff> = Vec::new();
+            for h in group.iter().filter_map(|r| r.hand_off.as_ref()) {
+                if !hand_off.iter().any(|x| x.queue == h.queue) {
+                    hand_off.push(h.clone());
+                }
+            }
             coordinator
                 .complete_work(CompleteWorkParams {
                     instance,
                     items: fences(),
+                    hand_off,
                 })
                 .await
         }

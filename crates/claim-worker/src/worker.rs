@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use workpump_coordinator::{
-    CancelReason, ClaimWorkParams, ClaimedWork, Error, Fence, HealthReporter, Identity, InstanceId,
-    JobArgs, LeaseTracker, ListenEvent, ListenParams, PgCoordinator, TrackedLease, WorkCoordinator,
-    Worker, WorkerError,
+    CancelReason, ClaimWorkParams, ClaimedWork, Error, Fence, HandOff, HealthReporter, Identity,
+    InstanceId, JobArgs, LeaseTracker, ListenEvent, ListenParams, PgCoordinator, TrackedLease,
+    WorkCoordinator, Worker, WorkerError,
 };
 
 use crate::config::{ClaimConfig, QueueSettings};
@@ -423,7 +423,8 @@ impl Worker for ClaimWorker {
             shutdown.cancelled().await;
             return Ok(());
         }
-        let run = Arc::new(Run::new(self.shared.clone()));
+        let stop_claiming = shutdown.child_token();
+        let run = Arc::new(Run::new(self.shared.clone(), stop_claiming.clone()));
         self.shared.status.send_modify(|s| s.running = true);
         let (recorder, writer) = Recorder::new(
             self.shared.coordinator.clone(),
@@ -433,7 +434,6 @@ impl Worker for ClaimWorker {
         let writer = tokio::spawn(writer);
         let control = TaskTracker::new();
         let dispatch = TaskTracker::new();
-        let stop_claiming = shutdown.child_token();
 
         control.spawn(watch_registration(run.clone(), stop_claiming.clone()));
         if self.shared.config.listen {
@@ -535,10 +535,12 @@ struct Run {
     root: CancellationToken,
     /// Fires when the drain's hard timeout passes: abandon handlers, release their leases.
     drain_deadline: CancellationToken,
+    /// Fires when the drain begins: no more claims, nor items handed on by completions.
+    stop_claiming: CancellationToken,
 }
 
 impl Run {
-    fn new(shared: Arc<Shared>) -> Self {
+    fn new(shared: Arc<Shared>, stop_claiming: CancellationToken) -> Self {
         let slots = shared
             .queues
             .iter()
@@ -563,6 +565,7 @@ impl Run {
             slots,
             root: CancellationToken::new(),
             drain_deadline: CancellationToken::new(),
+            stop_claiming,
         }
     }
 

@@ -1211,3 +1211,94 @@ async fn a_running_throttled_loop_claims_when_its_slot_frees_and_otherwise_withi
     assert!(polls("throttled") >= 8, "{}", polls("throttled"));
     s.stop().await;
 }
+
+impl Setup {
+    /// Enqueues `n` items of one ordering key.
+    async fn enqueue_key(&self, key: &str, n: usize) {
+        self.fake
+            .enqueue_work(EnqueueWorkParams {
+                items: (0..n)
+                    .map(|i| NewWork::new("q", json!({ "n": i })).ordering_key(key))
+                    .collect(),
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn wait_ran(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.ran_as.lock().unwrap().len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} items ran",
+                self.ran_as.lock().unwrap().len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        settle().await;
+    }
+}
+
+/// A key's items run back to back in the slot of its head: each completion hands the next
+/// item to this worker (docs/ordering.md, "Hand-off"), so the whole key costs one claim.
+#[tokio::test(start_paused = true)]
+async fn a_keys_items_run_back_to_back_in_one_slot_each_handed_on_by_the_completion_before() {
+    let recorded = RecordedMetrics::default();
+    let _guard = recorded.set_local();
+    let s = start(tight(), 1, None).await;
+    s.enqueue_key("k", 5).await;
+    s.wait_ran(5).await;
+    let completions: Vec<Instant> = s
+        .fake
+        .calls_of(Method::CompleteWork)
+        .iter()
+        .map(|c| c.at)
+        .collect();
+    assert_eq!(completions.len(), 5, "one completion per item");
+    let claims: Vec<Instant> = s
+        .fake
+        .calls_of(Method::ClaimWork)
+        .iter()
+        .map(|c| c.at)
+        .filter(|at| *at <= completions[4])
+        .collect();
+    // The claims before the head's (empty polls) and the head's own: none between.
+    assert!(
+        claims.iter().all(|at| *at <= completions[0]),
+        "a claim ran between two items of the key: claims {claims:?}, completions {completions:?}"
+    );
+    assert_eq!(
+        recorded.counter(metrics::CLAIMED, &[("queue", "q"), ("kind", "handed_off")]),
+        4,
+        "every item after the head handed on"
+    );
+    assert_eq!(
+        recorded.counter(metrics::CLAIMED, &[("queue", "q"), ("kind", "new")]),
+        1
+    );
+    s.stop().await;
+}
+
+/// A completion written once the drain began asks for no hand-off: the key's next item is
+/// promoted for any claimer, not taken and given back.
+#[tokio::test(start_paused = true)]
+async fn a_draining_worker_takes_no_item_handed_on() {
+    let s = start(tight(), 1, Some(Duration::from_secs(5))).await;
+    s.enqueue_key("k", 2).await;
+    s.wait_ran(1).await;
+    let Setup {
+        fake,
+        ran_as,
+        shutdown,
+        task,
+        ..
+    } = s;
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(ran_as.lock().unwrap().len(), 1, "the second item never ran");
+    assert_eq!(fake.calls_of(Method::CompleteWork).len(), 1);
+    assert!(
+        fake.calls_of(Method::ReleaseWork).is_empty(),
+        "nothing was handed on to be given back"
+    );
+}

@@ -707,6 +707,60 @@ impl State {
         })
     }
 
+    /// `ordering_hand_off`: each completed head's key, in a queue of `hand_off` without flow
+    /// limits and not paused, whose next blocked item is due, goes to `instance`, leased.
+    fn hand_off(
+        &mut self,
+        now: DateTime<Utc>,
+        instance: InstanceId,
+        ended: &[(Fence, (String, String))],
+        hand_off: &[HandOff],
+    ) -> Vec<HandedOff> {
+        let mut out = Vec::new();
+        if !self.instances.contains_key(&instance) {
+            return out;
+        }
+        for (after, (queue, key)) in ended {
+            let Some(lease) = hand_off
+                .iter()
+                .find(|h| &h.queue == queue && !h.lease.is_zero())
+                .and_then(|h| chrono::Duration::from_std(h.lease).ok())
+            else {
+                continue;
+            };
+            let eligible = self
+                .queues
+                .get(queue)
+                .is_some_and(|q| !q.paused && !q.limited());
+            if !eligible || self.has_head(queue, key) {
+                continue;
+            }
+            let next = self
+                .work
+                .values()
+                .find(|r| {
+                    &r.queue == queue
+                        && r.ordering_key.as_deref() == Some(key.as_str())
+                        && r.state == WorkState::Blocked
+                })
+                .filter(|r| r.run_at <= now)
+                .map(|r| r.id);
+            if let Some(id) = next {
+                let token = self.next_token;
+                self.next_token += 1;
+                let r = self.work.get_mut(&id).expect("blocked row exists");
+                r.state = WorkState::Running;
+                let mut item = take_lease(r, instance, token, now, lease, false);
+                item.pickup_lag = None;
+                out.push(HandedOff {
+                    after: *after,
+                    item,
+                });
+            }
+        }
+        out
+    }
+
     /// `ordering_advance`: each key without a head gets its lowest blocked item as head
     /// (available, due now, or scheduled when its run_at is ahead). The number promoted.
     fn advance(
@@ -1433,7 +1487,7 @@ impl WorkCoordinator for FakeCoordinator {
                 let state = match st.work.get_mut(&f.id) {
                     Some(r) if r.fenced_to(params.instance, f.token) => {
                         r.finish(WorkState::Completed, now);
-                        ended.extend(r.key());
+                        ended.extend(r.key().map(|k| (f, k)));
                         Some(WorkState::Completed)
                     }
                     _ => None,
@@ -1441,8 +1495,15 @@ impl WorkCoordinator for FakeCoordinator {
                 OutcomeRecord { fence: f, state }
             })
             .collect();
-        st.advance(now, ended);
-        Ok(OutcomeBatch { items })
+        let handed_off = st.hand_off(now, params.instance, &ended, &params.hand_off);
+        st.advance(
+            now,
+            ended
+                .into_iter()
+                .filter(|(f, _)| handed_off.iter().all(|h| h.after != *f))
+                .map(|(_, k)| k),
+        );
+        Ok(OutcomeBatch { items, handed_off })
     }
 
     async fn fail_work(&self, params: FailWorkParams) -> Result<FailWorkOutcome> {
@@ -1517,7 +1578,10 @@ impl WorkCoordinator for FakeCoordinator {
                 .extend(failed_queues.into_iter().map(|q| (q, minute)));
         }
         st.advance(now, ended);
-        Ok(OutcomeBatch { items })
+        Ok(OutcomeBatch {
+            items,
+            handed_off: Vec::new(),
+        })
     }
 
     async fn release_work(&self, params: ReleaseWorkParams) -> Result<ReleaseWorkOutcome> {
@@ -1562,7 +1626,10 @@ impl WorkCoordinator for FakeCoordinator {
             })
             .collect();
         st.advance(now, ended);
-        Ok(OutcomeBatch { items })
+        Ok(OutcomeBatch {
+            items,
+            handed_off: Vec::new(),
+        })
     }
 
     async fn checkpoint_work(&self, params: CheckpointWorkParams) -> Result<CheckpointWorkOutcome> {

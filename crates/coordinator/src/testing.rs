@@ -211,6 +211,7 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
         .complete_work(CompleteWorkParams {
             instance,
             items: vec![fence(0)],
+            hand_off: Vec::new(),
         })
         .await
         .expect("complete")

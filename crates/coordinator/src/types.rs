@@ -630,6 +630,31 @@ pub struct CompleteWorkParams {
     pub instance: InstanceId,
     /// The claims that succeeded.
     pub items: Vec<Fence>,
+    /// Hand-off (docs/ordering.md): the queues in which a completed head of an ordering key
+    /// hands its key's next item straight to `instance`, claimed in the same transaction, each
+    /// with the lease such a claim gets. Only an item that would become available now is
+    /// handed on, and only in a queue without flow limits (docs/flow-control.md); the others
+    /// are promoted for any claimer, as without. Empty: no hand-off.
+    pub hand_off: Vec<HandOff>,
+}
+
+/// A queue in which completions hand ordering keys on to the completing instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandOff {
+    /// The queue.
+    pub queue: String,
+    /// The lease of an item handed on (as `ClaimWorkParams::lease`).
+    pub lease: Duration,
+}
+
+/// An item claimed by a completion (`complete_work`'s hand-off) for the completing instance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HandedOff {
+    /// The completed claim whose key it follows.
+    pub after: Fence,
+    /// The item, leased as by `claim_work` (`reclaimed` false, `pickup_lag` `None`: it waited
+    /// behind its key, not in the queue).
+    pub item: ClaimedWork,
 }
 
 /// What a fenced outcome write did to one item.
@@ -656,6 +681,9 @@ impl OutcomeRecord {
 pub struct OutcomeBatch {
     /// In the order of each claim's first request.
     pub items: Vec<OutcomeRecord>,
+    /// `complete_work` with [`CompleteWorkParams::hand_off`]: the items its completions
+    /// handed on to the caller, at most one per completed claim. Always empty for the others.
+    pub handed_off: Vec<HandedOff>,
 }
 
 impl OutcomeBatch {

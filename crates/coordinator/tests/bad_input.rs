@@ -1134,6 +1134,7 @@ async fn fenced_batches(store: Store, (n, picks, op): (usize, Vec<Pick>, Op)) ->
                 c.complete_work(CompleteWorkParams {
                     instance: me,
                     items: fences.clone(),
+                    hand_off: Vec::new(),
                 })
                 .await,
             )?;

@@ -1020,6 +1020,7 @@ async fn concurrent_claimers_never_run_more_than_max_running() {
                         c.complete_work(CompleteWorkParams {
                             instance: me,
                             items: fences,
+                            hand_off: Vec::new(),
                         })
                         .await
                         .expect("complete");

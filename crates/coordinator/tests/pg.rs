@@ -549,6 +549,7 @@ async fn a_fenced_transaction_on_a_lost_lease_is_refused_and_writes_nothing() {
         .complete_work(CompleteWorkParams {
             instance: peer,
             items: vec![new.fence],
+            hand_off: Vec::new(),
         })
         .await
         .expect("complete");

@@ -384,6 +384,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
     c.complete_work(CompleteWorkParams {
         instance: me,
         items: vec![fences[0]],
+        hand_off: Vec::new(),
     })
     .await
     .expect("complete_work")
@@ -567,6 +568,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
     c.complete_work(CompleteWorkParams {
         instance: me,
         items: limited.items.iter().map(|i| i.fence).collect(),
+        hand_off: Vec::new(),
     })
     .await
     .expect("complete");

@@ -208,6 +208,7 @@ async fn renewals_alone_keep_a_long_running_item_leased_across_several_lease_len
         .complete_work(CompleteWorkParams {
             instance: a,
             items: vec![claimed.fence],
+            hand_off: Vec::new(),
         })
         .await
         .expect("complete");
@@ -262,6 +263,7 @@ async fn at_the_renewal_cap_the_lease_lapses_and_a_peer_reclaims_the_item_with_t
         .complete_work(CompleteWorkParams {
             instance: a,
             items: vec![claimed.fence],
+            hand_off: Vec::new(),
         })
         .await
         .expect("complete");

@@ -438,6 +438,7 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
     fake.complete_work(CompleteWorkParams {
         instance: owner,
         items: done.clone(),
+        hand_off: Vec::new(),
     })
     .await
     .expect("complete");
@@ -652,6 +653,7 @@ async fn one_sweep_runs_at_most_max_batches_statements_of_each_kind() {
     fake.complete_work(CompleteWorkParams {
         instance: owner,
         items: done.clone(),
+        hand_off: Vec::new(),
     })
     .await
     .expect("complete");

@@ -4,7 +4,8 @@
 
 use super::*;
 
-/// Runs one claimed item: lease, hooks, handler, outcome.
+/// Runs one claimed item in its slot: lease, hooks, handler, outcome; then, in the same slot,
+/// each item its completion was handed (its ordering key's next, docs/ordering.md).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run_item(
     run: Arc<Run>,
@@ -16,6 +17,28 @@ pub(super) async fn run_item(
     slot_freed: Arc<Notify>,
     recorder: Recorder,
 ) {
+    let mut next = Some((item, sent_at));
+    while let Some((item, sent_at)) = next.take() {
+        next = run_one(&run, &q, item, instance, sent_at, &recorder).await;
+        if next.is_some() {
+            ::metrics::counter!(metrics::CLAIMED, "queue" => q.name.clone(), "kind" => "handed_off")
+                .increment(1);
+        }
+    }
+    drop(permit);
+    slot_freed.notify_one();
+}
+
+/// One attempt: what [`run_item`] does for each item; the item its completion was handed, if
+/// any, with when the completion was sent (its lease's start, as a claim's).
+async fn run_one(
+    run: &Arc<Run>,
+    q: &Arc<QueueRuntime>,
+    item: ClaimedWork,
+    instance: InstanceId,
+    sent_at: Instant,
+    recorder: &Recorder,
+) -> Option<(ClaimedWork, Instant)> {
     let shared = &run.shared;
     let fence = item.fence;
     let span = crate::trace::attempt_span(&item, instance);
@@ -31,13 +54,16 @@ pub(super) async fn run_item(
     // An eviction or a drain that began while this item was being claimed applies to it too.
     if instance != shared.identity.current() {
         lease.cancel(CancelReason::Evicted);
+    } else if run.stop_claiming.is_cancelled() {
+        // Handed on by a completion written as the drain began: given back, never started.
+        lease.cancel(CancelReason::Shutdown);
     }
 
     let expired_before_start = lease.is_expired();
     let (outcome, unrecorded) = if expired_before_start {
         // The claim took so long that its lease can no longer be trusted: never start.
         count(&q.name, "rejected_expired");
-        claimed_unguarded(&shared.hooks, &hooked, &q, &span).await;
+        claimed_unguarded(&shared.hooks, &hooked, q, &span).await;
         (
             Some(Outcome::Release {
                 consume_attempt: false,
@@ -47,7 +73,7 @@ pub(super) async fn run_item(
     } else if lease.token().is_cancelled() {
         // Turned away before it started (evicted, lease lost, the drain): what an abandoned
         // run with that reason records — nothing for a lost lease, a release for the drain.
-        claimed_unguarded(&shared.hooks, &hooked, &q, &span).await;
+        claimed_unguarded(&shared.hooks, &hooked, q, &span).await;
         let reason = lease.cancel_reason();
         (
             decide(
@@ -58,23 +84,44 @@ pub(super) async fn run_item(
             unrecorded_ending(reason, false),
         )
     } else {
-        execute(&run, &q, item, instance, &lease, &span, &hooked).await
+        execute(run, q, item, instance, &lease, &span, &hooked).await
     };
 
+    let mut handed = None;
+    let mut write_sent = Instant::now();
     let ending = match outcome {
         Some(outcome) => {
             // Keep the lease renewed until the outcome is written.
             let guard = lease.guard();
             tokio::pin!(guard);
-            let write = recorder.record(instance, fence, outcome.clone());
+            // A completion takes its ordering key's next item, unless this worker stops
+            // claiming (docs/ordering.md, "Hand-off").
+            let hand_off = (outcome == Outcome::Complete
+                && !run.stop_claiming.is_cancelled()
+                && instance == shared.identity.current())
+            .then(|| HandOff {
+                queue: q.name.clone(),
+                lease: q.settings.lease.lease,
+            });
+            write_sent = Instant::now();
+            let write = async {
+                match outcome {
+                    Outcome::Complete => recorder.complete(instance, fence, hand_off).await,
+                    _ => (
+                        recorder.record(instance, fence, outcome.clone()).await,
+                        None,
+                    ),
+                }
+            };
             tokio::pin!(write);
             let mut guard_done = lease.token().is_cancelled();
-            let recorded = loop {
+            let (recorded, next) = loop {
                 tokio::select! {
                     r = &mut write => break r,
                     _ = &mut guard, if !guard_done => guard_done = true,
                 }
             };
+            handed = next;
             count(&q.name, outcome_label(&outcome, &recorded));
             span.in_scope(|| log_outcome(&q.name, fence, attempt, &outcome, &recorded));
             if expired_before_start {
@@ -91,9 +138,8 @@ pub(super) async fn run_item(
         m.remove(&fence);
     }
     ::metrics::gauge!(metrics::IN_FLIGHT, "queue" => q.name.clone()).decrement(1.0);
-    ended_hooks(&shared.hooks, &hooked, &ending, &q, &span).await;
-    drop(permit);
-    slot_freed.notify_one();
+    ended_hooks(&shared.hooks, &hooked, &ending, q, &span).await;
+    handed.map(|next| (next, write_sent))
 }
 
 /// The claimed hooks of an attempt turned away before it starts: no lease left to guard

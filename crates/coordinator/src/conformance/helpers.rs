@@ -172,7 +172,11 @@ pub(super) async fn complete(
     items: Vec<Fence>,
 ) -> OutcomeBatch {
     h.coordinator()
-        .complete_work(CompleteWorkParams { instance, items })
+        .complete_work(CompleteWorkParams {
+            instance,
+            items,
+            hand_off: Vec::new(),
+        })
         .await
         .expect("complete")
 }

@@ -161,6 +161,8 @@ macro_rules! conformance_suite {
             the_repair_promotes_the_next_item_of_a_key_left_without_a_head,
             a_bad_ordering_key_is_refused_naming_the_item,
             enqueue_racing_completion_never_strands_a_key,
+            a_completion_hands_its_key_on_to_the_completer_when_asked,
+            a_hand_off_is_refused_where_a_claim_would_wait_or_count,
             // flow.rs
             the_running_limit_holds_across_instances_and_slots_come_back_when_items_end,
             a_dead_instances_slots_come_back_with_its_leases_and_a_reclaim_is_allowed_at_the_limit,

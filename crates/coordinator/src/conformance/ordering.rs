@@ -495,3 +495,169 @@ pub async fn enqueue_racing_completion_never_strands_a_key(h: &dyn Harness) {
         0
     );
 }
+
+/// `complete_work` with the hand-off (the caller's queues and their leases).
+async fn complete_handing_off(
+    h: &dyn Harness,
+    instance: InstanceId,
+    items: Vec<Fence>,
+    queues: &[&str],
+) -> OutcomeBatch {
+    h.coordinator()
+        .complete_work(CompleteWorkParams {
+            instance,
+            items,
+            hand_off: queues
+                .iter()
+                .map(|q| HandOff {
+                    queue: (*q).into(),
+                    lease: Duration::from_secs(60),
+                })
+                .collect(),
+        })
+        .await
+        .expect("complete with hand-off")
+}
+
+/// A completion that asks for it takes its key's next item for the completing instance, in
+/// the same write: leased to it with a fresh token, its first attempt, invisible to every
+/// claimer; keys completed without asking, and unkeyed items, are as without.
+pub async fn a_completion_hands_its_key_on_to_the_completer_when_asked(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let peer = instance(h).await;
+    let k = enqueue(
+        h,
+        vec![keyed("q", "k", 0), keyed("q", "k", 1), keyed("q", "k", 2)],
+    )
+    .await;
+    let j = enqueue(h, vec![keyed("q", "j", 0), keyed("q", "j", 1)]).await;
+    let free = enqueue_n(h, "q", 1).await;
+    let heads = claim(h, me, &["q"], 10).await;
+    assert_eq!(
+        heads.items.len(),
+        3,
+        "one head per key, and the unkeyed item"
+    );
+    let fence_of = |id: WorkId| heads.items.iter().find(|c| c.fence.id == id).unwrap().fence;
+
+    let out = complete_handing_off(h, me, vec![fence_of(k[0]), fence_of(free[0])], &["q"]).await;
+    assert!(out.all_recorded().is_ok());
+    assert_eq!(
+        out.handed_off.len(),
+        1,
+        "the key's next; nothing after the unkeyed item"
+    );
+    let handed = &out.handed_off[0];
+    assert_eq!(handed.after, fence_of(k[0]));
+    assert_eq!(
+        handed.item.fence.id, k[1],
+        "the key's next, in enqueue order"
+    );
+    assert_eq!(handed.item.queue, "q");
+    assert_eq!(handed.item.attempt, 1);
+    assert_eq!(handed.item.payload, json!({ "n": 1 }));
+    assert!(!handed.item.reclaimed);
+    let r = row(h, k[1]).await;
+    assert_eq!(r.state, WorkState::Running);
+    assert_eq!(r.instance, Some(me));
+    assert!(r.has_lease);
+    assert_eq!(r.claim_token, Some(handed.item.fence.token));
+    assert_ne!(
+        handed.item.fence.token,
+        fence_of(k[0]).token,
+        "a fresh token"
+    );
+    assert!(
+        claim(h, peer, &["q"], 10).await.items.is_empty(),
+        "nobody else can claim the key's head"
+    );
+
+    // j completed without asking: promoted for any claimer, as before.
+    let out = complete(h, me, vec![fence_of(j[0])]).await;
+    assert!(out.handed_off.is_empty());
+    assert_eq!(row(h, j[1]).await.state, Available);
+
+    // The handed item's token fences its writes; its completion hands on the last, and the
+    // last's hands on nothing.
+    let out = complete_handing_off(h, me, vec![handed.item.fence], &["q"]).await;
+    assert!(out.all_recorded().is_ok());
+    assert_eq!(out.handed_off.len(), 1);
+    let last = out.handed_off[0].item.fence;
+    assert_eq!(last.id, k[2]);
+    let out = complete_handing_off(h, me, vec![last], &["q"]).await;
+    assert!(out.all_recorded().is_ok());
+    assert!(out.handed_off.is_empty(), "the key is drained");
+    assert_eq!(states(h, &k).await, vec![Completed, Completed, Completed]);
+}
+
+/// Nothing is handed on where a claim would not take the item at once, or would have to
+/// count it: a queue the caller did not list, a paused queue, a queue with a flow limit, a
+/// next item not yet due; nor by a completion that was fenced out. Those keys' next items
+/// are promoted as without a hand-off.
+pub async fn a_hand_off_is_refused_where_a_claim_would_wait_or_count(h: &dyn Harness) {
+    for q in ["unlisted", "paused", "limited", "later", "fenced"] {
+        queue(h, q, 10).await;
+    }
+    let me = instance(h).await;
+    let mut next = Vec::new();
+    for q in ["unlisted", "paused", "limited", "fenced"] {
+        next.push(enqueue(h, vec![keyed(q, "k", 0), keyed(q, "k", 1)]).await[1]);
+    }
+    let later = enqueue(
+        h,
+        vec![
+            keyed("later", "k", 0),
+            keyed("later", "k", 1).run_after(Duration::from_secs(3600)),
+        ],
+    )
+    .await;
+    let heads = claim(
+        h,
+        me,
+        &["unlisted", "paused", "limited", "later", "fenced"],
+        10,
+    )
+    .await;
+    assert_eq!(heads.items.len(), 5);
+    let fence_in = |q: &str| heads.items.iter().find(|c| c.queue == q).unwrap().fence;
+    h.operations()
+        .pause_queue(PauseQueueParams {
+            queue: "paused".into(),
+        })
+        .await
+        .expect("pause");
+    h.operations()
+        .set_queue_settings(SetQueueSettingsParams {
+            max_running: Some(Some(5)),
+            ..SetQueueSettingsParams::new("limited")
+        })
+        .await
+        .expect("set max_running");
+    let stale = Fence {
+        id: fence_in("fenced").id,
+        token: fence_in("fenced").token + 1_000_000,
+    };
+
+    let out = complete_handing_off(
+        h,
+        me,
+        vec![
+            fence_in("unlisted"),
+            fence_in("paused"),
+            fence_in("limited"),
+            fence_in("later"),
+            stale,
+        ],
+        &["paused", "limited", "later", "fenced"],
+    )
+    .await;
+    assert!(out.handed_off.is_empty(), "{:?}", out.handed_off);
+    assert_eq!(out.fenced_out().collect::<Vec<_>>(), vec![stale]);
+    assert_eq!(
+        states(h, &next).await,
+        vec![Available, Available, Available, Blocked],
+        "unlisted, paused and limited promoted as without; the fenced-out head still runs"
+    );
+    assert_eq!(row(h, later[1]).await.state, WorkState::Scheduled);
+}

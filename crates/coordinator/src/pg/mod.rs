@@ -609,7 +609,10 @@ impl PgCoordinator {
                 })
             })
             .collect::<Result<Vec<_>>>()
-            .map(|items| OutcomeBatch { items })
+            .map(|items| OutcomeBatch {
+                items,
+                handed_off: Vec::new(),
+            })
     }
 }
 
@@ -646,14 +649,16 @@ impl FencedTransaction {
     pub async fn complete(mut self) -> Result<()> {
         let id = self.fence.id;
         let ctx = || format!("completing item {id} in its fenced transaction");
-        let recorded: (i64, i64, bool) = sqlx::query_as(&self.stmts.complete_work)
+        let recorded: CompleteRow = sqlx::query_as(&self.stmts.complete_work)
             .bind(self.instance.0)
             .bind(vec![id])
             .bind(vec![self.fence.token])
+            .bind(None::<Vec<String>>)
+            .bind(None::<Vec<PgInterval>>)
             .fetch_one(&mut *self.tx)
             .await
             .map_err(|e| self.fail(ctx(), e))?;
-        if !recorded.2 {
+        if !recorded.recorded {
             // Impossible while the row is locked, but never commit an unfenced outcome.
             let _ = self.tx.rollback().await;
             return Err(Error::FencedOut { id });
@@ -848,22 +853,36 @@ impl WorkCoordinator for PgCoordinator {
             return Ok(OutcomeBatch::default());
         }
         let (ids, tokens) = split_fences(&params.items);
-        let rows: Vec<(i64, i64, bool)> = sqlx::query_as(&self.stmts.complete_work)
+        let (queues, leases): (Vec<&str>, Vec<PgInterval>) = params
+            .hand_off
+            .iter()
+            .map(|h| (h.queue.as_str(), interval(h.lease)))
+            .unzip();
+        let ctx = || format!("completing {} items", ids.len());
+        let rows: Vec<CompleteRow> = sqlx::query_as(&self.stmts.complete_work)
             .bind(params.instance.0)
             .bind(&ids)
             .bind(&tokens)
+            .bind(&queues)
+            .bind(&leases)
             .fetch_all(self.control().await?)
             .await
-            .map_err(|e| self.db_error(format!("completing {} items", ids.len()), e))?;
-        Ok(OutcomeBatch {
-            items: rows
-                .into_iter()
-                .map(|(id, token, recorded)| OutcomeRecord {
-                    fence: Fence { id, token },
-                    state: recorded.then_some(WorkState::Completed),
-                })
-                .collect(),
-        })
+            .map_err(|e| self.db_error(ctx(), e))?;
+        let mut batch = OutcomeBatch::default();
+        for mut r in rows {
+            let fence = Fence {
+                id: r.id,
+                token: r.claim_token,
+            };
+            batch.items.push(OutcomeRecord {
+                fence,
+                state: r.recorded.then_some(WorkState::Completed),
+            });
+            if let Some(item) = r.next(&ctx)? {
+                batch.handed_off.push(HandedOff { after: fence, item });
+            }
+        }
+        Ok(batch)
     }
 
     async fn fail_work(&self, params: FailWorkParams) -> Result<FailWorkOutcome> {
@@ -1817,6 +1836,62 @@ struct ClaimRow {
     has_more: bool,
     throttle: Option<String>,
     throttle_wait: Option<f64>,
+}
+
+/// A row of `complete_work`: the claim, whether it was recorded, and the item handed on
+/// after it (every `next_*` NULL: none).
+#[derive(sqlx::FromRow)]
+struct CompleteRow {
+    id: i64,
+    claim_token: i64,
+    recorded: bool,
+    next_id: Option<i64>,
+    next_queue: Option<String>,
+    next_priority: Option<i16>,
+    next_attempt: Option<i32>,
+    next_max_attempts: Option<i32>,
+    next_claim_token: Option<i64>,
+    next_lease_expiry: Option<DateTime<Utc>>,
+    next_kind: Option<String>,
+    next_payload: Option<Value>,
+    next_metadata: Option<Value>,
+    next_checkpoint: Option<Value>,
+    next_created_at: Option<DateTime<Utc>>,
+}
+
+impl CompleteRow {
+    /// The item handed on after this claim, if any.
+    fn next(&mut self, ctx: &dyn Fn() -> String) -> Result<Option<ClaimedWork>> {
+        let Some(id) = self.next_id else {
+            return Ok(None);
+        };
+        let missing =
+            |what: &str| Error::database(ctx(), format!("item {id} handed on without {what}"));
+        Ok(Some(ClaimedWork {
+            fence: Fence {
+                id,
+                token: self
+                    .next_claim_token
+                    .ok_or_else(|| missing("claim_token"))?,
+            },
+            queue: self.next_queue.take().ok_or_else(|| missing("queue"))?,
+            kind: self.next_kind.take(),
+            payload: self.next_payload.take().ok_or_else(|| missing("payload"))?,
+            metadata: self.next_metadata.take(),
+            priority: self.next_priority.ok_or_else(|| missing("priority"))?,
+            attempt: self.next_attempt.ok_or_else(|| missing("attempt"))?,
+            max_attempts: self
+                .next_max_attempts
+                .ok_or_else(|| missing("max_attempts"))?,
+            checkpoint: self.next_checkpoint.take(),
+            lease_expiry: self
+                .next_lease_expiry
+                .ok_or_else(|| missing("lease_expiry"))?,
+            created_at: self.next_created_at.ok_or_else(|| missing("created_at"))?,
+            reclaimed: false,
+            pickup_lag: None,
+        }))
+    }
 }
 
 fn split_fences(fences: &[Fence]) -> (Vec<i64>, Vec<i64>) {
