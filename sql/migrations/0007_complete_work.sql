@@ -94,9 +94,16 @@ BEGIN
     ) x
     WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running';
 
-    UPDATE work w
-    SET state = 'completed', finished_at = now(), instance_id = NULL, lease_expiry = NULL
-    WHERE w.id = ANY (v_hit);
+    -- v_hit holds a repeated pair once per repeat; the update's rows are distinct.
+    WITH done AS (
+        UPDATE work w
+        SET state = 'completed', finished_at = now(), instance_id = NULL, lease_expiry = NULL
+        WHERE w.id = ANY (v_hit)
+        RETURNING w.id, w.claim_token
+    )
+    SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.claim_token), '{}')
+    INTO v_hit, v_tokens
+    FROM done d;
 
     -- Completed heads of ordering keys hand their keys on (after the update above): to the
     -- caller where it asked for it and may have it, else to whoever claims next.
