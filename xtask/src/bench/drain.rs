@@ -199,6 +199,10 @@ pub(crate) struct RateWindow {
     /// then: `rate_limit` (the burst) plus the refill over that time.
     pub(crate) by_end: i64,
     pub(crate) allowed_by_end: f64,
+    /// The fewest and the most items completed in one second of the window (a stall longer
+    /// than the bucket holds loses starts for good: the bucket refills no further than full).
+    pub(crate) second_min: i64,
+    pub(crate) second_max: i64,
 }
 
 /// Keyed drains: from one item's completion to the next item's of the same key (ordering_seq
@@ -244,6 +248,7 @@ impl DrainRun {
                 "deviation": (w.deviation * 10_000.0).round() / 10_000.0,
                 "first_period_items": w.first_period, "items_by_window_end": w.by_end,
                 "allowed_by_window_end": w.allowed_by_end.floor(),
+                "per_second_min": w.second_min, "per_second_max": w.second_max,
             })),
             "statements": self.statements.iter().take(12).map(|s| json!({
                 "statement": setup::short_name(&s.query),
@@ -534,6 +539,20 @@ async fn rate_window(
     if items == 0 {
         return Err("rate drain: no item completed in the window: nothing was measured".into());
     }
+    let (second_min, second_max): (i64, i64) = sqlx::query_as(&format!(
+        "{} SELECT min(coalesce(n, 0))::int8, max(coalesce(n, 0))::int8
+         FROM generate_series(0, $3 - 1) AS s(i)
+         LEFT JOIN (SELECT floor(extract(epoch FROM finished_at) - $1)::int AS i, count(*) AS n
+                    FROM {SCHEMA}.work
+                    WHERE finished_at >= to_timestamp($1) AND finished_at < to_timestamp($2)
+                    GROUP BY 1) c USING (i)",
+        setup::MARK
+    ))
+    .bind(from)
+    .bind(to)
+    .bind(window.as_secs() as i32)
+    .fetch_one(db.pool())
+    .await?;
     let target_per_s = f64::from(rate.limit) / period;
     let window_s = window.as_secs_f64();
     let per_s = items as f64 / window_s;
@@ -546,6 +565,8 @@ async fn rate_window(
         first_period,
         by_end,
         allowed_by_end: f64::from(rate.limit) + target_per_s * (to - t0),
+        second_min,
+        second_max,
     })
 }
 

@@ -208,7 +208,7 @@ pub(crate) async fn rate(ctx: &Ctx, workers: usize) -> BenchResult<Rate> {
         let run = drain::run_once(ctx, &shape).await?;
         if let Some(w) = &run.rate_window {
             eprintln!(
-                "bench: rate limit {RATE}/s, {workers} worker(s), run {}/{}: {:.1} starts/s over {:.0} s ({:+.2} %); first second {}; {} by the window's end, the bucket allows {:.0}",
+                "bench: rate limit {RATE}/s, {workers} worker(s), run {}/{}: {:.1} starts/s over {:.0} s ({:+.2} %); first second {}; {} by the window's end, the bucket allows {:.0}; per second {}–{}",
                 i + 1,
                 ctx.plan.rate_runs,
                 w.per_s,
@@ -216,7 +216,9 @@ pub(crate) async fn rate(ctx: &Ctx, workers: usize) -> BenchResult<Rate> {
                 100.0 * w.deviation,
                 w.first_period,
                 w.by_end,
-                w.allowed_by_end.floor()
+                w.allowed_by_end.floor(),
+                w.second_min,
+                w.second_max
             );
         }
         runs.push(run);

@@ -1073,14 +1073,16 @@ impl Report {
                 if let Some(w) = &r.rate_window {
                     let _ = writeln!(
                         out,
-                        "  {} items: {:.1} starts/s over {:.0} s ({:+.2} %); first second {}; {} by the window's end, the bucket allows {:.0}",
+                        "  {} items: {:.1} starts/s over {:.0} s ({:+.2} %); first second {}; {} by the window's end, the bucket allows {:.0}; per second {}–{}",
                         group(r.items as f64),
                         w.per_s,
                         w.window_s,
                         100.0 * w.deviation,
                         group(w.first_period as f64),
                         group(w.by_end as f64),
-                        w.allowed_by_end.floor()
+                        w.allowed_by_end.floor(),
+                        w.second_min,
+                        w.second_max
                     );
                 }
             }
