@@ -12,9 +12,9 @@
 //!   row, count its running items and mark the rows they lease).
 //!
 //! `rate`: `rate_limit = 1 000` per second on the queue, a backlog of 1 000 × (window + 10 s)
-//! no-op items and workers that drain 10 times faster unlimited; the starts (completions, on
-//! the database clock) over the window that begins one period after the resume (the first
-//! period holds the full bucket's burst) against 1 000/s.
+//! no-op items and workers at the drain's concurrency (unlimited, they drain many times
+//! faster); the starts (completions, on the database clock) over the window that begins one
+//! period after the resume (the first period holds the full bucket's burst) against 1 000/s.
 
 use std::time::Duration;
 
