@@ -149,7 +149,7 @@ pub(crate) struct DrainRun {
 
 /// The queue's running count (`state = 'running'`, what `max_running` bounds), read every
 /// 5 ms on a connection of its own beside the drain, from the first read that found an item
-/// running to the last item's completion.
+/// running until the drain saw its last completion (polled every 100 ms).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RunningSamples {
     pub(crate) samples: usize,
@@ -335,7 +335,7 @@ async fn drain(
     }
     drop(beside);
     let counts = match sampler {
-        Some(sampler) => Some(sampler.stop().await),
+        Some(sampler) => Some(sampler.stop().await?),
         None => None,
     };
     let worker_ticks = workers.cpu_ticks() - workers_before;
@@ -458,7 +458,17 @@ async fn check_limits(db: &BenchDb, shape: &Shape) -> BenchResult<()> {
 struct Sampler {
     stop: Arc<std::sync::atomic::AtomicBool>,
     counts: Arc<Mutex<Vec<i64>>>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<Result<(), String>>>,
+}
+
+impl Drop for Sampler {
+    /// A drain that fails half-way stops its sampler too.
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
 }
 
 impl Sampler {
@@ -480,28 +490,42 @@ impl Sampler {
             let mut started = false;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 tick.tick().await;
-                let Ok(count) = sqlx::query_scalar::<_, i64>(&sql)
+                let count = sqlx::query_scalar::<_, i64>(&sql)
                     .bind(QUEUE)
                     .fetch_one(&mut conn)
                     .await
-                else {
-                    break;
-                };
+                    .map_err(|e| format!("the running-count sampler: {e}"))?;
                 started |= count > 0;
                 if started {
                     out.lock().expect("not poisoned").push(count);
                 }
             }
             let _ = conn.close().await;
+            Ok(())
         });
-        Ok(Sampler { stop, counts, task })
+        Ok(Sampler {
+            stop,
+            counts,
+            task: Some(task),
+        })
     }
 
-    /// Stops the sampler and returns its counts.
-    async fn stop(self) -> Vec<i64> {
+    /// Stops the sampler and returns its counts; an error when a read failed (the counts
+    /// would cover part of the drain only).
+    async fn stop(mut self) -> BenchResult<Vec<i64>> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
-        std::mem::take(&mut *self.counts.lock().expect("not poisoned"))
+        let Some(task) = self.task.take() else {
+            return Err("the running-count sampler was stopped twice".into());
+        };
+        match tokio::time::timeout(Duration::from_secs(5), task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => return Err(error.into()),
+            Ok(Err(error)) => return Err(format!("the running-count sampler: {error}").into()),
+            Err(_) => return Err("the running-count sampler did not stop within 5 s".into()),
+        }
+        Ok(std::mem::take(
+            &mut *self.counts.lock().expect("not poisoned"),
+        ))
     }
 }
 
