@@ -2,13 +2,19 @@
 //! rate), the workers started and ready, then the queue resumed (with the wake NOTIFY); the
 //! rate is items over the time from the resume to the last completion, both on the database
 //! clock. A [`Shape`] says what is drained: unkeyed items (`drain_<n>`), or items over
-//! ordering keys (`keyed`); [`Pairs`] holds drains of two shapes run alternately, for figures
-//! that are a ratio to the plain drain of the same run.
+//! ordering keys (`keyed`), or items of a queue with a fleet-wide limit (`fleet-limit`, `rate`:
+//! the limits set on the queue before the workers start, a sampler of the queue's running
+//! count beside the drain, the starts in a window of the rate); [`Pairs`] holds drains of two
+//! shapes run alternately, for figures that are a ratio to the plain drain of the same run.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use workpump_coordinator::{EnqueueWorkParams, NewWork, WorkCoordinator};
+use sqlx::{ConnectOptions, Connection};
+use workpump_coordinator::{
+    EnqueueWorkParams, NewWork, Operations, RateLimit, SetQueueSettingsParams, WorkCoordinator,
+};
 
 use super::ops::Beside;
 use super::setup::{self, BenchDb, Statement, QUEUE, SCHEMA};
@@ -18,9 +24,10 @@ use super::{BenchResult, Ctx};
 /// Items per enqueue call while filling the queue.
 const FILL_BATCH: usize = 10_000;
 
-/// What one drain runs. The flow-control scenarios still to come (a fleet-wide limit, a rate
-/// limit) add what they need here (the queue's settings, a sampler beside the drain) and
-/// compare with the plain drain through [`Pairs`].
+/// How often the running-count sampler reads the queue's running count.
+const SAMPLE_EVERY: Duration = Duration::from_millis(5);
+
+/// What one drain runs.
 #[derive(Clone, Debug)]
 pub(crate) struct Shape {
     pub(crate) workers: usize,
@@ -31,6 +38,17 @@ pub(crate) struct Shape {
     pub(crate) keys: Option<usize>,
     /// Report the rate of each tenth of the items (the deep drain).
     pub(crate) deciles: bool,
+    /// Handlers per worker; `None`: the drain's (`--concurrency`).
+    pub(crate) concurrency: Option<usize>,
+    /// Each item's handler sleeps this long (`{"kind":"sleep","ms":..}`); `None`: a no-op.
+    pub(crate) handler_ms: Option<u64>,
+    /// The queue's fleet-wide running limit (`max_running`) during the drain.
+    pub(crate) max_running: Option<u32>,
+    /// The queue's rate limit during the drain, and the window its starts are counted in
+    /// ([`RateWindow`]).
+    pub(crate) rate: Option<(RateLimit, Duration)>,
+    /// Sample the queue's running count beside the drain ([`RunningSamples`]).
+    pub(crate) sample_running: bool,
 }
 
 impl Shape {
@@ -41,6 +59,11 @@ impl Shape {
             items,
             keys: None,
             deciles: false,
+            concurrency: None,
+            handler_ms: None,
+            max_running: None,
+            rate: None,
+            sample_running: false,
         }
     }
 
@@ -52,6 +75,41 @@ impl Shape {
     pub(crate) fn deciles(mut self) -> Shape {
         self.deciles = true;
         self
+    }
+
+    pub(crate) fn concurrency(mut self, handlers: usize) -> Shape {
+        self.concurrency = Some(handlers);
+        self
+    }
+
+    pub(crate) fn handler_ms(mut self, ms: u64) -> Shape {
+        self.handler_ms = Some(ms);
+        self
+    }
+
+    pub(crate) fn max_running(mut self, limit: u32) -> Shape {
+        self.max_running = Some(limit);
+        self
+    }
+
+    /// The queue limited to `rate`, its starts counted over `window` after the first period
+    /// (the burst of a full bucket).
+    pub(crate) fn rate(mut self, rate: RateLimit, window: Duration) -> Shape {
+        self.rate = Some((rate, window));
+        self
+    }
+
+    pub(crate) fn sample_running(mut self) -> Shape {
+        self.sample_running = true;
+        self
+    }
+
+    /// What each item asks its handler to do.
+    fn payload(&self) -> serde_json::Value {
+        match self.handler_ms {
+            Some(ms) => json!({ "kind": "sleep", "ms": ms }),
+            None => json!({ "kind": "noop" }),
+        }
     }
 }
 
@@ -81,6 +139,70 @@ pub(crate) struct DrainRun {
     pub(crate) decile_rates: Option<Vec<f64>>,
     /// Keyed drains: the time between the completions of consecutive items of one key.
     pub(crate) key_gaps: Option<KeyGaps>,
+    /// The queue's fleet-wide running limit during the drain.
+    pub(crate) max_running: Option<u32>,
+    /// The queue's running count sampled beside the drain.
+    pub(crate) running: Option<RunningSamples>,
+    /// Rate-limited drains: the starts in the measured window.
+    pub(crate) rate_window: Option<RateWindow>,
+}
+
+/// The queue's running count (`state = 'running'`, what `max_running` bounds), read every
+/// 5 ms on a connection of its own beside the drain, from the first read that found an item
+/// running until the drain saw its last completion (polled every 100 ms).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RunningSamples {
+    pub(crate) samples: usize,
+    pub(crate) max: i64,
+    pub(crate) p50: i64,
+    /// Reads that found at least this many running ([`RunningSamples::at_or_above`]).
+    pub(crate) threshold: i64,
+    pub(crate) at_or_above: usize,
+}
+
+impl RunningSamples {
+    fn of(mut counts: Vec<i64>, threshold: i64) -> RunningSamples {
+        counts.sort_unstable();
+        RunningSamples {
+            samples: counts.len(),
+            max: counts.last().copied().unwrap_or(0),
+            p50: counts.get(counts.len() / 2).copied().unwrap_or(0),
+            threshold,
+            at_or_above: counts.iter().filter(|c| **c >= threshold).count(),
+        }
+    }
+
+    /// The share of the reads that found fewer than the threshold running.
+    pub(crate) fn share_below(&self) -> f64 {
+        1.0 - self.at_or_above as f64 / self.samples.max(1) as f64
+    }
+}
+
+/// Rate-limited drains: starts counted by completion time (`finished_at`, database clock; a
+/// no-op item completes within milliseconds of its start) in the window from one period after
+/// the resume (the first period holds the full bucket's burst) to that plus the window.
+#[derive(Clone, Debug)]
+pub(crate) struct RateWindow {
+    /// Starts per second the queue allows (`rate_limit / rate_period`).
+    pub(crate) target_per_s: f64,
+    pub(crate) window_s: f64,
+    /// Items completed in the window.
+    pub(crate) items: i64,
+    /// `items / window_s`.
+    pub(crate) per_s: f64,
+    /// `per_s / target_per_s − 1`.
+    pub(crate) deviation: f64,
+    /// Items completed in the first period (the bucket's burst of `rate_limit` plus the
+    /// period's refill).
+    pub(crate) first_period: i64,
+    /// Items completed from the resume to the window's end, and the most the bucket allows by
+    /// then: `rate_limit` (the burst) plus the refill over that time.
+    pub(crate) by_end: i64,
+    pub(crate) allowed_by_end: f64,
+    /// The fewest and the most items completed in one second of the window (a stall longer
+    /// than the bucket holds loses starts for good: the bucket refills no further than full).
+    pub(crate) second_min: i64,
+    pub(crate) second_max: i64,
 }
 
 /// Keyed drains: from one item's completion to the next item's of the same key (ordering_seq
@@ -114,6 +236,19 @@ impl DrainRun {
             "decile_items_per_s": self.decile_rates,
             "key_gap_ms": self.key_gaps.as_ref().map(|g| json!({
                 "gaps": g.gaps, "p50": g.p50_ms, "p90": g.p90_ms, "max": g.max_ms,
+            })),
+            "max_running": self.max_running,
+            "running_sampled": self.running.as_ref().map(|r| json!({
+                "samples": r.samples, "max": r.max, "p50": r.p50,
+                "threshold": r.threshold, "at_or_above_threshold": r.at_or_above,
+            })),
+            "rate_window": self.rate_window.as_ref().map(|w| json!({
+                "target_per_s": w.target_per_s, "window_s": w.window_s, "items": w.items,
+                "per_s": (w.per_s * 10.0).round() / 10.0,
+                "deviation": (w.deviation * 10_000.0).round() / 10_000.0,
+                "first_period_items": w.first_period, "items_by_window_end": w.by_end,
+                "allowed_by_window_end": w.allowed_by_end.floor(),
+                "per_second_min": w.second_min, "per_second_max": w.second_max,
             })),
             "statements": self.statements.iter().take(12).map(|s| json!({
                 "statement": setup::short_name(&s.query),
@@ -155,15 +290,24 @@ async fn drain(
     let (n, items) = (shape.workers, shape.items);
     db.set_paused(true).await?;
     let filling = Instant::now();
-    fill_keyed(db, items, json!({ "kind": "noop" }), shape.keys).await?;
+    fill_keyed(db, items, shape.payload(), shape.keys).await?;
     let enqueue_rate = items as f64 / filling.elapsed().as_secs_f64();
+    set_limits(db, shape).await?;
     db.settle().await?;
 
-    let spec = Spec::defaults().concurrency(ctx.options.drain_concurrency);
+    let spec =
+        Spec::defaults().concurrency(shape.concurrency.unwrap_or(ctx.options.drain_concurrency));
     let (mut workers, startup) =
         worker::start_all(&ctx.worker_bin, db.url(), &spec, n, &ctx.logs, "drain").await?;
+    // The workers declared the queue too: its limits must still be the shape's.
+    check_limits(db, shape).await?;
 
     let beside = open(db.url());
+    let sampler = if shape.sample_running {
+        Some(Sampler::start(db.url()).await?)
+    } else {
+        None
+    };
     let stmts_before = db.statements().await?;
     let wal_before = db.wal_bytes().await?;
     let postmaster = ctx.target.postmaster_pid();
@@ -190,6 +334,10 @@ async fn drain(
         }
     }
     drop(beside);
+    let counts = match sampler {
+        Some(sampler) => Some(sampler.stop().await?),
+        None => None,
+    };
     let worker_ticks = workers.cpu_ticks() - workers_before;
     let server_ticks = postmaster.map(|p| setup::server_cpu_ticks(p) - server_before.unwrap_or(0));
     let machine_ticks = setup::machine_busy_ticks() - machine_before;
@@ -220,6 +368,22 @@ async fn drain(
         Some(_) => Some(key_gaps(db).await?),
         None => None,
     };
+    let running = match counts {
+        Some(counts) if counts.is_empty() => {
+            return Err(
+                "drain: the sampler never found an item running: nothing was measured".into(),
+            )
+        }
+        Some(counts) => Some(RunningSamples::of(
+            counts,
+            i64::from(shape.max_running.unwrap_or(super::flow::FLEET_LIMIT)),
+        )),
+        None => None,
+    };
+    let rate_window = match shape.rate {
+        Some((rate, window)) => Some(rate_window(db, t0, end, rate, window).await?),
+        None => None,
+    };
     let tick = ctx.ticks_per_second;
     Ok(DrainRun {
         workers: n,
@@ -237,6 +401,196 @@ async fn drain(
         statements: stmts,
         decile_rates,
         key_gaps,
+        max_running: shape.max_running,
+        running,
+        rate_window,
+    })
+}
+
+/// Sets the shape's limits on the queue (unlimited when the shape has none): an operator's
+/// change (`set_queue_settings`), which a worker's declaration of the queue without limits
+/// does not undo (the workers are anonymous; docs/store.md). A rate set here starts with a
+/// full bucket.
+async fn set_limits(db: &BenchDb, shape: &Shape) -> BenchResult<()> {
+    if shape.max_running.is_none() && shape.rate.is_none() {
+        return Ok(());
+    }
+    let mut params = SetQueueSettingsParams::new(QUEUE);
+    params.max_running = Some(shape.max_running);
+    params.rate_limit = Some(shape.rate.map(|(rate, _)| rate));
+    db.coordinator().set_queue_settings(params).await?;
+    Ok(())
+}
+
+/// An error unless the queue's stored limits are the shape's.
+async fn check_limits(db: &BenchDb, shape: &Shape) -> BenchResult<()> {
+    let (max_running, rate_limit, period_ms): (Option<i32>, Option<i32>, Option<f64>) =
+        sqlx::query_as(&format!(
+            "{} SELECT max_running, rate_limit, (1000 * extract(epoch FROM rate_period))::float8
+             FROM {SCHEMA}.queues WHERE name = $1",
+            setup::MARK
+        ))
+        .bind(QUEUE)
+        .fetch_one(db.pool())
+        .await?;
+    let want_max = shape.max_running.map(|m| m as i32);
+    let want_rate = shape
+        .rate
+        .map(|(r, _)| (r.limit as i32, r.period.as_secs_f64() * 1_000.0));
+    let got_rate = rate_limit.zip(period_ms);
+    let rate_matches = match (want_rate, got_rate) {
+        (None, None) => true,
+        (Some((l, p)), Some((gl, gp))) => l == gl && (p - gp).abs() < 1e-6,
+        _ => false,
+    };
+    if want_max != max_running || !rate_matches {
+        return Err(format!(
+            "drain: the queue's limits are max_running {max_running:?}, rate {got_rate:?} \
+             once the workers started; the drain set {want_max:?}, {want_rate:?}"
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Reads the queue's running count every [`SAMPLE_EVERY`] on its own connection, keeping the
+/// counts from the first that found an item running.
+struct Sampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    counts: Arc<Mutex<Vec<i64>>>,
+    task: Option<tokio::task::JoinHandle<Result<(), String>>>,
+}
+
+impl Drop for Sampler {
+    /// A drain that fails half-way stops its sampler too.
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl Sampler {
+    async fn start(url: &str) -> BenchResult<Sampler> {
+        let options = url
+            .parse::<sqlx::postgres::PgConnectOptions>()?
+            .disable_statement_logging();
+        let mut conn = sqlx::PgConnection::connect_with(&options).await?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let counts = Arc::new(Mutex::new(Vec::new()));
+        let (flag, out) = (stop.clone(), counts.clone());
+        let sql = format!(
+            "{} SELECT count(*)::int8 FROM {SCHEMA}.work WHERE queue = $1 AND state = 'running'",
+            setup::MARK
+        );
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SAMPLE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut started = false;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                let count = sqlx::query_scalar::<_, i64>(&sql)
+                    .bind(QUEUE)
+                    .fetch_one(&mut conn)
+                    .await
+                    .map_err(|e| format!("the running-count sampler: {e}"))?;
+                started |= count > 0;
+                if started {
+                    out.lock().expect("not poisoned").push(count);
+                }
+            }
+            let _ = conn.close().await;
+            Ok(())
+        });
+        Ok(Sampler {
+            stop,
+            counts,
+            task: Some(task),
+        })
+    }
+
+    /// Stops the sampler and returns its counts; an error when a read failed (the counts
+    /// would cover part of the drain only).
+    async fn stop(mut self) -> BenchResult<Vec<i64>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let Some(task) = self.task.take() else {
+            return Err("the running-count sampler was stopped twice".into());
+        };
+        match tokio::time::timeout(Duration::from_secs(5), task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => return Err(error.into()),
+            Ok(Err(error)) => return Err(format!("the running-count sampler: {error}").into()),
+            Err(_) => return Err("the running-count sampler did not stop within 5 s".into()),
+        }
+        Ok(std::mem::take(
+            &mut *self.counts.lock().expect("not poisoned"),
+        ))
+    }
+}
+
+/// The rate-limited drain's starts in its window ([`RateWindow`]); an error when the backlog
+/// ran out before the window ended (the rate would be the backlog's, not the limit's).
+async fn rate_window(
+    db: &BenchDb,
+    t0: f64,
+    end: f64,
+    rate: RateLimit,
+    window: Duration,
+) -> BenchResult<RateWindow> {
+    let period = rate.period.as_secs_f64();
+    let (from, to) = (t0 + period, t0 + period + window.as_secs_f64());
+    if end < to {
+        return Err(format!(
+            "rate drain: the last item completed {:.1} s after the resume, before the window's end \
+             ({:.1} s): add items",
+            end - t0,
+            to - t0
+        )
+        .into());
+    }
+    let (first_period, items, by_end): (i64, i64, i64) = sqlx::query_as(&format!(
+        "{} SELECT count(*) FILTER (WHERE finished_at < to_timestamp($1))::int8,
+                count(*) FILTER (WHERE finished_at >= to_timestamp($1) AND finished_at < to_timestamp($2))::int8,
+                count(*) FILTER (WHERE finished_at < to_timestamp($2))::int8
+         FROM {SCHEMA}.work WHERE state = 'completed'",
+        setup::MARK
+    ))
+    .bind(from)
+    .bind(to)
+    .fetch_one(db.pool())
+    .await?;
+    if items == 0 {
+        return Err("rate drain: no item completed in the window: nothing was measured".into());
+    }
+    let (second_min, second_max): (i64, i64) = sqlx::query_as(&format!(
+        "{} SELECT min(coalesce(n, 0))::int8, max(coalesce(n, 0))::int8
+         FROM generate_series(0, $3 - 1) AS s(i)
+         LEFT JOIN (SELECT floor(extract(epoch FROM finished_at) - $1)::int AS i, count(*) AS n
+                    FROM {SCHEMA}.work
+                    WHERE finished_at >= to_timestamp($1) AND finished_at < to_timestamp($2)
+                    GROUP BY 1) c USING (i)",
+        setup::MARK
+    ))
+    .bind(from)
+    .bind(to)
+    .bind(window.as_secs() as i32)
+    .fetch_one(db.pool())
+    .await?;
+    let target_per_s = f64::from(rate.limit) / period;
+    let window_s = window.as_secs_f64();
+    let per_s = items as f64 / window_s;
+    Ok(RateWindow {
+        target_per_s,
+        window_s,
+        items,
+        per_s,
+        deviation: per_s / target_per_s - 1.0,
+        first_period,
+        by_end,
+        allowed_by_end: f64::from(rate.limit) + target_per_s * (to - t0),
+        second_min,
+        second_max,
     })
 }
 
@@ -410,6 +764,9 @@ mod tests {
             statements: Vec::new(),
             decile_rates: None,
             key_gaps: None,
+            max_running: None,
+            running: None,
+            rate_window: None,
         }
     }
 
@@ -431,5 +788,15 @@ mod tests {
         assert_eq!(pairs.ratios(), vec![0.5, 0.9, 0.8]);
         assert!((pairs.ratio() - 0.8).abs() < 1e-12);
         assert!((pairs.ratio_of_medians() - 50.0 / 100.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn running_samples_count_the_reads_at_or_above_the_limit() {
+        let samples = RunningSamples::of(vec![50, 3, 49, 50, 12], 50);
+        assert_eq!(samples.samples, 5);
+        assert_eq!(samples.max, 50);
+        assert_eq!(samples.p50, 49);
+        assert_eq!(samples.at_or_above, 2);
+        assert!((samples.share_below() - 0.6).abs() < 1e-12);
     }
 }

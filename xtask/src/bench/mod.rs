@@ -5,7 +5,9 @@
 //!
 //! Scenarios (each on a fresh database, each process stopped by pid also on errors):
 //! `ceiling` (pgbench, minimal queue cycle), `drain`, `keyed` (ordering keys: a keyed drain
-//! paired with the plain one, one hot key), `enqueue`, `pickup`, `renewal` (with memory),
+//! paired with the plain one, one hot key), `fleet-limit` (a fleet-wide `max_running` of 50:
+//! the sampled running count, and the limited drain paired with the plain one), `rate` (a rate
+//! limit of 1 000/s held over 30 s), `enqueue`, `pickup`, `renewal` (with memory),
 //! `failover`, `idle`, `ops` (the operator's reads on a large store), `dashboard` (the drain
 //! with and without the dashboard open beside it).
 
@@ -13,6 +15,7 @@ mod ceiling;
 mod drain;
 mod enqueue;
 mod failover;
+mod flow;
 mod idle;
 mod keyed;
 mod ops;
@@ -32,10 +35,12 @@ use crate::Outcome;
 pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// What `--only` can pick, in the order they run.
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 12] = [
     "ceiling",
     "drain",
     "keyed",
+    "fleet-limit",
+    "rate",
     "enqueue",
     "pickup",
     "renewal",
@@ -97,6 +102,12 @@ pub(crate) struct Plan {
     pub(crate) keyed_pairs: usize,
     /// Drains of one hot key.
     pub(crate) hot_key_runs: usize,
+    /// Unlimited and limited drains (`max_running`), each, for each of the two handler
+    /// shapes.
+    pub(crate) fleet_limit_pairs: usize,
+    /// Rate-limited drains, and the window each measures the rate over.
+    pub(crate) rate_runs: usize,
+    pub(crate) rate_window: Duration,
 }
 
 impl Plan {
@@ -123,6 +134,9 @@ impl Plan {
             dashboard_pairs: 5,
             keyed_pairs: 3,
             hot_key_runs: 3,
+            fleet_limit_pairs: 3,
+            rate_runs: 3,
+            rate_window: Duration::from_secs(30),
         }
     }
 
@@ -149,6 +163,9 @@ impl Plan {
             dashboard_pairs: 1,
             keyed_pairs: 1,
             hot_key_runs: 1,
+            fleet_limit_pairs: 1,
+            rate_runs: 1,
+            rate_window: Duration::from_secs(10),
         }
     }
 }
@@ -297,6 +314,16 @@ async fn bench(options: Options) -> BenchResult<ExitCode> {
             "keyed" => {
                 let workers = report.best_drain_workers().unwrap_or(2);
                 keyed::run(&ctx, workers).await.map(|k| report.keyed(k))
+            }
+            "fleet-limit" => {
+                let workers = report.best_drain_workers().unwrap_or(2);
+                flow::fleet_limit(&ctx, workers)
+                    .await
+                    .map(|f| report.fleet_limit(f))
+            }
+            "rate" => {
+                let workers = report.best_drain_workers().unwrap_or(2);
+                flow::rate(&ctx, workers).await.map(|r| report.rate(r))
             }
             "enqueue" => enqueue::run(&ctx).await.map(|r| report.enqueue(r)),
             "pickup" => pickup::run(&ctx).await.map(|r| report.pickup(r)),

@@ -11,6 +11,7 @@ use super::ceiling::CeilingRun;
 use super::drain::{DrainRun, Pairs};
 use super::enqueue::{EnqueueRates, BULK_BATCH};
 use super::failover::FailoverRun;
+use super::flow::{self, FleetLimit, Rate};
 use super::idle::{Idle, WORKERS as IDLE_WORKERS};
 use super::keyed::{self, Keyed};
 use super::ops::{DashboardCost, OpsTimings};
@@ -46,6 +47,14 @@ const RSS_TARGET: f64 = 100.0;
 const KEYED_RATIO_TARGET: f64 = 0.70;
 /// One hot key: items per second.
 const HOT_KEY_TARGET: f64 = 300.0;
+/// The drain limited to 50 running over the unlimited drain, when the limit is not the
+/// bottleneck.
+const FLEET_LIMIT_RATIO_TARGET: f64 = 0.90;
+/// The share of the unlimited free drain's samples below the limit for "the limit is not the
+/// bottleneck" to hold.
+const FLEET_LIMIT_FREE_SHARE: f64 = 0.90;
+/// The rate limit's starts per second may deviate this much over the window.
+const RATE_DEVIATION_TARGET: f64 = 0.02;
 
 pub(crate) struct Report {
     figures: Map<String, Value>,
@@ -54,6 +63,8 @@ pub(crate) struct Report {
     drains: Vec<(usize, Vec<DrainRun>)>,
     drain_deep: Option<DrainRun>,
     keyed: Option<Keyed>,
+    fleet_limit: Option<FleetLimit>,
+    rate: Option<Rate>,
     ceiling: Vec<CeilingRun>,
     renewals: Vec<Renewal>,
     pickup: Option<Pickup>,
@@ -102,6 +113,8 @@ impl Report {
             drains: Vec::new(),
             drain_deep: None,
             keyed: None,
+            fleet_limit: None,
+            rate: None,
             ceiling: Vec::new(),
             renewals: Vec::new(),
             pickup: None,
@@ -211,6 +224,65 @@ impl Report {
         }
         self.details.insert("keyed".into(), k.to_json());
         self.keyed = Some(k);
+    }
+
+    pub(crate) fn fleet_limit(&mut self, f: FleetLimit) {
+        let limited: Vec<DrainRun> = f
+            .bound
+            .variant
+            .iter()
+            .chain(&f.free.variant)
+            .cloned()
+            .collect();
+        if let Some(max) = FleetLimit::max_running(&limited) {
+            self.set("fleet_limit_max_running", max);
+        }
+        if let Some(max) = FleetLimit::max_running(&f.bound.variant) {
+            self.set("fleet_limit_bound_max_running", max);
+        }
+        if let Some(max) = FleetLimit::max_running(&f.bound.base) {
+            self.set("fleet_limit_bound_unlimited_max_running", max);
+        }
+        self.set(
+            "fleet_limit_bound_drain",
+            Pairs::median(&f.bound.variant).round(),
+        );
+        self.set(
+            "fleet_limit_bound_unlimited_drain",
+            Pairs::median(&f.bound.base).round(),
+        );
+        if let Some(max) = FleetLimit::max_running(&f.free.base) {
+            self.set("fleet_limit_free_unlimited_max_running", max);
+        }
+        if let Some(share) = FleetLimit::share_below(&f.free.base) {
+            self.set("fleet_limit_free_unlimited_share_below", round3(share));
+        }
+        self.set(
+            "fleet_limit_free_drain",
+            Pairs::median(&f.free.variant).round(),
+        );
+        self.set(
+            "fleet_limit_free_unlimited_drain",
+            Pairs::median(&f.free.base).round(),
+        );
+        self.set("fleet_limit_free_ratio", round3(f.free.ratio()));
+        self.details.insert("fleet_limit".into(), f.to_json());
+        self.fleet_limit = Some(f);
+    }
+
+    pub(crate) fn rate(&mut self, r: Rate) {
+        if let Some((per_s, deviation)) = r.median() {
+            self.set("rate_limit_per_s", round2(per_s));
+            self.set("rate_limit_deviation", round3(deviation));
+        }
+        if let Some(worst) = r.worst_deviation() {
+            self.set("rate_limit_worst_deviation", round3(worst));
+        }
+        if let Some(used) = r.bucket_use() {
+            self.set("rate_limit_bucket_use", round3(used));
+        }
+        self.details.insert("rate".into(), r.to_json());
+        self.rate = Some(r);
     }
 
     pub(crate) fn enqueue(&mut self, r: EnqueueRates) {
@@ -516,6 +588,98 @@ impl Report {
                 "ms",
                 String::new(),
                 None,
+            );
+        }
+        if let Some(f) = &self.fleet_limit {
+            let reached = self.num("fleet_limit_bound_max_running");
+            let max = self.num("fleet_limit_max_running");
+            let limit = f64::from(flow::FLEET_LIMIT);
+            push(
+                "fleet_limit_max_running (limited drains, sampled)",
+                max,
+                "",
+                "<= 50, and 50 reached".into(),
+                max.map(|m| m <= limit && reached == Some(limit)),
+            );
+            let unlimited = self.num("fleet_limit_bound_unlimited_max_running");
+            push(
+                &format!(
+                    "fleet_limit_bound_unlimited_max_running ({} ms items)",
+                    flow::BOUND_HANDLER_MS
+                ),
+                unlimited,
+                "",
+                "> 50 (the limit binds)".into(),
+                unlimited.map(|m| m > limit),
+            );
+            push(
+                &format!("fleet_limit_bound_drain (limited, {} workers)", f.workers),
+                self.num("fleet_limit_bound_drain"),
+                "/s",
+                format!(
+                    "<= {} (50 / {} ms)",
+                    group(limit * 1_000.0 / flow::BOUND_HANDLER_MS as f64),
+                    flow::BOUND_HANDLER_MS
+                ),
+                None,
+            );
+            let share = self.num("fleet_limit_free_unlimited_share_below");
+            push(
+                &format!(
+                    "fleet_limit_free_unlimited_share_below_50 ({} handlers)",
+                    f.free_concurrency * f.workers
+                ),
+                share,
+                "",
+                ">= 0.90 (not the bottleneck)".into(),
+                share.map(|s| s >= FLEET_LIMIT_FREE_SHARE),
+            );
+            push(
+                &format!("fleet_limit_free_drain (limited, {} workers)", f.workers),
+                self.num("fleet_limit_free_drain"),
+                "/s",
+                String::new(),
+                None,
+            );
+            let ratio = self.num("fleet_limit_free_ratio");
+            push(
+                "fleet_limit_free_ratio (median of pairs)",
+                ratio,
+                "",
+                ">= 0.90".into(),
+                ratio.map(|r| r >= FLEET_LIMIT_RATIO_TARGET),
+            );
+        }
+        if let Some(r) = &self.rate {
+            let deviation = self.num("rate_limit_deviation");
+            push(
+                &format!(
+                    "rate_limit_per_s (1 000/s, {:.0} s window, {} workers)",
+                    r.runs
+                        .first()
+                        .and_then(|run| run.rate_window.as_ref())
+                        .map_or(0.0, |w| w.window_s),
+                    r.workers
+                ),
+                self.num("rate_limit_per_s"),
+                "/s",
+                "1 000/s within 2 %".into(),
+                deviation.map(|d| d.abs() <= RATE_DEVIATION_TARGET),
+            );
+            push(
+                "rate_limit_worst_deviation (of the runs)",
+                self.num("rate_limit_worst_deviation"),
+                "",
+                String::new(),
+                None,
+            );
+            let used = self.num("rate_limit_bucket_use");
+            push(
+                "rate_limit_bucket_use (started by the window's end / burst + refill)",
+                used,
+                "",
+                "<= 1".into(),
+                used.map(|u| u <= 1.0),
             );
         }
         let deep = self.num("drain_4_1m");
@@ -832,6 +996,94 @@ impl Report {
                         group(r.items as f64)
                     );
                     statement_table(out, &r.statements, r.items);
+                }
+            }
+        }
+        if let Some(f) = &self.fleet_limit {
+            for (label, pairs, what) in [
+                (
+                    "bound",
+                    &f.bound,
+                    format!(
+                        "{} ms items, the drain's handlers a worker",
+                        flow::BOUND_HANDLER_MS
+                    ),
+                ),
+                (
+                    "free",
+                    &f.free,
+                    format!("no-op items, {} handlers a worker", f.free_concurrency),
+                ),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "\nfleet limit {}, {label} ({what}), {} workers: unlimited and limited drains alternated (pair ratios {})",
+                    flow::FLEET_LIMIT,
+                    f.workers,
+                    pairs
+                        .ratios()
+                        .iter()
+                        .map(|r| format!("{r:.3}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                let runs: Vec<(String, &DrainRun)> = pairs
+                    .base
+                    .iter()
+                    .map(|r| ("no limit", r))
+                    .chain(pairs.variant.iter().map(|r| ("limit", r)))
+                    .map(|(label, r)| (label.to_owned(), r))
+                    .collect();
+                drain_runs_table(out, "drain", runs.iter().cloned());
+                for (label, r) in runs {
+                    if let Some(s) = &r.running {
+                        let _ = writeln!(
+                            out,
+                            "  {label}: running sampled {} times: max {}, p50 {}, {:.1} % of the samples below {}",
+                            group(s.samples as f64),
+                            s.max,
+                            s.p50,
+                            100.0 * s.share_below(),
+                            s.threshold
+                        );
+                    }
+                }
+            }
+            if let Some(r) = f.free.variant.last() {
+                if !r.statements.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "\nwhere the limited free drain's database time went ({} workers, {} items, last run)",
+                        r.workers,
+                        group(r.items as f64)
+                    );
+                    statement_table(out, &r.statements, r.items);
+                }
+            }
+        }
+        if let Some(rate) = &self.rate {
+            let _ = writeln!(
+                out,
+                "\nrate limit {} per {} ms, {} workers at the drain's concurrency; starts counted by completion time from 1 s after the resume",
+                group(f64::from(flow::RATE)),
+                flow::RATE_PERIOD.as_millis(),
+                rate.workers
+            );
+            for r in &rate.runs {
+                if let Some(w) = &r.rate_window {
+                    let _ = writeln!(
+                        out,
+                        "  {} items: {:.1} starts/s over {:.0} s ({:+.2} %); first second {}; {} by the window's end, the bucket allows {:.0}; per second {}–{}",
+                        group(r.items as f64),
+                        w.per_s,
+                        w.window_s,
+                        100.0 * w.deviation,
+                        group(w.first_period as f64),
+                        group(w.by_end as f64),
+                        w.allowed_by_end.floor(),
+                        w.second_min,
+                        w.second_max
+                    );
                 }
             }
         }
