@@ -55,7 +55,7 @@ pub(crate) struct Spec {
 
 /// Every scenario, in the order a full run takes them. Each runs under every profile asked
 /// for (`--profile`); its timeline and bounds come from that profile's settings.
-pub(crate) const SCENARIOS: [Spec; 15] = [
+pub(crate) const SCENARIOS: [Spec; 16] = [
     Spec {
         name: "sigkill",
         quick: true,
@@ -78,6 +78,12 @@ pub(crate) const SCENARIOS: [Spec; 15] = [
         name: "keyed",
         quick: true,
         about: "ordering keys (8 hot keys, a long tail) under SIGKILL and SIGSTOP past the lease: per key one claim at a time, a head taken over only from a killed or paused process, enqueue order, no zombie outcome",
+        profiles: &[Profile::Short],
+    },
+    Spec {
+        name: "fleet-limit",
+        quick: true,
+        about: "a queue with max_running 5 served by 16 handlers, a backlog behind the limit, SIGKILL a worker holding leases (3 times), a replacement each time: never more than 5 running (an orphan holds its slot), the slots back within the kill bound",
         profiles: &[Profile::Short],
     },
     Spec {
@@ -168,8 +174,8 @@ counts as not passed; one excluded with --exclude does not run at all. Every tim
 bound is derived from the profile in use."
 )]
 pub(crate) struct Args {
-    /// The short set for CI: sigkill, sigstop, sigstop-alone, keyed, listener-kill,
-    /// pg-restart, failover (~800-2 000 items each, about 3.5 minutes); with --scenario, the
+    /// The short set for CI: sigkill, sigstop, sigstop-alone, keyed, fleet-limit,
+    /// listener-kill, pg-restart, failover (~400-2 000 items each, about 4.5 minutes); with --scenario, the
     /// quick variant of each named scenario
     #[arg(long)]
     quick: bool,

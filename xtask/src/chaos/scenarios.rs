@@ -13,9 +13,9 @@ use super::harness::{Fault, Harness};
 use super::liveness;
 use super::proxy::Proxy;
 use super::report::Recovery;
-use super::store::{HoldBurst, KeySkew, Mix};
+use super::store::{HoldBurst, KeySkew, Mix, Sampler};
 use super::Result;
-use crate::harness::check::{self, Down, Evidence};
+use crate::harness::check::{self, Down, Evidence, Killed};
 use crate::harness::procs::Metrics;
 
 /// Handlers per worker.
@@ -38,6 +38,7 @@ pub(crate) async fn run(name: &str, h: &mut Harness<'_>) -> Result<()> {
         "partition" => partition(h).await,
         "clock-skew" => clock_skew(h).await,
         "keyed" => keyed(h).await,
+        "fleet-limit" => fleet_limit(h).await,
         other => Err(format!("unknown scenario {other}").into()),
     }
 }
@@ -138,6 +139,11 @@ async fn sigkill(h: &mut Harness<'_>, victim: usize) -> Result<()> {
 /// Starts a replacement worker and waits until it is ready.
 async fn replace(h: &mut Harness<'_>) -> Result<()> {
     let spec = h.direct(CONCURRENCY);
+    replace_with(h, spec).await
+}
+
+/// Starts a replacement worker of `spec` and waits until it is ready.
+async fn replace_with(h: &mut Harness<'_>, spec: WorkerSpec) -> Result<()> {
     let index = h.start_worker(spec).await?;
     let name = h.fleet.procs[index].name.clone();
     h.say(&format!("replacement {name} ready"));
@@ -192,6 +198,131 @@ async fn keyed(h: &mut Harness<'_>) -> Result<()> {
     let by = h.finish_by(t.finish_s(spread_ms as f64 / 1000.0) + pause);
     h.wait_finished(by).await;
     check_keys(h).await
+}
+
+/// The fleet-wide running limit of the `fleet-limit` scenario's queue.
+const FLEET_LIMIT: u32 = 5;
+
+/// Handlers per worker in the `fleet-limit` scenario: four workers of 4 (16 handlers, over
+/// three times the limit), so that the limit, not the workers, bounds the running count —
+/// also after a kill, when three workers (12 handlers) remain until the replacement is ready
+/// — and so that the count would visibly overshoot (up to 16) if the store did not hold it.
+const FLEET_CONCURRENCY: usize = 4;
+
+/// A worker of the `fleet-limit` scenario: [`FLEET_CONCURRENCY`] handlers, and its queue
+/// declared with the same `max_running` the suite set (`[queues.chaos] max_running`).
+fn limited_worker(h: &Harness<'_>) -> WorkerSpec {
+    let mut spec = h.direct(FLEET_CONCURRENCY);
+    spec.env.extend(crate::harness::worker_env(&[(
+        "queues.chaos.max_running",
+        FLEET_LIMIT,
+    )]));
+    spec.label = Some(format!(
+        "{FLEET_CONCURRENCY} handlers, queue max_running {FLEET_LIMIT}"
+    ));
+    spec
+}
+
+/// A fleet-wide running limit under SIGKILL. The queue gets `max_running` =
+/// [`FLEET_LIMIT`] (set by the suite as an operator would, and declared alike by the
+/// workers); four workers of [`FLEET_CONCURRENCY`] handlers share a workload due at once,
+/// with sleepers of 1–3 s, so that a backlog waits behind the limit for the whole timeline.
+/// A worker holding leases is SIGKILLed every kill bound + 1 s (3 times; a full run 5),
+/// and replaced. Its items stay `running` in the store, holding their slots, until their
+/// leases are reclaimed. Besides the suite's checks, [`check::fleet_limit`] on the audit:
+/// never more than the limit running at any instant, and after each kill the limit's slots
+/// filled by live processes again within the kill's bound while items wait; vacuous unless
+/// the count reached the limit and each kill found items running under its process. A
+/// sampler of the running count, every 50 ms, must never see more than the limit either.
+async fn fleet_limit(h: &mut Harness<'_>) -> Result<()> {
+    let t = h.timing();
+    let (items, kills) = if h.quick { (400, 3) } else { (700, 5) };
+    h.db.set_max_running(FLEET_LIMIT).await?;
+    let specs = (0..4).map(|_| limited_worker(h)).collect();
+    h.start_workers(specs).await?;
+    let sampler = Sampler::start(&h.db);
+    let mut mix = Mix::new(items, 1_000);
+    mix.sleep_ms = (1_000, 3_000);
+    h.enqueue(&mix).await?;
+    h.say(&format!(
+        "queue max_running {FLEET_LIMIT}; {} handlers in all",
+        4 * FLEET_CONCURRENCY
+    ));
+    // A kill's slots must be back within its bound (that of `sigkill`): the next kill comes
+    // after it, so that each kill's recovery is measured on its own.
+    let gap = 2.0 * t.sweep_s + t.lock_grace_s + 3.0 + 1.0;
+    h.at(2.0).await;
+    h.cancel_some(mix.cancels).await?;
+    for k in 0..kills {
+        h.at(3.0 + gap * k as f64).await;
+        let Some(victim) = pick_holding(h).await else {
+            break;
+        };
+        sigkill(h, victim).await?;
+        let spec = limited_worker(h);
+        replace_with(h, spec).await?;
+    }
+    let by = h.finish_by(t.finish_s(h.elapsed()));
+    h.wait_finished(by).await;
+    let sampled = sampler.stop().await?;
+    check_fleet_limit(h, sampled).await
+}
+
+/// [`check::fleet_limit`] on the scenario's evidence, with its kills, and the sampler's
+/// figures (`samples`, the most running in one).
+async fn check_fleet_limit(h: &mut Harness<'_>, (samples, most): (usize, i64)) -> Result<()> {
+    let ev = Evidence::load(&h.db.pool).await?;
+    let killed: Vec<Killed> = h
+        .faults
+        .iter()
+        .flat_map(|f| {
+            f.procs.iter().map(|p| Killed {
+                proc: p.clone(),
+                at: f.at,
+                bound: f.bound,
+            })
+        })
+        .collect();
+    let limit = i64::from(FLEET_LIMIT);
+    let f = check::fleet_limit(&ev, limit, &killed);
+    let back: Vec<String> = f
+        .kills
+        .iter()
+        .map(|k| {
+            format!(
+                "{} (held {}) {}{}",
+                k.proc,
+                k.held,
+                k.after
+                    .map_or("never".to_owned(), |a| format!("after {a:.1} s")),
+                if k.backlog {
+                    ""
+                } else {
+                    " (no backlog throughout)"
+                }
+            )
+        })
+        .collect();
+    h.notes.push(format!(
+        "fleet limit {limit}: at most {} running by the audit (first at {}), at most {most} in          {samples} samples of the store; at the limit {:.0} % of the {:.1} s in which items          waited; the slots of each killed worker filled by live workers again: {}",
+        f.peak,
+        f.peak_at
+            .map_or("-".to_owned(), |at| format!("{:+.2} s", at - h.t0)),
+        100.0 * f.at_limit_s / f.backlog_s.max(f64::MIN_POSITIVE),
+        f.backlog_s,
+        back.join(", ")
+    ));
+    if most > limit {
+        h.violations.push(format!(
+            "the sampler saw {most} items running at once, over the limit of {limit}"
+        ));
+    }
+    if samples == 0 {
+        h.violations
+            .push("vacuous: the sampler never read the running count".into());
+    }
+    h.violations.extend(f.violations);
+    Ok(())
 }
 
 /// A random live, running worker that holds a lease now, waiting for one (see

@@ -10,7 +10,8 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Uuid;
 use sqlx::PgPool;
 use workpump_coordinator::{
-    migrate, PgCoordinator, RegisterQueueParams, WorkCoordinator, DEFAULT_SCHEMA,
+    migrate, Operations, PgCoordinator, RegisterQueueParams, SetQueueSettingsParams,
+    WorkCoordinator, DEFAULT_SCHEMA,
 };
 use workpump_testdb::Cluster;
 
@@ -78,6 +79,23 @@ impl Db {
             pool,
             admin,
         })
+    }
+
+    /// Gives the queue a fleet-wide running limit of `n`, as an operator does
+    /// (`Operations::set_queue_settings`; `workpump settings chaos --max-running N`), and
+    /// checks that the store holds it.
+    pub(crate) async fn set_max_running(&self, n: u32) -> Result<()> {
+        let stored = PgCoordinator::new(self.pool.clone())
+            .set_queue_settings(SetQueueSettingsParams {
+                max_running: Some(Some(n)),
+                ..SetQueueSettingsParams::new(QUEUE)
+            })
+            .await?
+            .max_running;
+        if stored != Some(n) {
+            return Err(format!("set max_running {n}, but the store holds {stored:?}").into());
+        }
+        Ok(())
     }
 
     /// Closes the pools and drops the database (`keep`: only closes them).
@@ -410,6 +428,61 @@ impl Db {
         .bind(since)
         .fetch_one(&self.pool)
         .await?)
+    }
+}
+
+/// A task of the suite that counts the items in state `running` (one statement, so one
+/// snapshot of committed state) every 50 ms while a scenario runs: a witness of the running
+/// limit independent of the audit's replay. It tolerates a database that is briefly away.
+pub(crate) struct Sampler {
+    /// Taken by `stop`; aborted on drop otherwise.
+    task: Option<tokio::task::JoinHandle<(usize, i64)>>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Sampler {
+    pub(crate) fn start(db: &Db) -> Sampler {
+        let pool = db.pool.clone();
+        let (stop, mut stopping) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let (mut samples, mut most) = (0, 0);
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stopping.wait_for(|s| *s) => return (samples, most),
+                }
+                let running: sqlx::Result<i64> = sqlx::query_scalar(
+                    "SELECT count(*) FROM workpump.work WHERE state = 'running'",
+                )
+                .fetch_one(&pool)
+                .await;
+                if let Ok(n) = running {
+                    samples += 1;
+                    most = most.max(n);
+                }
+            }
+        });
+        Sampler {
+            task: Some(task),
+            stop,
+        }
+    }
+
+    /// Stops sampling: how many samples were taken, and the most items running in one.
+    pub(crate) async fn stop(mut self) -> Result<(usize, i64)> {
+        self.stop.send_replace(true);
+        let task = self.task.take().ok_or("the sampler was stopped twice")?;
+        task.await
+            .map_err(|e| format!("the running-count sampler: {e}").into())
     }
 }
 

@@ -1133,6 +1133,211 @@ pub(crate) fn keyed(ev: &Evidence, keys: &HashMap<i64, (String, i64)>, down: &[D
     k
 }
 
+/// A worker the suite SIGKILLed (database seconds), with the bound within which the slots
+/// its process held must come back.
+#[derive(Clone, Debug)]
+pub(crate) struct Killed {
+    pub(crate) proc: String,
+    pub(crate) at: f64,
+    pub(crate) bound: f64,
+}
+
+/// How the queue's slots came back after one kill (see [`fleet_limit`]).
+#[derive(Clone, Debug)]
+pub(crate) struct SlotsBack {
+    pub(crate) proc: String,
+    /// Items running under the killed process's claims at the kill, by the audit.
+    pub(crate) held: usize,
+    /// Seconds from the kill until `max_running` items ran under live processes' claims
+    /// again; None if that never happened.
+    pub(crate) after: Option<f64>,
+    /// Whether items waited (available) throughout the kill's window (until the slots came
+    /// back, or the bound if they did not): only then must the slots come back.
+    pub(crate) backlog: bool,
+}
+
+/// What the fleet-limit checks found (see [`fleet_limit`]).
+#[derive(Default, Debug)]
+pub(crate) struct FleetLimit {
+    /// The most items running at once, by the store's own transitions, and when (database
+    /// seconds).
+    pub(crate) peak: i64,
+    pub(crate) peak_at: Option<f64>,
+    /// Seconds during which items waited (available), and of those, seconds with the queue
+    /// at its limit.
+    pub(crate) backlog_s: f64,
+    pub(crate) at_limit_s: f64,
+    pub(crate) kills: Vec<SlotsBack>,
+    pub(crate) violations: Vec<String>,
+}
+
+/// The fleet-wide running limit's checks, from the audit: the store's transitions of the
+/// (one) queue's items replayed in the order of their times (`clock_timestamp()` of each row
+/// change, on the server's one clock):
+///
+/// 1. **never more than `limit` running** — the count of items in state `running` (an
+///    orphan whose process died stays running until its lease is reclaimed: it holds its
+///    slot) is at most `limit` at every instant. The replay can only under-count a
+///    transaction still in flight, never over-count a correct store: a claim counts the
+///    running items under the queue row's lock after the previous claim committed, and an
+///    item that left `running` before that count was audited before it;
+/// 2. **the slots come back** — after each kill, the items running under live processes'
+///    claims (claimed, or reclaimed, by a process not killed by then) are `limit` again within
+///    the kill's bound, as long as items waited (available) all that time;
+/// 3. **not vacuous** — the count reached `limit` (the limit bound), and each kill found items
+///    running under its process's claims.
+pub(crate) fn fleet_limit(ev: &Evidence, limit: i64, kills: &[Killed]) -> FleetLimit {
+    let mut f = FleetLimit::default();
+    let mut order: Vec<usize> = (0..ev.changes.len()).collect();
+    order.sort_by(|a, b| {
+        ev.changes[*a]
+            .at
+            .total_cmp(&ev.changes[*b].at)
+            .then(a.cmp(b))
+    });
+    let mut kills: Vec<&Killed> = kills.iter().collect();
+    kills.sort_by(|a, b| a.at.total_cmp(&b.at));
+    let dead_at = |proc: &str, t: f64| kills.iter().any(|k| k.proc == proc && k.at <= t);
+    // Item → the process of its current claim, for the items running now.
+    let mut holder: HashMap<i64, &str> = HashMap::new();
+    let mut available: i64 = 0;
+    // Per kill: (the kill, held, when the slots came back, whether a backlog waited
+    // throughout its window).
+    let mut open: Vec<(&Killed, usize, Option<f64>, bool)> = Vec::new();
+    let mut next_kill = 0;
+    let mut last_t: Option<f64> = None;
+    let mut over = 0usize;
+    // Each change in time order, then one step past the last (`None`) that closes the
+    // windows. Before a change is applied, the state since the previous one is accounted
+    // for: time with a backlog and at the limit, kills that fell in between, and gaps in the
+    // backlog within open kills' windows.
+    for n in order.into_iter().map(Some).chain(std::iter::once(None)) {
+        let t = n.map_or(f64::INFINITY, |n| ev.changes[n].at);
+        if let Some(last) = last_t.filter(|_| available > 0 && t.is_finite()) {
+            f.backlog_s += t - last;
+            if holder.len() as i64 >= limit {
+                f.at_limit_s += t - last;
+            }
+        }
+        for (k, _, back, backlog) in &mut open {
+            let in_window = last_t.is_some_and(|l| l >= k.at && l < k.at + k.bound);
+            if back.is_none() && in_window && available == 0 {
+                *backlog = false;
+            }
+        }
+        while next_kill < kills.len() && kills[next_kill].at <= t {
+            let k = kills[next_kill];
+            next_kill += 1;
+            let held = holder.values().filter(|p| **p == k.proc).count();
+            let live = holder.values().filter(|p| !dead_at(p, k.at)).count() as i64;
+            open.push((k, held, (live >= limit).then_some(k.at), available > 0));
+        }
+        let Some(n) = n else { break };
+        let c = &ev.changes[n];
+        let was = c.from_state == "running";
+        let is = c.to_state == "running";
+        match (was, is) {
+            (false, true) => {
+                holder.insert(c.item, c.proc.as_str());
+            }
+            (true, false) => {
+                holder.remove(&c.item);
+            }
+            (true, true) if c.kind() == Kind::Claim => {
+                holder.insert(c.item, c.proc.as_str());
+            }
+            _ => {}
+        }
+        if c.from_state == "available" && c.to_state != "available" {
+            available -= 1;
+        }
+        if c.to_state == "available" && c.from_state != "available" {
+            available += 1;
+        }
+        let running = holder.len() as i64;
+        if running > f.peak {
+            f.peak = running;
+            f.peak_at = Some(t);
+        }
+        // Each claim that took the count over the limit (renewals and releases while over it
+        // change nothing).
+        if running > limit && !was && is {
+            over += 1;
+            if over <= 5 {
+                let mut items: Vec<(&i64, &&str)> = holder.iter().collect();
+                items.sort();
+                f.violations.push(format!(
+                    "{running} items running at {t:.3} (limit {limit}), once {} claimed item \
+                     {} ({} → running): {}",
+                    c.proc,
+                    c.item,
+                    c.from_state,
+                    items
+                        .iter()
+                        .map(|(i, p)| format!("{i} by {p}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+        let live = holder.values().filter(|p| !dead_at(p, t)).count() as i64;
+        for (k, _, back, _) in &mut open {
+            if back.is_none() && t >= k.at && live >= limit {
+                *back = Some(t);
+            }
+        }
+        last_t = Some(t);
+    }
+    if over > 5 {
+        f.violations.push(format!(
+            "... {over} claims in all took the running count over the limit"
+        ));
+    }
+    if f.peak < limit {
+        f.violations.push(format!(
+            "vacuous: the running count never reached the limit of {limit} (at most {}): the \
+             limit never bound",
+            f.peak
+        ));
+    }
+    if kills.is_empty() {
+        f.violations
+            .push("vacuous: no worker was killed, so no slot had to come back".into());
+    }
+    for (k, held, back, backlog) in open {
+        let after = back.map(|b| b - k.at);
+        let late = after.is_none_or(|a| a > k.bound);
+        if held == 0 {
+            f.violations.push(format!(
+                "vacuous: no item ran under {}'s claims when it was killed at {:.3}",
+                k.proc, k.at
+            ));
+        } else if late && backlog {
+            f.violations.push(format!(
+                "the {held} slots {} held came back {} after its kill at {:.3}, while items \
+                 waited (bound {:.1} s)",
+                k.proc,
+                after.map_or("never".to_owned(), |a| format!("{a:.1} s")),
+                k.at,
+                k.bound
+            ));
+        } else if late {
+            f.violations.push(format!(
+                "vacuous: the backlog ran out within {:.1} s of {}'s kill at {:.3}, before its \
+                 slots came back, so their return was not tested",
+                k.bound, k.proc, k.at
+            ));
+        }
+        f.kills.push(SlotsBack {
+            proc: k.proc.clone(),
+            held,
+            after,
+            backlog,
+        });
+    }
+    f
+}
+
 /// Per-kind counts for the notes.
 pub(crate) fn kinds(ev: &Evidence) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
@@ -2131,6 +2336,126 @@ mod tests {
             who.1,
             at,
         )
+    }
+
+    /// A scheduled item due: available from `at`.
+    fn due(item: i64, at: f64) -> Change {
+        change(
+            item,
+            ("scheduled", "available"),
+            (None, None),
+            (None, None),
+            (0, 0),
+            None,
+            A,
+            at,
+        )
+    }
+
+    /// Six items due at once under a limit of 2: A and B each run one, B is killed at 3.0
+    /// holding item 2, and C reclaims it at 5.0 (and later claims the rest), 2 at a time.
+    fn limited_run() -> Evidence {
+        let (a, b, c) = ((id(1), A), (id(2), B), (id(3), "chaos-w3"));
+        let mut changes: Vec<Change> = (1..=6).map(|i| due(i, 0.1)).collect();
+        changes.extend([
+            claim(1, 10, 1, a, 1.0),
+            claim(2, 20, 1, b, 1.1),
+            complete(1, 10, 1, a, 2.0),
+            claim(3, 30, 1, a, 2.1),
+            reclaim(2, 20, 21, 1, c, 5.0),
+            complete(3, 30, 1, a, 6.0),
+            claim(4, 40, 1, c, 6.1),
+            complete(2, 21, 2, c, 7.0),
+            claim(5, 50, 1, a, 7.1),
+            complete(4, 40, 1, c, 8.0),
+            claim(6, 60, 1, c, 8.1),
+            complete(5, 50, 1, a, 9.0),
+            complete(6, 60, 1, c, 9.1),
+        ]);
+        evidence(Vec::new(), changes, Vec::new())
+    }
+
+    fn b_killed_at(at: f64) -> Vec<Killed> {
+        vec![Killed {
+            proc: B.into(),
+            at,
+            bound: 8.0,
+        }]
+    }
+
+    #[test]
+    fn a_run_held_at_its_limit_whose_killed_slots_come_back_passes() {
+        let f = fleet_limit(&limited_run(), 2, &b_killed_at(3.0));
+        assert!(f.violations.is_empty(), "{:#?}", f.violations);
+        assert_eq!((f.peak, f.peak_at), (2, Some(1.1)));
+        assert_eq!(f.kills.len(), 1);
+        let k = &f.kills[0];
+        assert_eq!((k.held, k.backlog), (1, true));
+        // Back when C reclaimed item 2 (A ran item 3 meanwhile).
+        assert_eq!(k.after, Some(2.0));
+        assert!(f.at_limit_s > 0.0 && f.at_limit_s <= f.backlog_s);
+    }
+
+    #[test]
+    fn more_running_than_the_limit_is_a_violation_even_counting_an_orphan() {
+        // With a limit of 1 the orphan of the killed B and A's item are two running at once.
+        let f = fleet_limit(&limited_run(), 1, &b_killed_at(3.0));
+        assert!(
+            f.violations[0].starts_with("2 items running at 1.100 (limit 1)"),
+            "{:#?}",
+            f.violations
+        );
+        assert_eq!(f.peak, 2);
+    }
+
+    #[test]
+    fn a_limit_never_reached_or_no_kill_is_vacuous() {
+        let f = fleet_limit(&limited_run(), 3, &b_killed_at(3.0));
+        assert!(
+            f.violations
+                .iter()
+                .any(|v| v.starts_with("vacuous: the running count never reached")),
+            "{:#?}",
+            f.violations
+        );
+        let f = fleet_limit(&limited_run(), 2, &[]);
+        assert_eq!(
+            f.violations,
+            ["vacuous: no worker was killed, so no slot had to come back"]
+        );
+        // Killed before it claimed anything: it held nothing.
+        let f = fleet_limit(&limited_run(), 2, &b_killed_at(0.5));
+        assert!(
+            f.violations
+                .iter()
+                .any(|v| v.starts_with("vacuous: no item ran under chaos-w2")),
+            "{:#?}",
+            f.violations
+        );
+    }
+
+    #[test]
+    fn slots_that_come_back_after_the_bound_while_items_wait_are_a_violation() {
+        let mut killed = b_killed_at(3.0);
+        killed[0].bound = 1.5;
+        let f = fleet_limit(&limited_run(), 2, &killed);
+        assert_eq!(f.violations.len(), 1, "{:#?}", f.violations);
+        assert!(
+            f.violations[0].contains("came back 2.0 s after its kill at 3.000, while items waited"),
+            "{}",
+            f.violations[0]
+        );
+        // Without a backlog in the window, that proves nothing: vacuous, not a pass.
+        let mut ev = limited_run();
+        ev.changes.retain(|c| c.item <= 3);
+        let f = fleet_limit(&ev, 2, &killed);
+        assert!(
+            f.violations
+                .iter()
+                .any(|v| v.starts_with("vacuous: the backlog ran out")),
+            "{:#?}",
+            f.violations
+        );
     }
 
     #[test]
