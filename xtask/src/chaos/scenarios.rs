@@ -284,7 +284,7 @@ async fn check_fleet_limit(h: &mut Harness<'_>, (samples, most): (usize, i64)) -
         })
         .collect();
     let limit = i64::from(FLEET_LIMIT);
-    let f = check::fleet_limit(&ev, limit, &killed);
+    let f = check::fleet_limit(&ev, limit, &killed, h.t0);
     let back: Vec<String> = f
         .kills
         .iter()
@@ -304,7 +304,9 @@ async fn check_fleet_limit(h: &mut Harness<'_>, (samples, most): (usize, i64)) -
         })
         .collect();
     h.notes.push(format!(
-        "fleet limit {limit}: at most {} running by the audit (first at {}), at most {most} in          {samples} samples of the store; at the limit {:.0} % of the {:.1} s in which items          waited; the slots of each killed worker filled by live workers again: {}",
+        "fleet limit {limit}: at most {} running by the audit (first at {}), at most {most} in \
+         {samples} samples of the store; at the limit {:.0} % of the {:.1} s in which items \
+         waited; the slots of each killed worker filled by live workers again: {}",
         f.peak,
         f.peak_at
             .map_or("-".to_owned(), |at| format!("{:+.2} s", at - h.t0)),

@@ -1186,7 +1186,9 @@ pub(crate) struct FleetLimit {
 ///    the kill's bound, as long as items waited (available) all that time;
 /// 3. **not vacuous** — the count reached `limit` (the limit bound), and each kill found items
 ///    running under its process's claims.
-pub(crate) fn fleet_limit(ev: &Evidence, limit: i64, kills: &[Killed]) -> FleetLimit {
+///
+/// `t0` (database seconds) is the origin of the times quoted in violations.
+pub(crate) fn fleet_limit(ev: &Evidence, limit: i64, kills: &[Killed], t0: f64) -> FleetLimit {
     let mut f = FleetLimit::default();
     let mut order: Vec<usize> = (0..ev.changes.len()).collect();
     order.sort_by(|a, b| {
@@ -1267,8 +1269,9 @@ pub(crate) fn fleet_limit(ev: &Evidence, limit: i64, kills: &[Killed]) -> FleetL
                 let mut items: Vec<(&i64, &&str)> = holder.iter().collect();
                 items.sort();
                 f.violations.push(format!(
-                    "{running} items running at {t:.3} (limit {limit}), once {} claimed item \
+                    "{running} items running at {:+.3} s (limit {limit}), once {} claimed item \
                      {} ({} → running): {}",
+                    t - t0,
                     c.proc,
                     c.item,
                     c.from_state,
@@ -1309,23 +1312,26 @@ pub(crate) fn fleet_limit(ev: &Evidence, limit: i64, kills: &[Killed]) -> FleetL
         let late = after.is_none_or(|a| a > k.bound);
         if held == 0 {
             f.violations.push(format!(
-                "vacuous: no item ran under {}'s claims when it was killed at {:.3}",
-                k.proc, k.at
+                "vacuous: no item ran under {}'s claims when it was killed at {:+.3} s",
+                k.proc,
+                k.at - t0
             ));
         } else if late && backlog {
             f.violations.push(format!(
-                "the {held} slots {} held came back {} after its kill at {:.3}, while items \
+                "the {held} slots {} held came back {} after its kill at {:+.3} s, while items \
                  waited (bound {:.1} s)",
                 k.proc,
                 after.map_or("never".to_owned(), |a| format!("{a:.1} s")),
-                k.at,
+                k.at - t0,
                 k.bound
             ));
         } else if late {
             f.violations.push(format!(
-                "vacuous: the backlog ran out within {:.1} s of {}'s kill at {:.3}, before its \
-                 slots came back, so their return was not tested",
-                k.bound, k.proc, k.at
+                "vacuous: the backlog ran out within {:.1} s of {}'s kill at {:+.3} s, before \
+                 its slots came back, so their return was not tested",
+                k.bound,
+                k.proc,
+                k.at - t0
             ));
         }
         f.kills.push(SlotsBack {
@@ -2385,7 +2391,7 @@ mod tests {
 
     #[test]
     fn a_run_held_at_its_limit_whose_killed_slots_come_back_passes() {
-        let f = fleet_limit(&limited_run(), 2, &b_killed_at(3.0));
+        let f = fleet_limit(&limited_run(), 2, &b_killed_at(3.0), 0.0);
         assert!(f.violations.is_empty(), "{:#?}", f.violations);
         assert_eq!((f.peak, f.peak_at), (2, Some(1.1)));
         assert_eq!(f.kills.len(), 1);
@@ -2399,9 +2405,9 @@ mod tests {
     #[test]
     fn more_running_than_the_limit_is_a_violation_even_counting_an_orphan() {
         // With a limit of 1 the orphan of the killed B and A's item are two running at once.
-        let f = fleet_limit(&limited_run(), 1, &b_killed_at(3.0));
+        let f = fleet_limit(&limited_run(), 1, &b_killed_at(3.0), 0.0);
         assert!(
-            f.violations[0].starts_with("2 items running at 1.100 (limit 1)"),
+            f.violations[0].starts_with("2 items running at +1.100 s (limit 1)"),
             "{:#?}",
             f.violations
         );
@@ -2410,7 +2416,7 @@ mod tests {
 
     #[test]
     fn a_limit_never_reached_or_no_kill_is_vacuous() {
-        let f = fleet_limit(&limited_run(), 3, &b_killed_at(3.0));
+        let f = fleet_limit(&limited_run(), 3, &b_killed_at(3.0), 0.0);
         assert!(
             f.violations
                 .iter()
@@ -2418,13 +2424,13 @@ mod tests {
             "{:#?}",
             f.violations
         );
-        let f = fleet_limit(&limited_run(), 2, &[]);
+        let f = fleet_limit(&limited_run(), 2, &[], 0.0);
         assert_eq!(
             f.violations,
             ["vacuous: no worker was killed, so no slot had to come back"]
         );
         // Killed before it claimed anything: it held nothing.
-        let f = fleet_limit(&limited_run(), 2, &b_killed_at(0.5));
+        let f = fleet_limit(&limited_run(), 2, &b_killed_at(0.5), 0.0);
         assert!(
             f.violations
                 .iter()
@@ -2438,17 +2444,18 @@ mod tests {
     fn slots_that_come_back_after_the_bound_while_items_wait_are_a_violation() {
         let mut killed = b_killed_at(3.0);
         killed[0].bound = 1.5;
-        let f = fleet_limit(&limited_run(), 2, &killed);
+        let f = fleet_limit(&limited_run(), 2, &killed, 0.0);
         assert_eq!(f.violations.len(), 1, "{:#?}", f.violations);
         assert!(
-            f.violations[0].contains("came back 2.0 s after its kill at 3.000, while items waited"),
+            f.violations[0]
+                .contains("came back 2.0 s after its kill at +3.000 s, while items waited"),
             "{}",
             f.violations[0]
         );
         // Without a backlog in the window, that proves nothing: vacuous, not a pass.
         let mut ev = limited_run();
         ev.changes.retain(|c| c.item <= 3);
-        let f = fleet_limit(&ev, 2, &killed);
+        let f = fleet_limit(&ev, 2, &killed, 0.0);
         assert!(
             f.violations
                 .iter()
