@@ -1182,8 +1182,9 @@ pub(crate) struct FleetLimit {
 ///    running items under the queue row's lock after the previous claim committed, and an
 ///    item that left `running` before that count was audited before it;
 /// 2. **the slots come back** — after each kill, the items running under live processes'
-///    claims (claimed, or reclaimed, by a process not killed by then) are `limit` again within
-///    the kill's bound, as long as items waited (available) all that time;
+///    claims (claimed, or reclaimed, by a process not killed by the time of that kill: a later
+///    kill's orphans are the later kill's to bring back) are `limit` again within the kill's
+///    bound, as long as items waited (available) all that time;
 /// 3. **not vacuous** — the count reached `limit` (the limit bound), and each kill found items
 ///    running under its process's claims.
 ///
@@ -1283,8 +1284,9 @@ pub(crate) fn fleet_limit(ev: &Evidence, limit: i64, kills: &[Killed], t0: f64) 
                 ));
             }
         }
-        let live = holder.values().filter(|p| !dead_at(p, t)).count() as i64;
         for (k, _, back, _) in &mut open {
+            // Live as of this kill: a later kill's orphans are that kill's to bring back.
+            let live = holder.values().filter(|p| !dead_at(p, k.at)).count() as i64;
             if back.is_none() && t >= k.at && live >= limit {
                 *back = Some(t);
             }
@@ -2435,6 +2437,49 @@ mod tests {
             f.violations
                 .iter()
                 .any(|v| v.starts_with("vacuous: no item ran under chaos-w2")),
+            "{:#?}",
+            f.violations
+        );
+    }
+
+    #[test]
+    fn a_later_kills_late_orphan_is_that_kills_not_the_earlier_ones() {
+        // Limit 2: B is killed at 3.0 holding item 2, A at 4.0 holding item 1. C reclaims
+        // B's orphan at 5.0 (A's still counted live for B's kill), A's only at 12.5.
+        let c = (id(3), "chaos-w3");
+        let mut changes: Vec<Change> = (1..=5).map(|i| due(i, 0.1)).collect();
+        changes.extend([
+            claim(1, 10, 1, (id(1), A), 1.0),
+            claim(2, 20, 1, (id(2), B), 1.1),
+            reclaim(2, 20, 21, 1, c, 5.0),
+            complete(2, 21, 2, c, 6.0),
+            claim(3, 30, 1, c, 6.1),
+            reclaim(1, 10, 11, 1, c, 12.5),
+            complete(3, 30, 1, c, 13.0),
+            complete(1, 11, 2, c, 13.1),
+            claim(4, 40, 1, c, 13.2),
+            claim(5, 50, 1, c, 13.3),
+            complete(4, 40, 1, c, 14.0),
+            complete(5, 50, 1, c, 14.1),
+        ]);
+        let ev = evidence(Vec::new(), changes, Vec::new());
+        let kill = |proc: &str, at: f64| Killed {
+            proc: proc.into(),
+            at,
+            bound: 8.0,
+        };
+        let f = fleet_limit(&ev, 2, &[kill(B, 3.0), kill(A, 4.0)], 0.0);
+        assert_eq!(
+            (f.kills[0].after, f.kills[1].after),
+            (Some(2.0), Some(8.5)),
+            "{:#?}",
+            f.kills
+        );
+        assert_eq!(f.violations.len(), 1, "{:#?}", f.violations);
+        assert!(
+            f.violations[0].starts_with(
+                "the 1 slots chaos-w1 held came back 8.5 s after its kill at +4.000 s"
+            ),
             "{:#?}",
             f.violations
         );
