@@ -83,7 +83,7 @@ pub(crate) const SCENARIOS: [Spec; 16] = [
     Spec {
         name: "fleet-limit",
         quick: true,
-        about: "a queue with max_running 5 served by 16 handlers, a backlog behind the limit, SIGKILL a worker holding leases (3 times), a replacement each time: never more than 5 running (an orphan holds its slot), the slots back within the kill bound",
+        about: "a queue with max_running 5 served by 16 handlers, a backlog behind the limit, SIGKILL a worker holding leases (3 times; full run 5), a replacement each time: never more than 5 running (an orphan holds its slot), the slots back within the kill bound",
         profiles: &[Profile::Short],
     },
     Spec {
@@ -175,8 +175,8 @@ bound is derived from the profile in use."
 )]
 pub(crate) struct Args {
     /// The short set for CI: sigkill, sigstop, sigstop-alone, keyed, fleet-limit,
-    /// listener-kill, pg-restart, failover (~400-2 000 items each, about 4.5 minutes); with --scenario, the
-    /// quick variant of each named scenario
+    /// listener-kill, pg-restart, failover (~400-2 000 items each, about 4 minutes); with
+    /// --scenario, the quick variant of each named scenario
     #[arg(long)]
     quick: bool,
     /// Run only NAME (repeatable); `--scenario list` lists them
