@@ -236,7 +236,7 @@ fn limited_worker(h: &Harness<'_>) -> WorkerSpec {
 /// sampler of the running count, every 50 ms, must never see more than the limit either.
 async fn fleet_limit(h: &mut Harness<'_>) -> Result<()> {
     let t = h.timing();
-    let (items, kills) = if h.quick { (400, 3) } else { (700, 5) };
+    let (items, kills) = if h.quick { (480, 3) } else { (700, 5) };
     h.db.set_max_running(FLEET_LIMIT).await?;
     let specs = (0..4).map(|_| limited_worker(h)).collect();
     h.start_workers(specs).await?;
