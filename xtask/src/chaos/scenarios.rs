@@ -227,8 +227,8 @@ fn limited_worker(h: &Harness<'_>) -> WorkerSpec {
 /// [`FLEET_LIMIT`] (set by the suite as an operator would, and declared alike by the
 /// workers); four workers of [`FLEET_CONCURRENCY`] handlers share a workload due at once,
 /// with sleepers of 1–3 s, so that a backlog waits behind the limit for the whole timeline.
-/// A worker holding leases is SIGKILLed every kill bound + 1 s (3 times; a full run 5),
-/// and replaced. Its items stay `running` in the store, holding their slots, until their
+/// The worker holding the most leases is SIGKILLed every kill bound + 1 s (3 times; a full
+/// run 5), and replaced. Its items stay `running` in the store, holding their slots, until their
 /// leases are reclaimed. Besides the suite's checks, [`check::fleet_limit`] on the audit:
 /// never more than the limit running at any instant, and after each kill the limit's slots
 /// filled by live processes again within the kill's bound while items wait; vacuous unless
@@ -255,7 +255,7 @@ async fn fleet_limit(h: &mut Harness<'_>) -> Result<()> {
     h.cancel_some(mix.cancels).await?;
     for k in 0..kills {
         h.at(3.0 + gap * k as f64).await;
-        let Some(victim) = pick_holding(h).await else {
+        let Some(victim) = pick_most_holding(h).await else {
             break;
         };
         sigkill(h, victim).await?;
@@ -266,6 +266,26 @@ async fn fleet_limit(h: &mut Harness<'_>) -> Result<()> {
     h.wait_finished(by).await;
     let sampled = sampler.stop().await?;
     check_fleet_limit(h, sampled).await
+}
+
+/// The live, running worker that holds the most leases now (with only 5 slots a worker
+/// may hold a single no-op, which could end before the signal lands, making the kill
+/// vacuous); else as [`pick_holding`].
+async fn pick_most_holding(h: &mut Harness<'_>) -> Option<usize> {
+    let mut best: Option<(usize, usize)> = None;
+    for i in h.fleet.live() {
+        if h.fleet.procs[i].stopped {
+            continue;
+        }
+        let held = h.leases_of(i).await.map_or(0, |(_, held)| held.len());
+        if held > best.map_or(0, |(_, n)| n) {
+            best = Some((i, held));
+        }
+    }
+    match best {
+        Some((i, _)) => Some(i),
+        None => pick_holding(h).await,
+    }
 }
 
 /// [`check::fleet_limit`] on the scenario's evidence, with its kills, and the sampler's
