@@ -1,5 +1,5 @@
 -- complete_work(instance, ids, tokens, hand_off_queues, hand_off_leases)
---     -> setof (id, claim_token, recorded, next_*)
+--     -> setof (id, claim_token, recorded, next)
 --
 -- Records success for a batch of items: state completed, finished_at = now(), lease cleared.
 -- Only rows still fenced to the caller (same instance, same claim token, state running) are
@@ -14,11 +14,12 @@
 -- Hand-off (docs/ordering.md): with hand_off_queues (the caller's queues) and their leases,
 -- a completed head's next item, when it would become available now in a queue listed there
 -- without flow limits, is claimed for the caller in the same transaction instead
--- (ordering_hand_off) and returned in the next_* columns of its head's row; the other keys
+-- (ordering_hand_off) and returned in the `next` column of its head's row (a JSON object
+-- with the columns claim_work returns for an item; NULL: nothing); the other keys
 -- are promoted as without. NULL or empty: no hand-off.
 --
 -- Result: one row per distinct requested pair (a repeated pair is answered once), in the
--- order of its first occurrence, with the item handed on after it (next_id NULL: none).
+-- order of its first occurrence, with the item handed on after it (next NULL: none).
 -- Empty list: nothing.
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs (WP002).
 -- Usable inside the caller's transaction after lock_lease (transactional completion).
@@ -31,23 +32,7 @@ CREATE FUNCTION complete_work(
     p_hand_off_queues text[] DEFAULT NULL,
     p_hand_off_leases interval[] DEFAULT NULL
 )
-RETURNS TABLE (
-    id                bigint,
-    claim_token       bigint,
-    recorded          boolean,
-    next_id           bigint,
-    next_queue        text,
-    next_priority     smallint,
-    next_attempt      integer,
-    next_max_attempts integer,
-    next_claim_token  bigint,
-    next_lease_expiry timestamptz,
-    next_kind         text,
-    next_payload      jsonb,
-    next_metadata     jsonb,
-    next_checkpoint   jsonb,
-    next_created_at   timestamptz
-)
+RETURNS TABLE (id bigint, claim_token bigint, recorded boolean, next jsonb)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
@@ -78,11 +63,10 @@ BEGIN
     -- cost rows × pairs.)
     -- The same probe collects the ordering keys of the rows it found (NULL for unkeyed work).
     SELECT coalesce(array_agg(x.id), '{}'),
-           coalesce(array_agg(x.claim_token), '{}'),
            array_agg(x.id) FILTER (WHERE x.ordering_key IS NOT NULL),
            array_agg(x.queue) FILTER (WHERE x.ordering_key IS NOT NULL),
            array_agg(x.ordering_key) FILTER (WHERE x.ordering_key IS NOT NULL)
-    INTO v_hit, v_tokens, v_ka, v_kq, v_kk
+    INTO v_hit, v_ka, v_kq, v_kk
     FROM unnest(p_ids, p_tokens) AS r(id, token)
     CROSS JOIN LATERAL (
         -- Only the primary key inside (LIMIT keeps the checks below from being pushed
@@ -93,6 +77,24 @@ BEGIN
         FOR UPDATE
     ) x
     WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running';
+
+    IF v_kk IS NULL THEN
+        -- No keyed row: the one statement of unkeyed work (nothing to hand on).
+        RETURN QUERY
+        WITH done AS (
+            UPDATE work w
+            SET state = 'completed', finished_at = now(), instance_id = NULL, lease_expiry = NULL
+            WHERE w.id = ANY (v_hit)
+            RETURNING w.id, w.claim_token
+        )
+        SELECT r.id, r.token, d.id IS NOT NULL, NULL::jsonb
+        FROM (SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
+              FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+              ORDER BY u.id, u.token, u.ord) r
+        LEFT JOIN done d ON d.id = r.id AND d.claim_token = r.token
+        ORDER BY r.ord;
+        RETURN;
+    END IF;
 
     -- v_hit holds a repeated pair once per repeat; the update's rows are distinct.
     WITH done AS (
@@ -107,26 +109,28 @@ BEGIN
 
     -- Completed heads of ordering keys hand their keys on (after the update above): to the
     -- caller where it asked for it and may have it, else to whoever claims next.
-    IF v_kk IS NOT NULL THEN
-        IF cardinality(p_hand_off_queues) > 0 THEN
-            SELECT coalesce(array_agg(h.after_id), '{}'), coalesce(array_agg(h.id), '{}')
-            INTO v_after, v_next
-            FROM ordering_hand_off(p_instance, v_ka, v_kq, v_kk,
-                                   p_hand_off_queues, p_hand_off_leases) h;
-        END IF;
-        IF cardinality(v_after) < cardinality(v_ka) THEN
-            SELECT array_agg(k.q), array_agg(k.k)
-            INTO v_kq, v_kk
-            FROM unnest(v_ka, v_kq, v_kk) AS k(a, q, k)
-            WHERE k.a <> ALL (v_after);
-            PERFORM ordering_advance(v_kq, v_kk);
-        END IF;
+    IF cardinality(p_hand_off_queues) > 0 THEN
+        SELECT coalesce(array_agg(h.after_id), '{}'), coalesce(array_agg(h.id), '{}')
+        INTO v_after, v_next
+        FROM ordering_hand_off(p_instance, v_ka, v_kq, v_kk,
+                               p_hand_off_queues, p_hand_off_leases) h;
+    END IF;
+    IF cardinality(v_after) < cardinality(v_ka) THEN
+        SELECT array_agg(k.q), array_agg(k.k)
+        INTO v_kq, v_kk
+        FROM unnest(v_ka, v_kq, v_kk) AS k(a, q, k)
+        WHERE k.a <> ALL (v_after);
+        PERFORM ordering_advance(v_kq, v_kk);
     END IF;
 
     RETURN QUERY
     SELECT r.id, r.token, d.id IS NOT NULL,
-           n.id, n.queue, n.priority, n.attempt, n.max_attempts, n.claim_token,
-           n.lease_expiry, n.kind, n.payload, n.metadata, n.checkpoint, n.created_at
+           CASE WHEN n.id IS NOT NULL THEN jsonb_build_object(
+               'id', n.id, 'queue', n.queue, 'priority', n.priority, 'attempt', n.attempt,
+               'max_attempts', n.max_attempts, 'claim_token', n.claim_token,
+               'lease_expiry', n.lease_expiry, 'kind', n.kind, 'payload', n.payload,
+               'metadata', n.metadata, 'checkpoint', n.checkpoint, 'created_at', n.created_at)
+           END
     FROM (SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
           FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
           ORDER BY u.id, u.token, u.ord) r
