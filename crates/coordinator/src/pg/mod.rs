@@ -1872,7 +1872,10 @@ impl CompleteRow {
             return Ok(None);
         };
         let n: NextItem = serde_json::from_value(next).map_err(|e| {
-            Error::database(ctx(), format!("an item handed on after item {}: {e}", self.id))
+            Error::database(
+                ctx(),
+                format!("an item handed on after item {}: {e}", self.id),
+            )
         })?;
         Ok(Some(ClaimedWork {
             fence: Fence {
