@@ -17,129 +17,123 @@ pub(super) async fn run_item(
     slot_freed: Arc<Notify>,
     recorder: Recorder,
 ) {
-    let mut next = Some((item, sent_at));
-    while let Some((item, sent_at)) = next.take() {
-        next = run_one(&run, &q, item, instance, sent_at, &recorder).await;
-        if next.is_some() {
-            ::metrics::counter!(metrics::CLAIMED, "queue" => q.name.clone(), "kind" => "handed_off")
+    // One state machine for the whole chain: a nested future per item would be moved (copied)
+    // into this one at each item, several kilobytes each time.
+    let mut item = item;
+    let mut sent_at = sent_at;
+    loop {
+        let shared = &run.shared;
+        let fence = item.fence;
+        let span = crate::trace::attempt_span(&item, instance);
+        let attempt = (item.attempt, item.max_attempts);
+        let hooked = Attempt::new(&q.name, item.kind.as_deref(), fence, instance, attempt);
+        let lease = shared
+            .leases
+            .track(instance, fence, sent_at, q.settings.lease, &run.root);
+        if let Ok(mut m) = run.in_flight.lock() {
+            m.insert(fence, lease.clone());
+        }
+        ::metrics::gauge!(metrics::IN_FLIGHT, "queue" => q.name.clone()).increment(1.0);
+        // An eviction or a drain that began while this item was being claimed applies to it too.
+        if instance != shared.identity.current() {
+            lease.cancel(CancelReason::Evicted);
+        } else if run.stop_claiming.is_cancelled() {
+            // Handed on by a completion written as the drain began: given back, never started.
+            lease.cancel(CancelReason::Shutdown);
+        }
+
+        let expired_before_start = lease.is_expired();
+        let (outcome, unrecorded) = if expired_before_start {
+            // The claim took so long that its lease can no longer be trusted: never start.
+            count(&q.name, "rejected_expired");
+            claimed_unguarded(&shared.hooks, &hooked, &q, &span).await;
+            (
+                Some(Outcome::Release {
+                    consume_attempt: false,
+                }),
+                Ending::Unavailable(UnavailableReason::ExpiredBeforeStart),
+            )
+        } else if lease.token().is_cancelled() {
+            // Turned away before it started (evicted, lease lost, the drain): what an abandoned
+            // run with that reason records — nothing for a lost lease, a release for the drain.
+            claimed_unguarded(&shared.hooks, &hooked, &q, &span).await;
+            let reason = lease.cancel_reason();
+            (
+                decide(
+                    Ended::Abandoned,
+                    reason,
+                    q.settings.backoff.delay(item.attempt),
+                ),
+                unrecorded_ending(reason, false),
+            )
+        } else {
+            execute(&run, &q, item, instance, &lease, &span, &hooked).await
+        };
+
+        let mut handed = None;
+        let mut write_sent = Instant::now();
+        let ending = match outcome {
+            Some(outcome) => {
+                // Keep the lease renewed until the outcome is written.
+                let guard = lease.guard();
+                tokio::pin!(guard);
+                // A completion takes its ordering key's next item, unless this worker stops
+                // claiming (docs/ordering.md, "Hand-off").
+                let hand_off = (outcome == Outcome::Complete
+                    && !run.stop_claiming.is_cancelled()
+                    && instance == shared.identity.current())
+                .then(|| HandOff {
+                    queue: q.name.clone(),
+                    lease: q.settings.lease.lease,
+                });
+                write_sent = Instant::now();
+                let write = async {
+                    match outcome {
+                        Outcome::Complete => recorder.complete(instance, fence, hand_off).await,
+                        _ => (
+                            recorder.record(instance, fence, outcome.clone()).await,
+                            None,
+                        ),
+                    }
+                };
+                tokio::pin!(write);
+                let mut guard_done = lease.token().is_cancelled();
+                let (recorded, next) = loop {
+                    tokio::select! {
+                        r = &mut write => break r,
+                        _ = &mut guard, if !guard_done => guard_done = true,
+                    }
+                };
+                handed = next;
+                count(&q.name, outcome_label(&outcome, &recorded));
+                span.in_scope(|| log_outcome(&q.name, fence, attempt, &outcome, &recorded));
+                if expired_before_start {
+                    unrecorded
+                } else {
+                    recorded_ending(&outcome, recorded)
+                }
+            }
+            None => unrecorded,
+        };
+
+        lease.dispose();
+        if let Ok(mut m) = run.in_flight.lock() {
+            m.remove(&fence);
+        }
+        ::metrics::gauge!(metrics::IN_FLIGHT, "queue" => q.name.clone()).decrement(1.0);
+        ended_hooks(&shared.hooks, &hooked, &ending, &q, &span).await;
+        match handed {
+            Some(next) => {
+                ::metrics::counter!(metrics::CLAIMED, "queue" => q.name.clone(), "kind" => "handed_off")
                 .increment(1);
+                item = next;
+                sent_at = write_sent;
+            }
+            None => break,
         }
     }
     drop(permit);
     slot_freed.notify_one();
-}
-
-/// One attempt: what [`run_item`] does for each item; the item its completion was handed, if
-/// any, with when the completion was sent (its lease's start, as a claim's).
-async fn run_one(
-    run: &Arc<Run>,
-    q: &Arc<QueueRuntime>,
-    item: ClaimedWork,
-    instance: InstanceId,
-    sent_at: Instant,
-    recorder: &Recorder,
-) -> Option<(ClaimedWork, Instant)> {
-    let shared = &run.shared;
-    let fence = item.fence;
-    let span = crate::trace::attempt_span(&item, instance);
-    let attempt = (item.attempt, item.max_attempts);
-    let hooked = Attempt::new(&q.name, item.kind.as_deref(), fence, instance, attempt);
-    let lease = shared
-        .leases
-        .track(instance, fence, sent_at, q.settings.lease, &run.root);
-    if let Ok(mut m) = run.in_flight.lock() {
-        m.insert(fence, lease.clone());
-    }
-    ::metrics::gauge!(metrics::IN_FLIGHT, "queue" => q.name.clone()).increment(1.0);
-    // An eviction or a drain that began while this item was being claimed applies to it too.
-    if instance != shared.identity.current() {
-        lease.cancel(CancelReason::Evicted);
-    } else if run.stop_claiming.is_cancelled() {
-        // Handed on by a completion written as the drain began: given back, never started.
-        lease.cancel(CancelReason::Shutdown);
-    }
-
-    let expired_before_start = lease.is_expired();
-    let (outcome, unrecorded) = if expired_before_start {
-        // The claim took so long that its lease can no longer be trusted: never start.
-        count(&q.name, "rejected_expired");
-        claimed_unguarded(&shared.hooks, &hooked, q, &span).await;
-        (
-            Some(Outcome::Release {
-                consume_attempt: false,
-            }),
-            Ending::Unavailable(UnavailableReason::ExpiredBeforeStart),
-        )
-    } else if lease.token().is_cancelled() {
-        // Turned away before it started (evicted, lease lost, the drain): what an abandoned
-        // run with that reason records — nothing for a lost lease, a release for the drain.
-        claimed_unguarded(&shared.hooks, &hooked, q, &span).await;
-        let reason = lease.cancel_reason();
-        (
-            decide(
-                Ended::Abandoned,
-                reason,
-                q.settings.backoff.delay(item.attempt),
-            ),
-            unrecorded_ending(reason, false),
-        )
-    } else {
-        execute(run, q, item, instance, &lease, &span, &hooked).await
-    };
-
-    let mut handed = None;
-    let mut write_sent = Instant::now();
-    let ending = match outcome {
-        Some(outcome) => {
-            // Keep the lease renewed until the outcome is written.
-            let guard = lease.guard();
-            tokio::pin!(guard);
-            // A completion takes its ordering key's next item, unless this worker stops
-            // claiming (docs/ordering.md, "Hand-off").
-            let hand_off = (outcome == Outcome::Complete
-                && !run.stop_claiming.is_cancelled()
-                && instance == shared.identity.current())
-            .then(|| HandOff {
-                queue: q.name.clone(),
-                lease: q.settings.lease.lease,
-            });
-            write_sent = Instant::now();
-            let write = async {
-                match outcome {
-                    Outcome::Complete => recorder.complete(instance, fence, hand_off).await,
-                    _ => (
-                        recorder.record(instance, fence, outcome.clone()).await,
-                        None,
-                    ),
-                }
-            };
-            tokio::pin!(write);
-            let mut guard_done = lease.token().is_cancelled();
-            let (recorded, next) = loop {
-                tokio::select! {
-                    r = &mut write => break r,
-                    _ = &mut guard, if !guard_done => guard_done = true,
-                }
-            };
-            handed = next;
-            count(&q.name, outcome_label(&outcome, &recorded));
-            span.in_scope(|| log_outcome(&q.name, fence, attempt, &outcome, &recorded));
-            if expired_before_start {
-                unrecorded
-            } else {
-                recorded_ending(&outcome, recorded)
-            }
-        }
-        None => unrecorded,
-    };
-
-    lease.dispose();
-    if let Ok(mut m) = run.in_flight.lock() {
-        m.remove(&fence);
-    }
-    ::metrics::gauge!(metrics::IN_FLIGHT, "queue" => q.name.clone()).decrement(1.0);
-    ended_hooks(&shared.hooks, &hooked, &ending, q, &span).await;
-    handed.map(|next| (next, write_sent))
 }
 
 /// The claimed hooks of an attempt turned away before it starts: no lease left to guard
