@@ -21,6 +21,7 @@ pub(super) async fn run_item(
     // into this one at each item, several kilobytes each time.
     let mut item = item;
     let mut sent_at = sent_at;
+    let mut handed_on = false;
     loop {
         let shared = &run.shared;
         let fence = item.fence;
@@ -37,7 +38,7 @@ pub(super) async fn run_item(
         // An eviction or a drain that began while this item was being claimed applies to it too.
         if instance != shared.identity.current() {
             lease.cancel(CancelReason::Evicted);
-        } else if run.stop_claiming.is_cancelled() {
+        } else if handed_on && run.stop_claiming.is_cancelled() {
             // Handed on by a completion written as the drain began: given back, never started.
             lease.cancel(CancelReason::Shutdown);
         }
@@ -128,6 +129,7 @@ pub(super) async fn run_item(
                 .increment(1);
                 item = next;
                 sent_at = write_sent;
+                handed_on = true;
             }
             None => break,
         }
