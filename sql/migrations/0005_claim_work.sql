@@ -32,9 +32,13 @@
 -- attempt, token and expiry; `reclaimed` marks orphans; `pickup_lag`, in seconds, is how long
 -- an available item waited from being due (run_at: its enqueue, its retry time or its
 -- schedule) to this claim, on the database clock, and NULL for a reclaimed orphan (its wait
--- measures its dead owner, not the queue); `has_more` (the drain hint), the same on every row
--- of one call, is true when claimable rows were left over after filling `max_items` (or when
+-- measures its dead owner, not the queue); `has_more` (the drain hint), the same on every item
+-- and throttle row of one call, is true when claimable rows were left over after filling `max_items` (or when
 -- orphans alone filled it).
+-- Orphans step 2 ended are reported first, as status rows: one per queue and final state, id
+-- and every item column NULL, `ended` the state ('dead' or 'cancelled'), `ended_items` how
+-- many, `has_more` false; so the caller counts and logs these dead letters as the maintenance
+-- sweep does its own (dead_letter_expired). Item and throttle rows carry `ended` NULL.
 --
 -- Flow control (step 5). A limited queue among the claimable ones that has something to
 -- claim (an available due row: one probe of work_claim) or had orphans reclaimed by this call
@@ -110,7 +114,9 @@ RETURNS TABLE (
     pickup_lag   double precision,
     has_more     boolean,
     throttle     text,
-    throttle_wait double precision
+    throttle_wait double precision,
+    ended        text,
+    ended_items  integer
 )
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -125,6 +131,8 @@ DECLARE
     v_reclaimed bigint[] := '{}';
     v_kq        text[];
     v_kk        text[];
+    v_eq        text[];
+    v_es        work_state[];
     v_limited   text[];
     v_lock      text[];
     v_lq        text[];
@@ -218,14 +226,26 @@ BEGIN
               AND (o.attempt >= o.max_attempts OR o.cancel_requested)
             LIMIT 1000
             FOR UPDATE SKIP LOCKED))
-        RETURNING w.queue, w.ordering_key
+        RETURNING w.queue, w.state, w.ordering_key
         )
         SELECT array_agg(e.queue) FILTER (WHERE e.ordering_key IS NOT NULL),
-               array_agg(e.ordering_key) FILTER (WHERE e.ordering_key IS NOT NULL)
-        INTO v_kq, v_kk
+               array_agg(e.ordering_key) FILTER (WHERE e.ordering_key IS NOT NULL),
+               array_agg(e.queue), array_agg(e.state)
+        INTO v_kq, v_kk, v_eq, v_es
         FROM ended e;
         IF v_kk IS NOT NULL THEN
             PERFORM ordering_advance(v_kq, v_kk);
+        END IF;
+        IF v_eq IS NOT NULL THEN
+            -- What it ended, per queue and state: status rows, first (RETURN QUERY appends).
+            RETURN QUERY
+            SELECT NULL::bigint, e.queue, NULL::smallint, NULL::integer, NULL::integer, NULL::bigint,
+                   NULL::timestamptz, NULL::text, NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::timestamptz,
+                   NULL::boolean, NULL::double precision, false, NULL::text, NULL::double precision,
+                   e.state::text, count(*)::integer
+            FROM unnest(v_eq, v_es) AS e(queue, state)
+            GROUP BY e.queue, e.state
+            ORDER BY e.queue, e.state;
         END IF;
 
         -- 3. Reclaim orphans. Their rows are returned with step 4's, under one drain hint.
@@ -268,8 +288,13 @@ BEGIN
         FROM (
             SELECT q.name FROM queues q
             WHERE q.name = ANY (v_limited)
-              AND (EXISTS (SELECT 1 FROM work a
-                           WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now)
+              -- The queue's first claimable row, in work_claim's order: a scalar subquery keeps
+              -- the ORDER BY (EXISTS drops it, and the planner then may pick a sequential
+              -- scan that stops at the first match, reading every finished row ahead of it).
+              AND ((SELECT a.id FROM work a
+                    WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now
+                    ORDER BY a.priority, a.run_at, a.id
+                    LIMIT 1) IS NOT NULL
                    OR (q.rate_limit IS NOT NULL
                        AND EXISTS (SELECT 1 FROM work r WHERE r.id = ANY (v_reclaimed) AND r.queue = q.name)))
             ORDER BY q.name
@@ -367,7 +392,7 @@ BEGIN
                r.id = ANY (v_reclaimed),
                CASE WHEN r.id = ANY (v_reclaimed) THEN NULL
                     ELSE extract(epoch FROM v_now - r.run_at)::double precision END,
-               v_has_more, NULL::text, NULL::double precision
+               v_has_more, NULL::text, NULL::double precision, NULL::text, NULL::integer
         FROM work r
         WHERE r.id = ANY (v_ids || v_reclaimed)
         UNION ALL
@@ -379,7 +404,8 @@ BEGIN
                    greatest(1 - (t.tokens - (SELECT count(*) FROM work x
                                              WHERE x.id = ANY (v_ids || v_reclaimed) AND x.queue = t.name)),
                             0) / t.per_sec
-               END
+               END,
+               NULL::text, NULL::integer
         FROM unnest(v_lq, v_why, v_tokens, v_per_sec) AS t(name, why, tokens, per_sec)
         WHERE t.name = ANY (v_throttled);
         RETURN;
@@ -425,7 +451,7 @@ BEGIN
         )
         SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
                c.lease_expiry, c.kind, c.payload, c.metadata, c.checkpoint, c.created_at, false,
-               extract(epoch FROM v_now - c.run_at)::double precision, m.has_more, NULL::text, NULL::double precision
+               extract(epoch FROM v_now - c.run_at)::double precision, m.has_more, NULL::text, NULL::double precision, NULL::text, NULL::integer
         FROM claimed c CROSS JOIN more m;
         RETURN;
     END IF;
@@ -436,7 +462,7 @@ BEGIN
         RETURN QUERY
         SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
                r.lease_expiry, r.kind, r.payload, r.metadata, r.checkpoint, r.created_at, true, NULL::double precision, true,
-               NULL::text, NULL::double precision
+               NULL::text, NULL::double precision, NULL::text, NULL::integer
         FROM work r
         WHERE r.id = ANY (v_reclaimed);
         RETURN;
@@ -479,13 +505,13 @@ BEGIN
     )
     SELECT r.id, r.queue, r.priority, r.attempt, r.max_attempts, r.claim_token,
            r.lease_expiry, r.kind, r.payload, r.metadata, r.checkpoint, r.created_at, true, NULL::double precision,
-           m.has_more, NULL::text, NULL::double precision
+           m.has_more, NULL::text, NULL::double precision, NULL::text, NULL::integer
     FROM work r CROSS JOIN more m
     WHERE r.id = ANY (v_reclaimed)
     UNION ALL
     SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
            c.lease_expiry, c.kind, c.payload, c.metadata, c.checkpoint, c.created_at, false,
-           extract(epoch FROM v_now - c.run_at)::double precision, m.has_more, NULL::text, NULL::double precision
+           extract(epoch FROM v_now - c.run_at)::double precision, m.has_more, NULL::text, NULL::double precision, NULL::text, NULL::integer
     FROM claimed c CROSS JOIN more m;
 END;
 $$;

@@ -10,6 +10,10 @@ pub const POLLS: &str = "workpump_claim_polls_total";
 /// reached; `rate`: its rate bucket empty), whether or not they claimed something
 /// (docs/flow-control.md).
 pub const THROTTLED: &str = "workpump_claim_throttled_total";
+/// Orphans a claim ended instead of reclaiming them, by queue and `state` (`dead`: no attempts
+/// left, a dead letter; `cancelled`: a cancel was requested): the lease of their last attempt
+/// expired. The maintenance sweep counts the ones it finds first in its own metrics.
+pub const ORPHANS_ENDED: &str = "workpump_claim_orphans_ended_total";
 /// Items claimed, by queue and `kind` (`new`, `reclaimed`).
 pub const CLAIMED: &str = "workpump_claimed_items_total";
 /// How long a claim_work call took until its answer, in seconds, by queue (every call:
@@ -53,6 +57,11 @@ pub const OUTCOME_BATCH: &str = "workpump_outcome_batch_size";
 pub fn describe() {
     describe_counter!(POLLS, Unit::Count, "claim_work calls by queue and result");
     describe_counter!(CLAIMED, Unit::Count, "work items claimed by queue and kind");
+    describe_counter!(
+        ORPHANS_ENDED,
+        Unit::Count,
+        "expired orphans a claim ended (dead letters, cancels) by queue and state"
+    );
     describe_counter!(
         THROTTLED,
         Unit::Count,

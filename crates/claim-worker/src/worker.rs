@@ -448,6 +448,8 @@ impl Worker for ClaimWorker {
                 ::metrics::counter!(metrics::ITEMS, "queue" => q.name.clone(), "outcome" => *outcome)
                     .increment(0);
             }
+            ::metrics::counter!(metrics::ORPHANS_ENDED, "queue" => q.name.clone(), "state" => "dead")
+                .increment(0);
             control.spawn(claim_loop(
                 run.clone(),
                 q.clone(),

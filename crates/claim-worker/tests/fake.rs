@@ -1302,3 +1302,125 @@ async fn a_draining_worker_takes_no_item_handed_on() {
         "nothing was handed on to be given back"
     );
 }
+
+/// A completion sent before the drain began but answered after it hands its key's next item
+/// on (the store cannot know the worker began to drain meanwhile): the worker gives that item
+/// back unstarted — released, its attempt not counted — and never runs it.
+#[tokio::test(start_paused = true)]
+async fn an_item_handed_on_once_the_drain_began_is_given_back_unstarted() {
+    let s = start(tight(), 1, Some(Duration::from_secs(5))).await;
+    s.fake.hang_next(Method::CompleteWork, 1);
+    s.enqueue_key("k", 2).await;
+    s.wait_ran(1).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while s.fake.calls_of(Method::CompleteWork).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the head's completion was never sent"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    settle().await;
+    let Setup {
+        fake,
+        ran_as,
+        shutdown,
+        task,
+        ..
+    } = s;
+    shutdown.cancel();
+    settle().await;
+    fake.release_hangs();
+    task.await.unwrap().unwrap();
+    assert_eq!(ran_as.lock().unwrap().len(), 1, "the handed item never ran");
+    let releases = fake.calls_of(Method::ReleaseWork);
+    assert_eq!(releases.len(), 1, "the handed item was given back");
+    assert_eq!(releases[0].items, 1);
+    let rows = fake.work_rows();
+    let second = rows
+        .iter()
+        .find(|r| r.payload == json!({ "n": 1 }))
+        .expect("the key's second item");
+    assert_eq!(
+        (second.state, second.attempt, second.instance),
+        (WorkState::Available, 0, None),
+        "released unstarted, its attempt not counted: {second:?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.payload == json!({ "n": 0 }) && r.state == WorkState::Completed),
+        "the head's completion was recorded"
+    );
+}
+
+/// A claim that finds an orphan with no attempts left ends it (a dead letter) instead of
+/// reclaiming it, and says so: the worker counts it in `workpump_claim_orphans_ended_total`
+/// and logs it as an error, as the maintenance sweep does the ones it finds first (the
+/// dead-letter alert adds all of them).
+#[tokio::test(start_paused = true)]
+async fn a_dead_letter_a_claim_makes_is_counted_and_logged_as_an_error() {
+    let recorded = RecordedMetrics::default();
+    let _metrics = recorded.set_local();
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let _logs = tracing::subscriber::set_default(subscriber);
+
+    let fake = FakeCoordinator::new();
+    fake.register_queue(RegisterQueueParams::new("q"))
+        .await
+        .unwrap();
+    let peer = registered_identity(&fake).await;
+    let id = fake
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!("last try")).max_attempts(1)],
+        })
+        .await
+        .unwrap()
+        .items[0]
+        .id;
+    let claimed = fake
+        .claim_work(ClaimWorkParams {
+            instance: peer.current(),
+            queues: vec!["q".into()],
+            max_items: 1,
+            lease: Duration::from_secs(60),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed.items.len(),
+        1,
+        "the peer holds the item's only attempt"
+    );
+    fake.set_lease_expiry(id, chrono::Duration::seconds(-1));
+
+    let me = registered_identity(&fake).await;
+    let s = start_as(fake, me, tight(), 1, None).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while s.fake.work_row(id).map(|r| r.state) != Some(WorkState::Dead) {
+        assert!(Instant::now() < deadline, "no claim ended the orphan");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    settle().await;
+    let ended =
+        |state| recorded.counter(metrics::ORPHANS_ENDED, &[("queue", "q"), ("state", state)]);
+    assert_eq!((ended("dead"), ended("cancelled")), (1, 0));
+    let text = logs.text();
+    assert!(
+        text.lines().any(
+            |l| l.contains("ERROR") && l.contains("1 items of queue \"q\" became dead letters")
+        ),
+        "{text}"
+    );
+    assert!(
+        s.ran_as.lock().unwrap().is_empty(),
+        "the dead letter never ran"
+    );
+    s.stop().await;
+}

@@ -946,13 +946,23 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
     }
     // 2. Orphans that must not run again; their keys are handed on.
     let mut ended = Vec::new();
+    let mut dead: BTreeMap<String, u64> = BTreeMap::new();
+    let mut cancelled: BTreeMap<String, u64> = BTreeMap::new();
     for r in st.work.values_mut() {
         if r.must_end(now) && queues.contains(r.queue.as_str()) {
-            r.end_orphan(now);
+            let to = match r.end_orphan(now) {
+                WorkState::Cancelled => &mut cancelled,
+                _ => &mut dead,
+            };
+            *to.entry(r.queue.clone()).or_default() += 1;
             ended.extend(r.key());
         }
     }
     st.advance(now, ended);
+    let orphans_ended = DeadLetterExpiredOutcome {
+        dead: counts(dead),
+        cancelled: counts(cancelled),
+    };
     let in_claim_order = |rows: &mut Vec<&Row>| {
         rows.sort_by_key(|r| (r.priority, r.run_at, r.id));
     };
@@ -1097,6 +1107,7 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
         items,
         has_more,
         throttles,
+        orphans_ended,
     })
 }
 

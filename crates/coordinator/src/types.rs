@@ -517,6 +517,10 @@ pub struct ClaimWorkOutcome {
     /// The queues whose flow limit bounded this claim (docs/flow-control.md), one entry per
     /// queue (a claim may name several), in no particular order; empty when none did.
     pub throttles: Vec<Throttle>,
+    /// Orphans of the claimed queues with no attempts left (dead letters) or a cancel
+    /// requested (cancelled) that this claim ended instead of reclaiming them: the transition
+    /// `dead_letter_expired` makes, made by the claim that found them first.
+    pub orphans_ended: DeadLetterExpiredOutcome,
 }
 
 /// A queue's flow limit bounded a claim: it had at least as many claimable items as its limit

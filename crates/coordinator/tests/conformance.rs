@@ -169,8 +169,9 @@ impl Harness for PgHarness {
                 })
                 .collect(),
             has_more,
-            // (Unlimited queues only: a throttle's status row is filtered out above.)
+            // (Unlimited queues only, nothing ended: status rows are filtered out above.)
             throttles: Vec::new(),
+            orphans_ended: DeadLetterExpiredOutcome::default(),
         })
     }
 

@@ -1054,3 +1054,53 @@ async fn concurrent_claimers_never_run_more_than_max_running() {
     assert!(throttled > 0, "the claimers met the limit");
     assert_eq!(highest, LIMIT, "the limit was reached: {samples:?}");
 }
+
+/// A claim reads `work` through its indexes only, limited queue or not: with finished rows
+/// ahead of the queue's first available one, a sequential scan (which the planner prefers for
+/// an `EXISTS` it expects to match early) reads them all on every claim. The limited claim's
+/// "anything to claim?" probe did, until it asked for the first row in `work_claim`'s order.
+#[tokio::test]
+async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
+    let (_db, pool, c) = migrated().await;
+    enqueue_n(&c, 3000).await;
+    sqlx::query("UPDATE workpump.work SET state = 'completed', finished_at = now()")
+        .execute(&pool)
+        .await
+        .expect("finish the first rows");
+    enqueue_n(&c, 3000).await;
+    sqlx::query("ANALYZE workpump.work")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    let me = registered(&c).await;
+    for max_running in [None, Some(50), Some(1000)] {
+        limit(&c, max_running, None).await;
+        let mut tx = pool.begin().await.expect("begin");
+        // The session's scans not yet reported to the statistics (which may include its
+        // earlier transactions'), before and after the claim.
+        let seq_scans = "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
+                         WHERE schemaname = 'workpump' AND relname = 'work'";
+        let before: i64 = sqlx::query_scalar(seq_scans)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("scans of work");
+        let ids: Vec<Option<i64>> = sqlx::query_scalar(
+            "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+        )
+        .bind(me.0)
+        .fetch_all(&mut *tx)
+        .await
+        .expect("claim");
+        assert_eq!(ids.iter().flatten().count(), 10, "{max_running:?}: {ids:?}");
+        let after: i64 = sqlx::query_scalar(seq_scans)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("scans of work");
+        assert_eq!(
+            after - before,
+            0,
+            "a claim with max_running {max_running:?} scanned the whole work table"
+        );
+        tx.commit().await.expect("commit");
+    }
+}

@@ -192,6 +192,10 @@ fn the_dashboard_shows_what_an_operator_watches() {
             "dead letters",
             "workpump_maintenance_dead_lettered_items_total",
         ),
+        (
+            "dead letters a claim made",
+            "workpump_claim_orphans_ended_total",
+        ),
         ("renewals", "workpump_lease_renewals_total"),
         ("renewal calls", "workpump_lease_renewal_calls_total"),
         ("heartbeats", "workpump_heartbeats_total"),

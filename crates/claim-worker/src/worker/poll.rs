@@ -77,6 +77,7 @@ pub(super) async fn claim_loop(
                     .increment(1);
                 }
                 throttle = out.throttles.iter().find(|t| t.queue == queue).cloned();
+                report_orphans_ended(&out.orphans_ended);
                 let result = match (n, &throttle) {
                     (0, Some(_)) => "throttled",
                     (0, None) => "empty",
@@ -201,5 +202,33 @@ pub(super) async fn claim_loop(
             // The gate flipping re-decides the wait (down: back to the tight base).
             _ = gate.changed() => {}
         }
+    }
+}
+
+/// Counts and logs the orphans a claim ended: as the maintenance sweep does those it ends,
+/// every dead letter is an error in the log.
+fn report_orphans_ended(ended: &workpump_coordinator::DeadLetterExpiredOutcome) {
+    for c in &ended.dead {
+        ::metrics::counter!(metrics::ORPHANS_ENDED, "queue" => c.queue.clone(), "state" => "dead")
+            .increment(c.items);
+        tracing::error!(
+            queue = %c.queue,
+            "{} items of queue {:?} became dead letters: the lease of their last attempt \
+             expired (the handler hung past its lease, or its instance died) with no attempts \
+             left",
+            c.items,
+            c.queue
+        );
+    }
+    for c in &ended.cancelled {
+        ::metrics::counter!(metrics::ORPHANS_ENDED, "queue" => c.queue.clone(), "state" => "cancelled")
+            .increment(c.items);
+        tracing::info!(
+            queue = %c.queue,
+            "{} items of queue {:?} ended cancelled: a cancel was requested and the lease of \
+             their attempt expired",
+            c.items,
+            c.queue
+        );
     }
 }

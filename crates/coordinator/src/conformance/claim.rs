@@ -222,14 +222,36 @@ pub async fn an_orphan_claim_bumps_the_attempt_and_mints_a_new_token(h: &dyn Har
     assert_eq!(r.errors[0].attempt, 1);
 }
 
-/// An orphan with no attempts left becomes a dead letter instead of a claim.
+/// An orphan with no attempts left becomes a dead letter instead of a claim, and a
+/// cancel-requested one ends cancelled; the claim says how many of each, per queue, so that
+/// its caller counts and logs them.
 pub async fn an_orphan_with_attempts_used_up_becomes_a_dead_letter(h: &dyn Harness) {
     queue(h, "q", 1).await;
     let a = instance(h).await;
-    let id = enqueue_n(h, "q", 1).await[0];
-    claim_one(h, a, "q").await;
+    let ids = enqueue_n(h, "q", 2).await;
+    let (id, cancelled) = (ids[0], ids[1]);
+    assert_eq!(claim(h, a, &["q"], 10).await.items.len(), 2);
+    h.request_cancel(cancelled).await;
     h.set_lease_expiry(id, chrono::Duration::seconds(-1)).await;
-    assert!(claim(h, a, &["q"], 10).await.items.is_empty());
+    h.set_lease_expiry(cancelled, chrono::Duration::seconds(-1))
+        .await;
+    let out = claim(h, a, &["q"], 10).await;
+    assert!(out.items.is_empty());
+    assert_eq!(
+        out.orphans_ended,
+        DeadLetterExpiredOutcome {
+            dead: vec![QueueCount {
+                queue: "q".into(),
+                items: 1
+            }],
+            cancelled: vec![QueueCount {
+                queue: "q".into(),
+                items: 1
+            }],
+        }
+    );
+    assert!(!out.has_more);
+    assert_eq!(row(h, cancelled).await.state, WorkState::Cancelled);
     let r = row(h, id).await;
     assert_eq!(r.state, WorkState::Dead);
     assert!(r.finished && r.instance.is_none() && !r.has_lease);

@@ -766,8 +766,27 @@ impl WorkCoordinator for PgCoordinator {
         let ctx = || format!("claiming up to {} items", params.max_items);
         let mut items = Vec::with_capacity(rows.len());
         let mut throttles = Vec::new();
+        let mut orphans_ended = DeadLetterExpiredOutcome::default();
         for r in rows {
-            // A status row (id NULL) says a queue was throttled; the others are items.
+            // A status row (id NULL) says what the claim ended, or that a queue was
+            // throttled; the others are items.
+            if let Some(state) = r.ended.as_deref() {
+                let count = QueueCount {
+                    queue: r.queue,
+                    items: r.ended_items.unwrap_or_default().max(0) as u64,
+                };
+                match state {
+                    "dead" => orphans_ended.dead.push(count),
+                    "cancelled" => orphans_ended.cancelled.push(count),
+                    other => {
+                        return Err(Error::database(
+                            ctx(),
+                            format!("an orphan ended in the unexpected state {other:?}"),
+                        ))
+                    }
+                }
+                continue;
+            }
             let (Some(id), Some(claim_token), Some(priority), Some(attempt)) =
                 (r.id, r.claim_token, r.priority, r.attempt)
             else {
@@ -804,6 +823,7 @@ impl WorkCoordinator for PgCoordinator {
             items,
             has_more,
             throttles,
+            orphans_ended,
         })
     }
 
@@ -1818,7 +1838,7 @@ impl Sessions {
 
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
-    /// NULL (with every item column) on a throttle status row.
+    /// NULL (with every item column) on a status row (throttled, or orphans ended).
     id: Option<i64>,
     queue: String,
     priority: Option<i16>,
@@ -1836,6 +1856,9 @@ struct ClaimRow {
     has_more: bool,
     throttle: Option<String>,
     throttle_wait: Option<f64>,
+    /// On an ended-orphans status row: their state (`dead`, `cancelled`) and how many.
+    ended: Option<String>,
+    ended_items: Option<i32>,
 }
 
 /// A row of `complete_work`: the claim, whether it was recorded, and the item handed on
