@@ -1055,10 +1055,11 @@ async fn concurrent_claimers_never_run_more_than_max_running() {
     assert_eq!(highest, LIMIT, "the limit was reached: {samples:?}");
 }
 
-/// A claim reads `work` through its indexes only, limited queue or not: with finished rows
-/// ahead of the queue's first available one, a sequential scan (which the planner prefers for
-/// an `EXISTS` it expects to match early) reads them all on every claim. The limited claim's
-/// "anything to claim?" probe did, until it asked for the first row in `work_claim`'s order.
+/// A claim reads `work` through its indexes only, limited queue or not, reclaiming or not,
+/// with its generic plans (claim_work forces them): with finished rows ahead of the queue's
+/// first available one, a sequential scan (which the planner prefers for an `EXISTS` it expects
+/// to match early) reads them all on every claim. The limited claim's "anything to claim?"
+/// probe did, until it asked for the first row in `work_claim`'s order.
 #[tokio::test]
 async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
     let (_db, pool, c) = migrated().await;
@@ -1073,8 +1074,25 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
         .await
         .expect("analyze");
     let me = registered(&c).await;
-    for max_running in [None, Some(50), Some(1000)] {
+    let cases = [
+        (None, false),
+        (Some(50), false),
+        (Some(1000), false),
+        (None, true),
+        (Some(1000), true),
+    ];
+    for (max_running, orphan) in cases {
         limit(&c, max_running, None).await;
+        if orphan {
+            // An expired lease: the claim goes through its orphan steps too.
+            sqlx::query(
+                "UPDATE workpump.work SET lease_expiry = now() - interval '1 s'
+                 WHERE id = (SELECT min(id) FROM workpump.work WHERE state = 'running')",
+            )
+            .execute(&pool)
+            .await
+            .expect("expire a lease");
+        }
         let mut tx = pool.begin().await.expect("begin");
         // The session's scans not yet reported to the statistics (which may include its
         // earlier transactions'), before and after the claim.
@@ -1099,7 +1117,7 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
         assert_eq!(
             after - before,
             0,
-            "a claim with max_running {max_running:?} scanned the whole work table"
+            "a claim with max_running {max_running:?} (an orphan: {orphan}) scanned the whole work table"
         );
         tx.commit().await.expect("commit");
     }
