@@ -1122,3 +1122,65 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
         tx.commit().await.expect("commit");
     }
 }
+
+/// No statement of a claim is JIT-compiled, whatever the server's JIT settings: a generic
+/// plan's cost grows with the queue (its LIMIT is unknown), past `jit_above_cost` with a few
+/// million rows, and compiling costs far more than a claim. Here every statement's cost is
+/// past the threshold (`jit_above_cost = 0`), and `pg_stat_statements` (tracking nested
+/// statements) counts what was compiled: a control query must be, the claim's must not.
+#[tokio::test]
+async fn no_statement_of_a_claim_is_jit_compiled() {
+    let (_db, pool, c) = migrated().await;
+    enqueue_n(&c, 20).await;
+    let me = registered(&c).await;
+    let mut conn = pool.acquire().await.expect("connection");
+    for sql in [
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+        "SET pg_stat_statements.track = 'all'",
+        "SET jit = on",
+        "SET jit_above_cost = 0",
+        "SELECT pg_stat_statements_reset()",
+    ] {
+        sqlx::query(sql).execute(&mut *conn).await.expect(sql);
+    }
+    let compiled = "SELECT coalesce(sum(jit_functions), 0)::bigint FROM pg_stat_statements
+                    WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                      AND toplevel = $1 AND query ILIKE $2";
+    sqlx::query("SELECT count(*) FROM generate_series(1, 10) AS jit_control")
+        .execute(&mut *conn)
+        .await
+        .expect("control");
+    let control: i64 = sqlx::query_scalar(compiled)
+        .bind(true)
+        .bind("%jit_control%")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("control's JIT");
+    assert!(
+        control > 0,
+        "this server compiled nothing with jit_above_cost = 0 (no JIT provider?): the check \
+         below would prove nothing"
+    );
+    for limit_it in [false, true] {
+        if limit_it {
+            limit(&c, Some(50), None).await;
+        }
+        let ids: Vec<Option<i64>> = sqlx::query_scalar(
+            "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 5, interval '60 s')",
+        )
+        .bind(me.0)
+        .fetch_all(&mut *conn)
+        .await
+        .expect("claim");
+        assert_eq!(ids.iter().flatten().count(), 5);
+    }
+    let claim: i64 = sqlx::query_scalar(compiled)
+        // The statements inside claim_work (its call, at the top, runs under this session's
+        // settings and may be compiled: that is the caller's choice).
+        .bind(false)
+        .bind("%work%")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("the claim's JIT");
+    assert_eq!(claim, 0, "a statement of claim_work was JIT-compiled");
+}
