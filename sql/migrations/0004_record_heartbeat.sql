@@ -40,6 +40,7 @@ CREATE FUNCTION record_heartbeat(
 RETURNS TABLE (evicted boolean, reaped integer, released integer)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

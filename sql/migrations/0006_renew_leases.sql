@@ -37,6 +37,7 @@ CREATE FUNCTION renew_leases(
 RETURNS TABLE (id bigint, claim_token bigint, status text, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -35,6 +35,7 @@ CREATE FUNCTION complete_work(
 RETURNS TABLE (id bigint, claim_token bigint, recorded boolean, next jsonb)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

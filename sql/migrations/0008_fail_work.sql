@@ -44,6 +44,7 @@ CREATE FUNCTION fail_work(
 RETURNS TABLE (id bigint, claim_token bigint, state work_state)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -21,6 +21,7 @@ CREATE FUNCTION release_work(p_instance uuid, p_ids bigint[], p_tokens bigint[],
 RETURNS TABLE (id bigint, claim_token bigint, state work_state)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -13,6 +13,7 @@ CREATE FUNCTION checkpoint_work(p_instance uuid, p_id bigint, p_token bigint, p_
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN

@@ -80,6 +80,7 @@ CREATE FUNCTION enqueue_work(
 RETURNS TABLE (ord integer, id bigint, inserted boolean)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

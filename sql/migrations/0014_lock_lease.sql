@@ -26,6 +26,7 @@ CREATE FUNCTION lock_lease(p_instance uuid, p_id bigint, p_token bigint)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -1123,13 +1123,15 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
     }
 }
 
-/// No statement of a claim is JIT-compiled, whatever the server's JIT settings: a generic
-/// plan's cost grows with the queue (its LIMIT is unknown), past `jit_above_cost` with a few
-/// million rows, and compiling costs far more than a claim. Here every statement's cost is
-/// past the threshold (`jit_above_cost = 0`), and `pg_stat_statements` (tracking nested
-/// statements) counts what was compiled: a control query must be, the claim's must not.
+/// No statement of the hot path's functions (claim, renew, complete, fail, release,
+/// enqueue with a unique or an ordering key) is JIT-compiled, whatever the server's JIT
+/// settings: their estimated costs grow with the table (a generic plan's unknown LIMIT, a
+/// unique key's lookup of finished rows), past `jit_above_cost` with a few million rows, and
+/// compiling costs far more than the statement. Here every statement's cost is past the
+/// threshold (`jit_above_cost = 0`), and `pg_stat_statements` (tracking nested statements)
+/// counts what was compiled: a control query must be, the functions' statements must not.
 #[tokio::test]
-async fn no_statement_of_a_claim_is_jit_compiled() {
+async fn no_statement_of_the_hot_path_is_jit_compiled() {
     let (_db, pool, c) = migrated().await;
     enqueue_n(&c, 20).await;
     let me = registered(&c).await;
@@ -1143,14 +1145,16 @@ async fn no_statement_of_a_claim_is_jit_compiled() {
     ] {
         sqlx::query(sql).execute(&mut *conn).await.expect(sql);
     }
-    let compiled = "SELECT coalesce(sum(jit_functions), 0)::bigint FROM pg_stat_statements
+    let compiled = "SELECT coalesce(sum(jit_functions), 0)::bigint,
+                           coalesce(string_agg(left(query, 80), ' | '), '')
+                    FROM pg_stat_statements
                     WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-                      AND toplevel = $1 AND query ILIKE $2";
+                      AND jit_functions > 0 AND toplevel = $1 AND query ILIKE $2";
     sqlx::query("SELECT count(*) FROM generate_series(1, 10) AS jit_control")
         .execute(&mut *conn)
         .await
         .expect("control");
-    let control: i64 = sqlx::query_scalar(compiled)
+    let (control, _): (i64, String) = sqlx::query_as(compiled)
         .bind(true)
         .bind("%jit_control%")
         .fetch_one(&mut *conn)
@@ -1161,26 +1165,77 @@ async fn no_statement_of_a_claim_is_jit_compiled() {
         "this server compiled nothing with jit_above_cost = 0 (no JIT provider?): the check \
          below would prove nothing"
     );
+    let mut batches = Vec::new();
     for limit_it in [false, true] {
         if limit_it {
             limit(&c, Some(50), None).await;
         }
-        let ids: Vec<Option<i64>> = sqlx::query_scalar(
-            "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 5, interval '60 s')",
+        let rows: Vec<(Option<i64>, Option<i64>)> = sqlx::query_as(
+            "SELECT id, claim_token FROM workpump.claim_work($1, ARRAY['q'], 5, interval '60 s')",
         )
         .bind(me.0)
         .fetch_all(&mut *conn)
         .await
         .expect("claim");
-        assert_eq!(ids.iter().flatten().count(), 5);
+        let (ids, tokens): (Vec<i64>, Vec<i64>) =
+            rows.into_iter().filter_map(|(i, t)| i.zip(t)).unzip();
+        assert_eq!(ids.len(), 5);
+        batches.push((ids, tokens));
     }
-    let claim: i64 = sqlx::query_scalar(compiled)
-        // The statements inside claim_work (its call, at the top, runs under this session's
-        // settings and may be compiled: that is the caller's choice).
+    let calls = [
+        "SELECT count(*) FROM workpump.renew_leases($1, $2, $3, interval '60 s')",
+        "SELECT count(*) FROM workpump.complete_work($1, $2, $3)",
+    ];
+    for call in calls {
+        let (ids, tokens) = &batches[0];
+        sqlx::query(call)
+            .bind(me.0)
+            .bind(ids)
+            .bind(tokens)
+            .execute(&mut *conn)
+            .await
+            .expect(call);
+    }
+    let (ids, tokens) = &batches[1];
+    let (fail_ids, release_ids) = ids.split_at(2);
+    let (fail_tokens, release_tokens) = tokens.split_at(2);
+    sqlx::query(
+        "SELECT count(*) FROM workpump.fail_work($1, $2, $3,
+             ARRAY['boom', 'boom'], ARRAY[interval '1 s', interval '1 s'], ARRAY[false, false])",
+    )
+    .bind(me.0)
+    .bind(fail_ids)
+    .bind(fail_tokens)
+    .execute(&mut *conn)
+    .await
+    .expect("fail");
+    sqlx::query("SELECT count(*) FROM workpump.release_work($1, $2, $3, false)")
+        .bind(me.0)
+        .bind(release_ids)
+        .bind(release_tokens)
+        .execute(&mut *conn)
+        .await
+        .expect("release");
+    for (unique_key, ordering_key) in [(Some("u1"), None), (None, Some("k1"))] {
+        sqlx::query(
+            "SELECT count(*) FROM workpump.enqueue_work(ARRAY['q'], ARRAY['{}'::jsonb],
+                 ARRAY[0::smallint], ARRAY[NULL::interval], ARRAY[NULL::timestamptz],
+                 ARRAY[$1::text], ARRAY[NULL::integer], ARRAY[NULL::text], ARRAY[NULL::jsonb],
+                 ARRAY[$2::text], false)",
+        )
+        .bind(unique_key)
+        .bind(ordering_key)
+        .execute(&mut *conn)
+        .await
+        .expect("enqueue");
+    }
+    let (nested, which): (i64, String) = sqlx::query_as(compiled)
+        // The statements inside the functions (their calls, at the top, run under this
+        // session's settings and may be compiled: that is the caller's choice).
         .bind(false)
-        .bind("%work%")
+        .bind("%")
         .fetch_one(&mut *conn)
         .await
-        .expect("the claim's JIT");
-    assert_eq!(claim, 0, "a statement of claim_work was JIT-compiled");
+        .expect("the functions' JIT");
+    assert_eq!(nested, 0, "JIT-compiled inside the hot path: {which}");
 }
