@@ -1239,3 +1239,71 @@ async fn no_statement_of_the_hot_path_is_jit_compiled() {
         .expect("the functions' JIT");
     assert_eq!(nested, 0, "JIT-compiled inside the hot path: {which}");
 }
+
+/// An enqueue reads `work` through its indexes only, with its generic plans (enqueue_work
+/// forces them): one item or a hundred, plain, with a unique key (new, and one already
+/// held) or an ordering key (a new key, and one with a head), over a table whose finished
+/// rows a sequential scan would read at every call.
+#[tokio::test]
+async fn an_enqueue_reads_work_through_its_indexes_only() {
+    let (_db, pool, c) = migrated().await;
+    enqueue_n(&c, 3000).await;
+    sqlx::query("UPDATE workpump.work SET state = 'completed', finished_at = now()")
+        .execute(&pool)
+        .await
+        .expect("finish the first rows");
+    enqueue_n(&c, 3000).await;
+    sqlx::query("ANALYZE workpump.work")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    let keys = |prefix: &str, n: usize| -> Vec<Option<String>> {
+        (0..n).map(|i| Some(format!("{prefix}{i}"))).collect()
+    };
+    let none = |n: usize| -> Vec<Option<String>> { vec![None; n] };
+    let cases: Vec<(&str, Vec<Option<String>>, Vec<Option<String>>)> = vec![
+        ("one item", none(1), none(1)),
+        ("a new unique key", keys("u", 1), none(1)),
+        ("a unique key already held", keys("u", 1), none(1)),
+        ("a new ordering key", none(1), keys("k", 1)),
+        ("an ordering key with a head", none(1), keys("k", 1)),
+        ("a hundred items", none(100), none(100)),
+        ("a hundred unique keys", keys("v", 100), none(100)),
+        ("a hundred ordering keys", none(100), keys("k", 100)),
+    ];
+    let seq_scans = "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
+                     WHERE schemaname = 'workpump' AND relname = 'work'";
+    for (what, unique_keys, ordering_keys) in cases {
+        let n = unique_keys.len() as i32;
+        let mut tx = pool.begin().await.expect("begin");
+        let before: i64 = sqlx::query_scalar(seq_scans)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("scans of work");
+        let answered: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM workpump.enqueue_work(
+                 array_fill('q'::text, ARRAY[$1]), array_fill('{}'::jsonb, ARRAY[$1]),
+                 array_fill(0::smallint, ARRAY[$1]), array_fill(NULL::interval, ARRAY[$1]),
+                 array_fill(NULL::timestamptz, ARRAY[$1]), $2::text[],
+                 array_fill(NULL::integer, ARRAY[$1]), array_fill(NULL::text, ARRAY[$1]),
+                 array_fill(NULL::jsonb, ARRAY[$1]), $3::text[], false)",
+        )
+        .bind(n)
+        .bind(&unique_keys)
+        .bind(&ordering_keys)
+        .fetch_one(&mut *tx)
+        .await
+        .expect(what);
+        assert_eq!(answered, i64::from(n), "{what}");
+        let after: i64 = sqlx::query_scalar(seq_scans)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("scans of work");
+        assert_eq!(
+            after - before,
+            0,
+            "enqueueing {what} scanned the work table"
+        );
+        tx.commit().await.expect("commit");
+    }
+}
