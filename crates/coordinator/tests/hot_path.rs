@@ -1261,7 +1261,9 @@ async fn an_enqueue_reads_work_through_its_indexes_only() {
         (0..n).map(|i| Some(format!("{prefix}{i}"))).collect()
     };
     let none = |n: usize| -> Vec<Option<String>> { vec![None; n] };
-    let cases: Vec<(&str, Vec<Option<String>>, Vec<Option<String>>)> = vec![
+    /// What is enqueued, its unique keys and its ordering keys.
+    type Case = (&'static str, Vec<Option<String>>, Vec<Option<String>>);
+    let cases: Vec<Case> = vec![
         ("one item", none(1), none(1)),
         ("a new unique key", keys("u", 1), none(1)),
         ("a unique key already held", keys("u", 1), none(1)),
