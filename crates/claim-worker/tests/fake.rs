@@ -112,6 +112,19 @@ struct Setup {
     task: tokio::task::JoinHandle<Result<(), WorkerError>>,
 }
 
+/// Captures this thread's log lines as text until the guard drops.
+fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
 /// A running worker whose instance is registered before it starts.
 async fn start(config: ClaimConfig, concurrency: usize, handler_hold: Option<Duration>) -> Setup {
     let fake = FakeCoordinator::new();
@@ -664,15 +677,7 @@ async fn stopped_by_a_limit_is_a_failed_attempt(why: CancelReason, named: &str) 
 /// and claims as soon as the queue is registered.
 #[tokio::test(start_paused = true)]
 async fn a_queue_the_store_does_not_know_is_reported_once_backed_off_and_claimed_once_registered() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture_logs();
 
     let fake = FakeCoordinator::new();
     let mut handlers = Handlers::new();
@@ -745,15 +750,7 @@ async fn a_queue_the_store_does_not_know_is_reported_once_backed_off_and_claimed
 /// never answers it) says so once, 10 s into the wait, and still claims nothing.
 #[tokio::test(start_paused = true)]
 async fn waiting_for_a_registration_is_reported_once_after_ten_seconds() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture_logs();
     let waiting = |logs: &Logs| {
         logs.text()
             .lines()
@@ -1011,15 +1008,7 @@ async fn an_item_claimed_by_an_instance_evicted_before_it_started_fires_claimed_
 /// next item runs (docs/hooks.md).
 #[tokio::test(start_paused = true)]
 async fn an_ended_hook_past_the_lease_grace_is_dropped_with_a_warning() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture_logs();
 
     struct Stuck;
     #[async_trait]
@@ -1361,15 +1350,7 @@ async fn an_item_handed_on_once_the_drain_began_is_given_back_unstarted() {
 async fn a_dead_letter_a_claim_makes_is_counted_and_logged_as_an_error() {
     let recorded = RecordedMetrics::default();
     let _metrics = recorded.set_local();
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .with_ansi(false)
-        .finish();
-    let _logs = tracing::subscriber::set_default(subscriber);
+    let (logs, _logs) = capture_logs();
 
     let fake = FakeCoordinator::new();
     fake.register_queue(RegisterQueueParams::new("q"))

@@ -686,6 +686,38 @@ impl FakeCoordinator {
 }
 
 impl State {
+    /// Ends at most `limit` of the orphans that must not run again (`Row::must_end`) among
+    /// those `pick` accepts — dead letters, or cancelled when a cancel was requested — and
+    /// hands their ordering keys on: `dead_letter_expired`, and `claim_work`'s step 2.
+    fn end_orphans(
+        &mut self,
+        now: DateTime<Utc>,
+        limit: usize,
+        pick: impl Fn(&Row) -> bool,
+    ) -> DeadLetterExpiredOutcome {
+        let mut dead: BTreeMap<String, u64> = BTreeMap::new();
+        let mut cancelled: BTreeMap<String, u64> = BTreeMap::new();
+        let mut ended = Vec::new();
+        for r in self
+            .work
+            .values_mut()
+            .filter(|r| r.must_end(now) && pick(r))
+            .take(limit)
+        {
+            let to = match r.end_orphan(now) {
+                WorkState::Cancelled => &mut cancelled,
+                _ => &mut dead,
+            };
+            *to.entry(r.queue.clone()).or_default() += 1;
+            ended.extend(r.key());
+        }
+        self.advance(now, ended);
+        DeadLetterExpiredOutcome {
+            dead: counts(dead),
+            cancelled: counts(cancelled),
+        }
+    }
+
     /// Whether a queue's dead letters hold their ordering keys (`ordering_dead_head` hold).
     fn holds_dead_heads(&self, queue: &str) -> bool {
         self.queues
@@ -945,24 +977,7 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
         }
     }
     // 2. Orphans that must not run again; their keys are handed on.
-    let mut ended = Vec::new();
-    let mut dead: BTreeMap<String, u64> = BTreeMap::new();
-    let mut cancelled: BTreeMap<String, u64> = BTreeMap::new();
-    for r in st.work.values_mut() {
-        if r.must_end(now) && queues.contains(r.queue.as_str()) {
-            let to = match r.end_orphan(now) {
-                WorkState::Cancelled => &mut cancelled,
-                _ => &mut dead,
-            };
-            *to.entry(r.queue.clone()).or_default() += 1;
-            ended.extend(r.key());
-        }
-    }
-    st.advance(now, ended);
-    let orphans_ended = DeadLetterExpiredOutcome {
-        dead: counts(dead),
-        cancelled: counts(cancelled),
-    };
+    let orphans_ended = st.end_orphans(now, usize::MAX, |r| queues.contains(r.queue.as_str()));
     let in_claim_order = |rows: &mut Vec<&Row>| {
         rows.sort_by_key(|r| (r.priority, r.run_at, r.id));
     };
@@ -1844,28 +1859,8 @@ impl WorkCoordinator for FakeCoordinator {
             .await?;
         params.validate()?;
         let now = self.now();
-        let mut st = self.state();
-        let mut dead: BTreeMap<String, u64> = BTreeMap::new();
-        let mut cancelled: BTreeMap<String, u64> = BTreeMap::new();
-        let mut ended = Vec::new();
-        for r in st
-            .work
-            .values_mut()
-            .filter(|r| r.must_end(now))
-            .take(params.limit as usize)
-        {
-            let to = match r.end_orphan(now) {
-                WorkState::Cancelled => &mut cancelled,
-                _ => &mut dead,
-            };
-            *to.entry(r.queue.clone()).or_default() += 1;
-            ended.extend(r.key());
-        }
-        st.advance(now, ended);
-        Ok(DeadLetterExpiredOutcome {
-            dead: counts(dead),
-            cancelled: counts(cancelled),
-        })
+        let limit = params.limit as usize;
+        Ok(self.state().end_orphans(now, limit, |_| true))
     }
 
     async fn prune_finished(&self, params: PruneFinishedParams) -> Result<PruneFinishedOutcome> {

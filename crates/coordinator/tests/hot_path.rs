@@ -1055,14 +1055,11 @@ async fn concurrent_claimers_never_run_more_than_max_running() {
     assert_eq!(highest, LIMIT, "the limit was reached: {samples:?}");
 }
 
-/// A claim reads `work` through its indexes only, limited queue or not, reclaiming or not,
-/// with its generic plans (claim_work forces them): with finished rows ahead of the queue's
-/// first available one, a sequential scan (which the planner prefers for an `EXISTS` it expects
-/// to match early) reads them all on every claim. The limited claim's "anything to claim?"
-/// probe did, until it asked for the first row in `work_claim`'s order.
-#[tokio::test]
-async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
-    let (_db, pool, c) = migrated().await;
+/// A store whose `work` holds 3 000 completed rows ahead of 3 000 available ones in queue `q`,
+/// analyzed: a sequential scan looking for a queue's first available row reads every
+/// finished one.
+async fn behind_finished_rows() -> (TestDatabase, PgPool, PgCoordinator) {
+    let (db, pool, c) = migrated().await;
     enqueue_n(&c, 3000).await;
     sqlx::query("UPDATE workpump.work SET state = 'completed', finished_at = now()")
         .execute(&pool)
@@ -1073,6 +1070,29 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
         .execute(&pool)
         .await
         .expect("analyze");
+    (db, pool, c)
+}
+
+/// The session's sequential scans of `work` not yet reported to the statistics (which may
+/// include its earlier transactions'): compare before and after a call.
+async fn seq_scans_of_work(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
+         WHERE schemaname = 'workpump' AND relname = 'work'",
+    )
+    .fetch_one(&mut **tx)
+    .await
+    .expect("scans of work")
+}
+
+/// A claim reads `work` through its indexes only, limited queue or not, reclaiming or not,
+/// with its generic plans (claim_work forces them): with finished rows ahead of the queue's
+/// first available one, a sequential scan (which the planner prefers for an `EXISTS` it expects
+/// to match early) reads them all on every claim. The limited claim's "anything to claim?"
+/// probe did, until it asked for the first row in `work_claim`'s order.
+#[tokio::test]
+async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
+    let (_db, pool, c) = behind_finished_rows().await;
     let me = registered(&c).await;
     let cases = [
         (None, false),
@@ -1094,14 +1114,7 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
             .expect("expire a lease");
         }
         let mut tx = pool.begin().await.expect("begin");
-        // The session's scans not yet reported to the statistics (which may include its
-        // earlier transactions'), before and after the claim.
-        let seq_scans = "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
-                         WHERE schemaname = 'workpump' AND relname = 'work'";
-        let before: i64 = sqlx::query_scalar(seq_scans)
-            .fetch_one(&mut *tx)
-            .await
-            .expect("scans of work");
+        let before = seq_scans_of_work(&mut tx).await;
         let ids: Vec<Option<i64>> = sqlx::query_scalar(
             "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
         )
@@ -1110,10 +1123,7 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
         .await
         .expect("claim");
         assert_eq!(ids.iter().flatten().count(), 10, "{max_running:?}: {ids:?}");
-        let after: i64 = sqlx::query_scalar(seq_scans)
-            .fetch_one(&mut *tx)
-            .await
-            .expect("scans of work");
+        let after = seq_scans_of_work(&mut tx).await;
         assert_eq!(
             after - before,
             0,
@@ -1246,17 +1256,7 @@ async fn no_statement_of_the_hot_path_is_jit_compiled() {
 /// rows a sequential scan would read at every call.
 #[tokio::test]
 async fn an_enqueue_reads_work_through_its_indexes_only() {
-    let (_db, pool, c) = migrated().await;
-    enqueue_n(&c, 3000).await;
-    sqlx::query("UPDATE workpump.work SET state = 'completed', finished_at = now()")
-        .execute(&pool)
-        .await
-        .expect("finish the first rows");
-    enqueue_n(&c, 3000).await;
-    sqlx::query("ANALYZE workpump.work")
-        .execute(&pool)
-        .await
-        .expect("analyze");
+    let (_db, pool, _store) = behind_finished_rows().await;
     let keys = |prefix: &str, n: usize| -> Vec<Option<String>> {
         (0..n).map(|i| Some(format!("{prefix}{i}"))).collect()
     };
@@ -1273,15 +1273,10 @@ async fn an_enqueue_reads_work_through_its_indexes_only() {
         ("a hundred unique keys", keys("v", 100), none(100)),
         ("a hundred ordering keys", none(100), keys("k", 100)),
     ];
-    let seq_scans = "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
-                     WHERE schemaname = 'workpump' AND relname = 'work'";
     for (what, unique_keys, ordering_keys) in cases {
         let n = unique_keys.len() as i32;
         let mut tx = pool.begin().await.expect("begin");
-        let before: i64 = sqlx::query_scalar(seq_scans)
-            .fetch_one(&mut *tx)
-            .await
-            .expect("scans of work");
+        let before = seq_scans_of_work(&mut tx).await;
         let answered: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM workpump.enqueue_work(
                  array_fill('q'::text, ARRAY[$1]), array_fill('{}'::jsonb, ARRAY[$1]),
@@ -1297,10 +1292,7 @@ async fn an_enqueue_reads_work_through_its_indexes_only() {
         .await
         .expect(what);
         assert_eq!(answered, i64::from(n), "{what}");
-        let after: i64 = sqlx::query_scalar(seq_scans)
-            .fetch_one(&mut *tx)
-            .await
-            .expect("scans of work");
+        let after = seq_scans_of_work(&mut tx).await;
         assert_eq!(
             after - before,
             0,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
-use workpump_host::{handler_fn, Host, HostConfig, Job, NewWork};
+use workpump_host::{handler_fn, Host, HostConfig, Job, NewWork, QueueSettings};
 use workpump_testdb::{Cluster, Replication, StopMode};
 
 use support::{blocking, count_state, wait_until, StopOnDrop};
@@ -108,8 +108,14 @@ async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {
         .connect(&standby.cluster().url(&db))
         .await
         .expect("the new primary");
+    // A claim in flight when the primary stopped may have committed (and reached the
+    // synchronous standby) without its answer: its items are then this instance's orphans,
+    // which nobody runs until their lease (60 s, the default) lapses and a claim takes them
+    // back (docs/store.md). So the wait allows the lease and a poll beyond it; without that
+    // race, every item completes within seconds.
+    let lease = QueueSettings::default().lease.lease;
     wait_until(
-        Duration::from_secs(60),
+        lease + Duration::from_secs(60),
         "every item completed on the new primary",
         || async { count_state(&pool, "completed").await == 100 },
     )
