@@ -1292,6 +1292,56 @@ async fn a_draining_worker_takes_no_item_handed_on() {
     );
 }
 
+/// The lease of an item handed on is counted from when the completion was sent, as a claim's
+/// from when the claim was sent: a completion answered only after a whole lease hands on an
+/// item whose lease the worker cannot trust, which it gives back unstarted.
+#[tokio::test(start_paused = true)]
+async fn an_item_handed_on_by_a_completion_slower_than_a_lease_is_never_started() {
+    let recorded = RecordedMetrics::default();
+    let _metrics = recorded.set_local();
+    let s = start(tight(), 1, None).await;
+    let lease = QueueSettings::default().lease.lease;
+    s.fake
+        .set_latency(Method::CompleteWork, lease + Duration::from_secs(1));
+    s.enqueue_key("k", 2).await;
+    // The head runs; its completion takes longer than a lease and hands the second item on;
+    // that one is given back unstarted, claimed afresh and run.
+    let deadline = Instant::now() + lease * 5;
+    while s
+        .fake
+        .work_rows()
+        .iter()
+        .any(|r| r.state != WorkState::Completed)
+    {
+        assert!(Instant::now() < deadline, "the key did not drain");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    settle().await;
+    let counter = |name, labels: &[(&str, &str)]| recorded.counter(name, labels);
+    assert_eq!(
+        counter(metrics::CLAIMED, &[("queue", "q"), ("kind", "handed_off")]),
+        1,
+        "the head's completion handed the second item on"
+    );
+    assert_eq!(
+        counter(
+            metrics::ITEMS,
+            &[("queue", "q"), ("outcome", "rejected_expired")]
+        ),
+        1,
+        "the handed item was turned away: its lease, counted from the completion's send, had run out"
+    );
+    let releases = s.fake.calls_of(Method::ReleaseWork);
+    assert_eq!(releases.len(), 1);
+    assert_eq!(releases[0].items, 1);
+    assert_eq!(
+        counter(metrics::CLAIMED, &[("queue", "q"), ("kind", "new")]),
+        2,
+        "the head, then the given-back item claimed afresh"
+    );
+    s.stop().await;
+}
+
 /// A completion sent before the drain began but answered after it hands its key's next item
 /// on (the store cannot know the worker began to drain meanwhile): the worker gives that item
 /// back unstarted — released, its attempt not counted — and never runs it.

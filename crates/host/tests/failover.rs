@@ -114,12 +114,25 @@ async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {
     // back (docs/store.md). So the wait allows the lease and a poll beyond it; without that
     // race, every item completes within seconds.
     let lease = QueueSettings::default().lease.lease;
-    wait_until(
-        lease + Duration::from_secs(60),
-        "every item completed on the new primary",
-        || async { count_state(&pool, "completed").await == 100 },
-    )
-    .await;
+    let deadline = Instant::now() + lease + Duration::from_secs(60);
+    while count_state(&pool, "completed").await < 100 {
+        if Instant::now() >= deadline {
+            // What the items were doing, to tell a lost answer from a stuck worker.
+            let states: Vec<(String, i32, i64, Option<f64>)> = sqlx::query_as(
+                "SELECT state::text, attempt, count(*),
+                        extract(epoch FROM max(lease_expiry) - now())::float8
+                 FROM workpump.work GROUP BY 1, 2 ORDER BY 1, 2",
+            )
+            .fetch_all(&pool)
+            .await
+            .expect("the items' states");
+            panic!(
+                "not every item completed on the new primary within the lease and a minute: \
+                 (state, attempt, items, seconds of lease left) {states:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     wait_until(
         Duration::from_secs(60),
         "the host is ready again, its alive-lock held and LISTEN healthy",
