@@ -771,20 +771,8 @@ impl WorkCoordinator for PgCoordinator {
             // A status row (id NULL) says what the claim ended, or that a queue was
             // throttled; the others are items.
             if let Some(state) = r.ended.as_deref() {
-                let count = QueueCount {
-                    queue: r.queue,
-                    items: r.ended_items.unwrap_or_default().max(0) as u64,
-                };
-                match state {
-                    "dead" => orphans_ended.dead.push(count),
-                    "cancelled" => orphans_ended.cancelled.push(count),
-                    other => {
-                        return Err(Error::database(
-                            ctx(),
-                            format!("an orphan ended in the unexpected state {other:?}"),
-                        ))
-                    }
-                }
+                let items = r.ended_items.unwrap_or_default();
+                add_ended(&mut orphans_ended, r.queue, state, items, &ctx())?;
                 continue;
             }
             let (Some(id), Some(claim_token), Some(priority), Some(attempt)) =
@@ -1084,20 +1072,7 @@ impl WorkCoordinator for PgCoordinator {
             .map_err(|e| self.db_error(ctx(), e))?;
         let mut outcome = DeadLetterExpiredOutcome::default();
         for (queue, state, n) in rows {
-            let count = QueueCount {
-                queue,
-                items: n as u64,
-            };
-            match parse_state(&state, &ctx())? {
-                WorkState::Dead => outcome.dead.push(count),
-                WorkState::Cancelled => outcome.cancelled.push(count),
-                other => {
-                    return Err(Error::database(
-                        ctx(),
-                        format!("dead_letter_expired reported state {other}"),
-                    ))
-                }
-            }
+            add_ended(&mut outcome, queue, &state, n, &ctx())?;
         }
         Ok(outcome)
     }
@@ -1923,6 +1898,32 @@ impl CompleteRow {
 
 fn split_fences(fences: &[Fence]) -> (Vec<i64>, Vec<i64>) {
     fences.iter().map(|f| (f.id, f.token)).unzip()
+}
+
+/// Adds a row of ended orphans — a queue, the state they ended in, how many — to `outcome`:
+/// `dead_letter_expired`'s rows and `claim_work`'s status rows alike.
+fn add_ended(
+    outcome: &mut DeadLetterExpiredOutcome,
+    queue: String,
+    state: &str,
+    items: i32,
+    ctx: &str,
+) -> Result<()> {
+    let count = QueueCount {
+        queue,
+        items: items.max(0) as u64,
+    };
+    match parse_state(state, ctx)? {
+        WorkState::Dead => outcome.dead.push(count),
+        WorkState::Cancelled => outcome.cancelled.push(count),
+        other => {
+            return Err(Error::database(
+                ctx.to_owned(),
+                format!("orphans reported ended in state {other}"),
+            ))
+        }
+    }
+    Ok(())
 }
 
 fn parse_state(s: &str, ctx: &str) -> Result<WorkState> {
