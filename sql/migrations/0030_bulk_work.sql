@@ -98,6 +98,15 @@ BEGIN
         END LOOP;
     END IF;
 
+    -- The rows, locked in id order in a statement of their own, so that the statement below
+    -- runs on a snapshot taken after the locks: it decides on, and writes, the rows' newest
+    -- versions. (When it also took the locks, a row changed after its snapshot was decided on
+    -- at its newest version, but an UPDATE checks the table's constraints on the new row
+    -- built from the version in its snapshot before it finds the newer one: a cancel that
+    -- waited on a claim decided 'requested' and set cancel_requested on the row as still
+    -- available, which work_waiting_is_not_cancel_requested refused.)
+    PERFORM 1 FROM work w WHERE w.id = ANY (p_ids) ORDER BY w.id FOR UPDATE;
+
     BEGIN
         WITH req AS (
             SELECT DISTINCT ON (u.id) u.id, u.ord

@@ -1029,3 +1029,67 @@ async fn the_repair_finds_exactly_the_headless_keys_at_most_limit_a_call() {
         assert_eq!(states, expected, "{key}");
     }
 }
+
+/// An operator's cancel that waits on a claim in flight decides on the row the claim leased,
+/// and writes that row. Under READ COMMITTED an UPDATE checks the table's constraints on the
+/// row version in its snapshot before it finds the newer one: when bulk_work locked and
+/// decided in the same statement, it read the claimed row ("running": requested) and checked
+/// the available one with the request set, which work_waiting_is_not_cancel_requested
+/// refuses (the chaos suite's keyed scenario hit it). Locking in a statement of its own first
+/// gives the deciding statement a snapshot that has the claim in it.
+#[tokio::test]
+async fn a_cancel_that_waits_on_a_claim_in_flight_requests_the_cancel_of_the_leased_item() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let enqueued = c
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!(1))],
+        })
+        .await
+        .expect("enqueue");
+    let id = enqueued.items[0].id;
+
+    // The claim, in a transaction held open.
+    let mut claim = pool.begin().await.expect("begin");
+    let leased: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.claim_work($1, '{q}', 1, interval '60 seconds') WHERE id IS NOT NULL",
+    )
+    .bind(me.0)
+    .fetch_all(&mut *claim)
+    .await
+    .expect("claim");
+    assert_eq!(leased, vec![id]);
+
+    // The cancel, which must wait for the claim's row lock.
+    let ops = c.clone();
+    let cancel = tokio::spawn(async move { ops.cancel_work(CancelWorkParams { id }).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%cancel_work%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("pg_stat_activity");
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cancel never waited on the claim's lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    claim.commit().await.expect("commit the claim");
+
+    let out = cancel.await.expect("join").expect("cancel");
+    assert_eq!(out.cancellation, Cancellation::Requested);
+    let (state, requested): (String, bool) =
+        sqlx::query_as("SELECT state::text, cancel_requested FROM workpump.work WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("row");
+    assert_eq!((state.as_str(), requested), ("running", true));
+}
