@@ -53,6 +53,7 @@ CREATE TABLE queues (
     -- many starts per period, a token bucket of capacity rate_limit refilled continuously at
     -- rate_limit / rate_period: rate_tokens as of rate_refilled_at (NULL: full), written only
     -- by claim_work under the row's lock (may be negative: a reclaim debits without refusal).
+    -- max_running is enforced through its slots (queue_slots).
     max_running        integer,
     rate_limit         integer,
     rate_period        interval,
@@ -65,6 +66,19 @@ CREATE TABLE queues (
         CHECK (rate_period BETWEEN interval '1 millisecond' AND interval '1 day'),
     CONSTRAINT queues_name_valid CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'),
     CONSTRAINT queues_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000)
+);
+
+-- The slots of a queue's max_running (docs/flow-control.md): rows 1..max_running, kept in
+-- step with the setting by flow_set_slots. A claim of the queue locks slots that look free
+-- (FOR NO KEY UPDATE SKIP LOCKED), then, in a statement whose snapshot is taken after the
+-- locks, keeps those no running row holds (work.slot) and leases one item into each. A slot
+-- is held by its running row and freed by whatever ends the row's run; nothing writes here on
+-- the claim or completion path but the lock. Claims of one queue thereby never wait for each
+-- other: each takes different slots.
+CREATE TABLE queue_slots (
+    queue text    NOT NULL REFERENCES queues (name),
+    slot  integer NOT NULL CHECK (slot >= 1),
+    PRIMARY KEY (queue, slot)
 );
 
 -- Failed attempts per queue and minute, for the operator's failure rate (queue_overview):
@@ -166,11 +180,13 @@ CREATE TABLE work (
     ordering_key     text,
     -- Its place in its key's order (ordering_seq); set exactly when ordering_key is.
     ordering_seq     bigint,
-    -- Counted toward its queue's max_running while running (work_running_limited): set by
-    -- claim_work on the rows it claims from a limited queue, and by flow_mark_running on a
-    -- queue's running rows when it gets a max_running. Rows of unlimited queues stay false,
-    -- so they never enter that index.
-    limited          boolean     NOT NULL DEFAULT false,
+    -- Its slot of its queue's max_running (queue_slots; docs/flow-control.md): set by
+    -- claim_work on the rows it claims from a queue with a max_running (a free slot, locked by
+    -- that claim), kept through a reclaim, and renumbered by flow_set_slots when a queue gets
+    -- a max_running. A running row holds its slot; any other state frees it. Claims of a queue
+    -- without one leave it as it is (renumbered if the queue gets one): rows of queues that
+    -- never had a max_running keep NULL and never enter work_running_slot.
+    slot             integer     CHECK (slot >= 1),
     created_at       timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,
     -- An owner without an expiry could never be reclaimed (three-valued logic): impossible.
@@ -209,11 +225,12 @@ CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'ava
 -- and renewal would write an entry into it.)
 CREATE INDEX work_running_lease ON work ((coalesce(lease_expiry, '-infinity'::timestamptz)))
     WHERE state = 'running';
--- claim_work, flow control: a limited queue's running rows, counted under the queue row's
--- lock to enforce max_running. Only rows marked `limited` enter it, so claims and renewals of
--- unlimited queues write no entry here (a running row's update is never HOT: its
--- lease_expiry is indexed above, so every index whose predicate holds gets one).
-CREATE INDEX work_running_limited ON work (queue) WHERE state = 'running' AND limited;
+-- claim_work, flow control: which slots of a queue with a max_running are held (a running
+-- row in it), probed per slot, and whether any is held above the limit (after it was
+-- lowered). Only rows claimed under a max_running carry a slot, so claims and renewals of
+-- other queues write no entry here (a running row's update is never HOT: its lease_expiry is
+-- indexed above, so every index whose predicate holds gets one).
+CREATE INDEX work_running_slot ON work (queue, slot) WHERE state = 'running' AND slot IS NOT NULL;
 -- promotion of due scheduled (and retrying) rows.
 CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';
 -- retention pruning of finished rows, one range per state.

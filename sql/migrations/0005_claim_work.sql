@@ -40,28 +40,33 @@
 -- many, `has_more` false; so the caller counts and logs these dead letters as the maintenance
 -- sweep does its own (dead_letter_expired). Item and throttle rows carry `ended` NULL.
 --
--- Flow control (step 5). A limited queue among the claimable ones that has something to
--- claim (an available due row: one probe of work_claim) or had orphans reclaimed by this call
--- has its queues row locked FOR NO KEY UPDATE (in name order, so two multi-queue claims never
--- deadlock; NO KEY so that it never waits on, nor blocks, a key-share lock). Then, in a
--- statement of its own (READ COMMITTED: a snapshot taken after the lock, so it sees the
--- previous claimer's committed leases), its allowance:
---   least(max_running - running, floor(tokens))   (a missing limit drops out; never < 0)
--- where `running` counts the queue's running rows marked `limited` (work_running_limited;
--- this step marks every row it claims from a limited queue, and flow_mark_running marks the
--- rows already running when a queue gets its max_running; an expired but not yet reclaimed
--- lease counts: its stopped owner may still be running it) and
--- `tokens` is the bucket refilled to now(): least(rate_limit, rate_tokens + rate_limit *
--- (now() - rate_refilled_at) / rate_period), a full bucket (rate_limit) when never used, less
--- the orphans this call reclaimed from the queue. Step 4 takes at most the allowance from each
--- limited queue (LIMIT least(remaining + 1, allowance): a throttled queue never makes the
--- drain hint true), and a limited queue that was not locked (nothing to claim when looked)
--- gives nothing. Reclaimed orphans are neither limited by max_running (already counted) nor
--- refused by the rate, but they are started again, so they take tokens: the bucket may go
--- negative, and later starts wait. Afterwards the bucket is debited by the rows started from
--- it (rate_tokens, rate_refilled_at = now(); never moved back). The reclaimed and claimed rows
--- are returned read back by primary key. An empty poll of a limited queue with nothing
--- available locks and writes nothing (it stays read-only).
+-- Flow control (step 5). A limited queue among the claimable ones is engaged when it has
+-- something to claim (an available due row: one probe of work_claim) or, with a rate, had
+-- orphans reclaimed by this call. An engaged queue with a rate has its queues row locked FOR
+-- NO KEY UPDATE (in name order, so two multi-queue claims never deadlock; NO KEY so that it
+-- never waits on, nor blocks, a key-share lock): its bucket is one value. An engaged queue
+-- with a max_running has up to remaining + 1 of its slots (queue_slots) that look free (no
+-- running row holds them: work.slot, on work_running_slot) locked FOR NO KEY UPDATE SKIP
+-- LOCKED, lowest first: claims of one queue take different slots and never wait for each
+-- other. Then, in a statement of its own (READ COMMITTED: a snapshot taken after the locks, so
+-- it sees what the slots' and rows' previous holders committed), its allowance:
+--   least(free, floor(tokens))   (a missing limit drops out; never < 0)
+-- where `free` counts the locked slots no running row holds now, and is 0 while a running row
+-- holds a slot above max_running (the limit was lowered: nothing starts until those end; a
+-- row running in no slot, leased by a claim in flight while the limit was set, is not
+-- counted); an expired but not yet reclaimed lease holds its slot (its stopped owner may still
+-- be running it); and `tokens` is the bucket refilled to now(): least(rate_limit, rate_tokens
+-- + rate_limit * (now() - rate_refilled_at) / rate_period), a full bucket (rate_limit) when
+-- never used, less the orphans this call reclaimed from the queue. Step 4 takes at most the
+-- allowance from each limited queue (LIMIT least(remaining + 1, allowance): a throttled queue
+-- never makes the drain hint true), the n-th row taken from a queue with a max_running
+-- getting its n-th free slot (work.slot), and a limited queue that was not engaged gives
+-- nothing. Reclaimed orphans keep their slots and are neither limited by max_running
+-- (already counted) nor refused by the rate, but they are started again, so they take tokens:
+-- the bucket may go negative, and later starts wait. Afterwards the bucket is debited by the
+-- rows started from it (rate_tokens, rate_refilled_at = now(); never moved back). The
+-- reclaimed and claimed rows are returned read back by primary key. An empty poll of a
+-- limited queue with nothing available locks and writes nothing (it stays read-only).
 -- A queue is throttled when its limit, not max_items, bounded what this call could take from
 -- it and it had at least that many rows to take (it may have none left). For each throttled
 -- queue the result ends with a status row: id and every item column NULL, `queue` the queue,
@@ -148,6 +153,14 @@ DECLARE
     v_es        work_state[];
     v_limited   text[];
     v_lock      text[];
+    v_rated     text[];
+    v_slotted   text[];
+    v_engaged   text[];
+    v_sq        text[];
+    v_ss        integer[];
+    v_fq        text[];
+    v_fs        integer[];
+    v_fn        bigint[];
     v_lq        text[];
     v_allow     integer[];
     v_tokens    double precision[];
@@ -182,8 +195,10 @@ BEGIN
     -- The queues this call may claim from: known and not paused. An unknown one is refused
     -- (looked for only when fewer queues matched than were named).
     SELECT array_agg(q.name) FILTER (WHERE NOT q.paused), count(*),
-           array_agg(q.name) FILTER (WHERE NOT q.paused AND (q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL))
-    INTO v_queues, v_known, v_limited
+           array_agg(q.name) FILTER (WHERE NOT q.paused AND (q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL)),
+           array_agg(q.name) FILTER (WHERE NOT q.paused AND q.rate_limit IS NOT NULL),
+           array_agg(q.name) FILTER (WHERE NOT q.paused AND q.max_running IS NOT NULL)
+    INTO v_queues, v_known, v_limited, v_rated, v_slotted
     FROM queues q
     WHERE q.name = ANY (p_queues);
     IF v_known < cardinality(p_queues) THEN
@@ -297,36 +312,86 @@ BEGIN
 
     IF v_limited IS NOT NULL THEN
         -- 5. Flow control: a limited queue is among them (see the header).
-        SELECT array_agg(l.name) INTO v_lock
-        FROM (
-            SELECT q.name FROM queues q
-            WHERE q.name = ANY (v_limited)
-              -- The queue's first claimable row, in work_claim's order: a scalar subquery keeps
-              -- the ORDER BY (EXISTS drops it, and the planner then may pick a sequential
-              -- scan that stops at the first match, reading every finished row ahead of it).
-              AND ((SELECT a.id FROM work a
-                    WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now
-                    ORDER BY a.priority, a.run_at, a.id
-                    LIMIT 1) IS NOT NULL
-                   OR (q.rate_limit IS NOT NULL
-                       AND EXISTS (SELECT 1 FROM work r WHERE r.id = ANY (v_reclaimed) AND r.queue = q.name)))
-            ORDER BY q.name
-            FOR NO KEY UPDATE
-        ) l;
+        v_remaining := p_max_items - cardinality(v_reclaimed);
+        -- The limited queues this claim engages: those with something to claim (their first
+        -- claimable row in work_claim's order: a scalar subquery keeps the ORDER BY; EXISTS
+        -- drops it, and the planner then may pick a sequential scan that stops at the first
+        -- match, reading every finished row ahead of it), and rate-limited ones it reclaimed
+        -- from. A bucket is one value: an engaged rate's queue row is locked, in name order.
+        IF v_rated IS NOT NULL THEN
+            SELECT array_agg(r.name) INTO v_lock
+            FROM (
+                SELECT q.name FROM queues q
+                WHERE q.name = ANY (v_rated)
+                  AND ((SELECT a.id FROM work a
+                        WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now
+                        ORDER BY a.priority, a.run_at, a.id
+                        LIMIT 1) IS NOT NULL
+                       OR EXISTS (SELECT 1 FROM work r WHERE r.id = ANY (v_reclaimed) AND r.queue = q.name))
+                ORDER BY q.name
+                FOR NO KEY UPDATE
+            ) r;
+        END IF;
+        IF v_slotted IS NOT NULL THEN
+            -- An engaged queue with a max_running: up to remaining + 1 of its slots that look
+            -- free (no running row holds them in this statement's snapshot), lowest first, so
+            -- that a queue whose slots, not max_items, bounded the call is the one reported
+            -- throttled. The probe is a condition on the queue, so nothing is locked for a
+            -- queue with nothing to claim (an empty poll stays read-only).
+            SELECT array_agg(DISTINCT e.name),
+                   array_agg(s.queue) FILTER (WHERE s.slot IS NOT NULL),
+                   array_agg(s.slot) FILTER (WHERE s.slot IS NOT NULL)
+            INTO v_engaged, v_sq, v_ss
+            FROM unnest(v_slotted) AS e(name)
+            LEFT JOIN LATERAL (
+                SELECT s.queue, s.slot FROM queue_slots s
+                WHERE s.queue = e.name
+                  AND NOT EXISTS (SELECT 1 FROM work h
+                                  WHERE h.state = 'running' AND h.queue = s.queue AND h.slot = s.slot)
+                ORDER BY s.slot
+                LIMIT CASE WHEN v_remaining > 0 THEN v_remaining + 1 ELSE 0 END
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) s ON true
+            WHERE e.name = ANY (v_lock)
+               OR (SELECT a.id FROM work a
+                   WHERE a.state = 'available' AND a.queue = e.name AND a.run_at <= v_now
+                   ORDER BY a.priority, a.run_at, a.id
+                   LIMIT 1) IS NOT NULL;
+            v_lock := ARRAY(SELECT DISTINCT x FROM unnest(coalesce(v_lock, '{}') || v_engaged) AS x);
+            IF cardinality(v_lock) = 0 THEN
+                v_lock := NULL;
+            END IF;
+        END IF;
         IF v_lock IS NOT NULL THEN
-            -- A statement of its own, so that it sees what the previous holder committed.
+            -- A statement of its own, so that it sees what the previous holders of those
+            -- slots and rows committed: of the slots locked, those no running row holds now,
+            -- unless a running row holds one above the limit (it was lowered: nothing starts
+            -- until those end).
+            WITH free AS MATERIALIZED (
+                SELECT f.queue, f.slot, row_number() OVER (PARTITION BY f.queue ORDER BY f.slot) AS n
+                FROM unnest(v_sq, v_ss) AS f(queue, slot)
+                JOIN queues q ON q.name = f.queue
+                WHERE f.slot <= q.max_running
+                  AND NOT EXISTS (SELECT 1 FROM work h
+                                  WHERE h.state = 'running' AND h.queue = f.queue AND h.slot = f.slot)
+                  AND NOT EXISTS (SELECT 1 FROM work o
+                                  WHERE o.state = 'running' AND o.queue = f.queue AND o.slot > q.max_running)
+            )
             SELECT array_agg(a.name),
                    array_agg(greatest(0, least(a.running_left, floor(a.tokens - a.reclaimed)))::integer),
                    array_agg(a.tokens), array_agg(a.per_sec),
                    array_agg(CASE WHEN a.running_left IS NOT NULL
                                        AND a.running_left <= coalesce(floor(a.tokens - a.reclaimed), a.running_left)
-                                  THEN 'running' ELSE 'rate' END)
-            INTO v_lq, v_allow, v_tokens, v_per_sec, v_why
+                                  THEN 'running' ELSE 'rate' END),
+                   (SELECT array_agg(f.queue ORDER BY f.queue, f.n) FROM free f),
+                   (SELECT array_agg(f.slot ORDER BY f.queue, f.n) FROM free f),
+                   (SELECT array_agg(f.n ORDER BY f.queue, f.n) FROM free f)
+            INTO v_lq, v_allow, v_tokens, v_per_sec, v_why, v_fq, v_fs, v_fn
             FROM (
                 SELECT q.name,
-                       q.max_running - (SELECT count(*) FROM work w
-                                        WHERE w.state = 'running' AND w.queue = q.name
-                                          AND w.limited) AS running_left,
+                       CASE WHEN q.max_running IS NOT NULL THEN
+                           (SELECT count(*) FROM free f WHERE f.queue = q.name)
+                       END AS running_left,
                        CASE WHEN q.rate_limit IS NOT NULL THEN
                            CASE WHEN q.rate_tokens IS NULL THEN q.rate_limit::double precision
                                 ELSE least(q.rate_limit::double precision,
@@ -342,7 +407,6 @@ BEGIN
             ) a;
         END IF;
 
-        v_remaining := p_max_items - cardinality(v_reclaimed);
         v_ids := '{}';
         IF v_remaining = 0 THEN
             -- Orphans alone filled the batch: more may be left.
@@ -365,6 +429,22 @@ BEGIN
                 SELECT i.instance_id FROM instances i
                 WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM candidates)
                 FOR KEY SHARE
+            ), picked AS MATERIALIZED (
+                -- The n-th row picked from a queue with a max_running takes its n-th free slot
+                -- (the queue's allowance is at most its free slots); other rows keep theirs.
+                SELECT p.id, f.slot
+                FROM (SELECT c.id, c.queue,
+                             row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.run_at, c.id) AS n
+                      FROM (SELECT c.id, c.queue, c.priority, c.run_at
+                            FROM candidates c CROSS JOIN owner o
+                            ORDER BY c.priority, c.run_at, c.id
+                            LIMIT v_remaining) c) p
+                LEFT JOIN unnest(v_fq, v_fs, v_fn) AS f(queue, slot, n) ON f.queue = p.queue AND f.n = p.n
+            ), slots AS MATERIALIZED (
+                -- id -> slot, looked up per row (a join of work to picked would let the
+                -- planner hash all of work).
+                SELECT jsonb_object_agg(p.id, p.slot) FILTER (WHERE p.slot IS NOT NULL) AS of_id
+                FROM picked p
             ), claimed AS (
                 UPDATE work w
                 SET state = 'running',
@@ -373,11 +453,8 @@ BEGIN
                     claim_token = nextval('claim_token_seq'),
                     attempt = w.attempt + 1,
                     renewals = 0,
-                    limited = w.queue = ANY (v_limited)
-                WHERE w.id = ANY (ARRAY(
-                    SELECT c.id FROM candidates c CROSS JOIN owner o
-                    ORDER BY c.priority, c.run_at, c.id
-                    LIMIT v_remaining))
+                    slot = coalesce(((SELECT s.of_id FROM slots s) ->> w.id::text)::integer, w.slot)
+                WHERE w.id = ANY (ARRAY(SELECT p.id FROM picked p))
                 RETURNING w.id
             )
             SELECT coalesce((SELECT array_agg(c.id) FROM claimed c), '{}'),
@@ -389,7 +466,7 @@ BEGIN
         END IF;
 
         -- Debit the buckets by the rows started from them (claimed and reclaimed).
-        IF v_lq IS NOT NULL THEN
+        IF v_rated IS NOT NULL THEN
             UPDATE queues q
             SET rate_tokens = b.tokens - d.started,
                 rate_refilled_at = greatest(coalesce(q.rate_refilled_at, v_now), v_now)

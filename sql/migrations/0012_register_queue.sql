@@ -7,8 +7,8 @@
 -- Settings: max_attempts, ordering_dead_head ('hold' or 'skip': what a dead letter does to
 -- the items of its ordering key behind it; docs/ordering.md) and the flow limits
 -- (docs/flow-control.md; NULL: unlimited): max_running, and rate_limit per rate_period. A
--- change of the rate refills the queue's token bucket; an applied max_running marks the
--- queue's running rows so that they count toward it (flow_mark_running).
+-- change of the rate refills the queue's token bucket; an applied max_running sets the
+-- queue's slots, counting the rows it has running toward it (flow_set_slots).
 -- Queue settings have one owner, so that two services declaring the same queue never
 -- silently overwrite each other's settings (the last writer used to win):
 --   no such queue                      -> created with these settings, owned by `owner`;
@@ -73,6 +73,9 @@ BEGIN
     VALUES (p_name, p_max_attempts, p_owner, p_ordering_dead_head, p_max_running, p_rate_limit, p_rate_period)
     ON CONFLICT (name) DO NOTHING;
     IF FOUND THEN
+        IF p_max_running IS NOT NULL THEN
+            PERFORM flow_set_slots(p_name, p_max_running);
+        END IF;
         RETURN QUERY SELECT true, p_owner, p_max_attempts, p_ordering_dead_head,
                             p_max_running, p_rate_limit, p_rate_period;
         RETURN;
@@ -99,8 +102,8 @@ BEGIN
                                                     THEN q.rate_refilled_at END,
                             updated_at = now()
         WHERE q.name = p_name;
-        IF p_max_running IS NOT NULL THEN
-            PERFORM flow_mark_running(p_name);
+        IF v_run IS DISTINCT FROM p_max_running THEN
+            PERFORM flow_set_slots(p_name, p_max_running);
         END IF;
         RETURN QUERY SELECT true, p_owner, p_max_attempts, p_ordering_dead_head,
                             p_max_running, p_rate_limit, p_rate_period;

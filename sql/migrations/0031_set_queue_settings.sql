@@ -10,11 +10,11 @@
 --   ordering_repair); switching to 'hold' makes the dead letters of keys hold their keys;
 --   set_owner true sets the owner to `owner` (NULL: nobody owns it; the next named declarer
 --   adopts it), false leaves the owner as it is;
---   set_max_running true sets max_running (NULL: unlimited), false keeps it; a max_running
---   set marks the queue's running rows so that they count toward it (flow_mark_running);
+--   set_max_running true sets max_running (NULL: unlimited), false keeps it, and sets the
+--   queue's slots: the rows it has running count toward a new limit (flow_set_slots);
 --   set_rate true sets rate_limit and rate_period (both NULL: unlimited), false keeps them. A
 --   changed rate starts with a full token bucket (docs/flow-control.md). Lowering a limit
---   never stops running items: claims wait until the queue is under it again.
+--   never stops running items: claims start nothing until the items running above it end.
 -- Result: the settings as stored after the call.
 -- Refused: an unknown queue -> WP001 (the name in DETAIL); max_attempts outside 1..1000, an
 -- owner of 0 or more than 128 characters, an ordering_dead_head other than 'hold' or 'skip', a
@@ -72,8 +72,8 @@ BEGIN
             MESSAGE = format('set_queue_settings: unknown queue %L', p_name),
             DETAIL = p_name;
     END IF;
-    IF p_set_max_running AND p_max_running IS NOT NULL THEN
-        PERFORM flow_mark_running(p_name);
+    IF p_set_max_running THEN
+        PERFORM flow_set_slots(p_name, p_max_running);
     END IF;
 END;
 $$;

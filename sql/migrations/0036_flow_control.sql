@@ -39,22 +39,46 @@ BEGIN
 END;
 $$;
 
--- flow_mark_running(queue) -> void
+-- flow_set_slots(queue, max_running) -> void
 --
--- Marks the queue's running rows `limited`, so that claim_work's max_running count
--- (work_running_limited) includes them. claim_work marks the rows it claims from a limited
--- queue; this marks those claimed while the queue had no max_running. register_queue and
--- set_queue_settings call it whenever they store a max_running. A claim in flight that read
--- the queue's settings before they committed leases unmarked rows: they are not counted until
--- they end (docs/flow-control.md).
--- Cost: the running rows of every queue (work_running_lease) with a heap visit each, bounded by
--- the items in flight; a row already marked is not written.
+-- Keeps the queue's slots (queue_slots, docs/flow-control.md) in step with its max_running, in
+-- the transaction that stores it (register_queue and set_queue_settings call it after writing
+-- the queues row, whose lock they hold until commit):
+--   NULL (unlimited): deletes them;
+--   N: adds the missing slots up to N and deletes those above N. Deleting a slot waits for a
+--   claim holding its lock; a row running in a deleted slot keeps running and, until it
+--   ends, no claim of the queue starts anything (claim_work refuses while a running row
+--   holds a slot above the limit): lowering a limit never stops running items.
+-- When the queue had no slots (it was unlimited), its running rows are numbered 1, 2, ... in
+-- id order, so that items running before the limit hold slots and count toward it (rows
+-- beyond N hold slots above it, as after a lowering). A claim in flight that read the queue
+-- as unlimited leases rows into no slot: they are not counted until they end
+-- (docs/flow-control.md).
+-- Cost: the running rows of the queue when it had no slots (bounded by the items in flight);
+-- N rows written when a limit of N is first set, the difference when it changes.
 -- Fencing: none (no lease changes). Clock rule: none.
-CREATE FUNCTION flow_mark_running(p_queue text)
+CREATE FUNCTION flow_set_slots(p_queue text, p_max_running integer)
 RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    UPDATE work w SET limited = true
-    WHERE w.queue = p_queue AND w.state = 'running' AND NOT w.limited;
+DECLARE
+    v_have integer;
+BEGIN
+    IF p_max_running IS NULL THEN
+        DELETE FROM queue_slots s WHERE s.queue = p_queue;
+        RETURN;
+    END IF;
+    SELECT max(s.slot) INTO v_have FROM queue_slots s WHERE s.queue = p_queue;
+    IF v_have IS NULL THEN
+        UPDATE work w SET slot = r.n
+        FROM (SELECT x.id, row_number() OVER (ORDER BY x.id) AS n
+              FROM work x
+              WHERE x.queue = p_queue AND x.state = 'running') r
+        WHERE w.id = r.id AND w.slot IS DISTINCT FROM r.n;
+    END IF;
+    INSERT INTO queue_slots (queue, slot)
+    SELECT p_queue, n FROM generate_series(coalesce(v_have, 0) + 1, p_max_running) AS n;
+    DELETE FROM queue_slots s WHERE s.queue = p_queue AND s.slot > p_max_running;
+END;
 $$;

@@ -238,6 +238,8 @@ struct Row {
     errors: Vec<Value>,
     unique_key: Option<String>,
     ordering_key: Option<String>,
+    /// Its slot of its queue's max_running (`work.slot`): held while running.
+    slot: Option<u32>,
     created_at: DateTime<Utc>,
     finished_at: Option<DateTime<Utc>>,
 }
@@ -686,6 +688,39 @@ impl FakeCoordinator {
 }
 
 impl State {
+    /// Stores a queue's max_running as flow_set_slots keeps its slots: a queue that gets one
+    /// (it had none) numbers the rows it has running 1, 2, ... in id order.
+    fn set_max_running(&mut self, queue: &str, max_running: Option<u32>) {
+        let Some(q) = self.queues.get_mut(queue) else {
+            return;
+        };
+        let had = std::mem::replace(&mut q.max_running, max_running);
+        if had.is_none() && max_running.is_some() {
+            let mut n = 0;
+            for r in self.work.values_mut() {
+                if r.queue == queue && r.state == WorkState::Running {
+                    n += 1;
+                    r.slot = Some(n);
+                }
+            }
+        }
+    }
+
+    /// The slots of a queue's max_running that no running row holds, lowest first; none while
+    /// a running row holds one above the limit (it was lowered), as claim_work counts them.
+    fn free_slots(&self, queue: &str, max_running: u32) -> Vec<u32> {
+        let held: HashSet<u32> = self
+            .work
+            .values()
+            .filter(|r| r.queue == queue && r.state == WorkState::Running)
+            .filter_map(|r| r.slot)
+            .collect();
+        if held.iter().any(|s| *s > max_running) {
+            return Vec::new();
+        }
+        (1..=max_running).filter(|s| !held.contains(s)).collect()
+    }
+
     /// Ends at most `limit` of the orphans that must not run again (`Row::must_end`) among
     /// those `pick` accepts — dead letters, or cancelled when a cancel was requested — and
     /// hands their ordering keys on: `dead_letter_expired`, and `claim_work`'s step 2.
@@ -919,6 +954,7 @@ impl State {
                     errors: Vec::new(),
                     unique_key: item.unique_key,
                     ordering_key: item.ordering_key,
+                    slot: None,
                     created_at: now,
                     finished_at: None,
                 },
@@ -1009,6 +1045,8 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
         allow: usize,
         tokens: Option<f64>,
         reason: ThrottleReason,
+        /// The free slots, lowest first, for a queue with a max_running.
+        slots: Vec<u32>,
     }
     let mut limits: HashMap<&str, Option<Limit>> = HashMap::new();
     for q in &queues {
@@ -1026,12 +1064,10 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
             limits.insert(q, None);
             continue;
         }
-        let running = st
-            .work
-            .values()
-            .filter(|r| r.state == WorkState::Running && r.queue == *q)
-            .count() as i64;
-        let running_left = row.max_running.map(|m| i64::from(m) - running);
+        let slots = row
+            .max_running
+            .map_or_else(Vec::new, |m| st.free_slots(q, m));
+        let running_left = row.max_running.map(|_| slots.len() as i64);
         let tokens = row.tokens(now);
         let by_rate = tokens.map(|t| (t - reclaimed as f64).floor() as i64);
         let allow = match (running_left, by_rate) {
@@ -1050,6 +1086,7 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
                 allow: allow.max(0) as usize,
                 tokens,
                 reason,
+                slots,
             }),
         );
     }
@@ -1078,11 +1115,20 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
         in_claim_order(&mut candidates);
         has_more = candidates.len() > remaining;
         let ids: Vec<i64> = candidates.iter().take(remaining).map(|r| r.id).collect();
+        // The n-th row taken from a queue with a max_running takes its n-th free slot.
+        let mut taken: HashMap<String, usize> = HashMap::new();
         for id in ids {
             let token = st.next_token;
             st.next_token += 1;
             let r = st.work.get_mut(&id).expect("available row exists");
             r.state = WorkState::Running;
+            let n = taken.entry(r.queue.clone()).or_default();
+            if let Some(Some(limit)) = limits.get(r.queue.as_str()) {
+                if let Some(slot) = limit.slots.get(*n) {
+                    r.slot = Some(*slot);
+                }
+            }
+            *n += 1;
             items.push(take_lease(r, p.instance, token, now, lease, false));
         }
     }
@@ -1406,28 +1452,30 @@ impl WorkCoordinator for FakeCoordinator {
         };
         // As register_queue decides: adopt an unowned queue, accept the same settings, let
         // the owner change its own, and keep another owner's.
-        let apply = |q: &mut QueueRow, params: RegisterQueueParams| {
-            q.owner = params.owner;
+        let apply = |q: &mut QueueRow, params: &RegisterQueueParams| {
+            q.owner = params.owner.clone();
             q.max_attempts = params.max_attempts;
             q.ordering_dead_head = params.ordering_dead_head;
-            q.max_running = params.max_running;
             q.set_rate(params.rate_limit);
         };
-        let applied = if q.owner.is_none() && params.owner.is_some() {
-            apply(q, params);
-            true
+        let (applied, change) = if q.owner.is_none() && params.owner.is_some() {
+            (true, true)
         } else if q.max_attempts == params.max_attempts
             && q.ordering_dead_head == params.ordering_dead_head
             && q.max_running == params.max_running
             && q.rate_limit == params.rate_limit
         {
-            true
+            (true, false)
         } else if q.owner.is_some() && q.owner == params.owner {
-            apply(q, params);
-            true
+            (true, true)
         } else {
-            false
+            (false, false)
         };
+        if change {
+            apply(q, &params);
+            st.set_max_running(&params.name, params.max_running);
+        }
+        let q = &st.queues[&params.name];
         Ok(RegisterQueueOutcome {
             applied,
             owner: q.owner.clone(),
@@ -2500,12 +2548,13 @@ impl Operations for FakeCoordinator {
         if let Some(mode) = params.ordering_dead_head {
             q.ordering_dead_head = mode;
         }
-        if let Some(n) = params.max_running {
-            q.max_running = n;
-        }
         if let Some(rate) = params.rate_limit {
             q.set_rate(rate);
         }
+        if let Some(n) = params.max_running {
+            st.set_max_running(&params.queue, n);
+        }
+        let q = &st.queues[&params.queue];
         Ok(SetQueueSettingsOutcome {
             owner: q.owner.clone(),
             max_attempts: q.max_attempts,

@@ -1093,3 +1093,79 @@ async fn a_cancel_that_waits_on_a_claim_in_flight_requests_the_cancel_of_the_lea
             .expect("row");
     assert_eq!((state.as_str(), requested), ("running", true));
 }
+
+/// Claims of one queue with a max_running take different slots and never wait for each other
+/// (each locks the free slots it takes, SKIP LOCKED; docs/flow-control.md): a claim made while
+/// another one's transaction is still open returns at once, and together they never exceed
+/// the limit — every running item in a slot of its own, none above it.
+#[tokio::test]
+async fn claims_of_a_limited_queue_do_not_wait_for_each_other_and_hold_distinct_slots() {
+    let (_db, pool, c) = migrated().await;
+    c.set_queue_settings(SetQueueSettingsParams {
+        max_running: Some(Some(5)),
+        ..SetQueueSettingsParams::new("q")
+    })
+    .await
+    .expect("limit");
+    let me = registered(&c).await;
+    c.enqueue_work(EnqueueWorkParams {
+        items: (0..10).map(|i| NewWork::new("q", json!(i))).collect(),
+    })
+    .await
+    .expect("enqueue");
+    let claim_sql = "SELECT id FROM workpump.claim_work($1, '{q}', $2, interval '60 seconds')
+                     WHERE id IS NOT NULL";
+
+    // The first claim of 2, left uncommitted: it holds slots 1 and 2, and 3 (one more than it
+    // can take, to tell a limit from max_items).
+    let mut first = pool.begin().await.expect("begin");
+    let a: Vec<i64> = sqlx::query_scalar(claim_sql)
+        .bind(me.0)
+        .bind(2)
+        .fetch_all(&mut *first)
+        .await
+        .expect("first claim");
+    assert_eq!(a.len(), 2);
+
+    // A second claim meanwhile: with a lock wait it would hit lock_timeout (the queue row's
+    // lock serialized these claims before slots).
+    let mut conn = pool.acquire().await.expect("connection");
+    sqlx::query("SET lock_timeout = '10s'")
+        .execute(&mut *conn)
+        .await
+        .expect("lock_timeout");
+    let b: Vec<i64> = sqlx::query_scalar(claim_sql)
+        .bind(me.0)
+        .bind(10)
+        .fetch_all(&mut *conn)
+        .await
+        .expect("a second claim while the first is open does not wait");
+    assert_eq!(b.len(), 2, "slots 4 and 5: the first claim holds 1 to 3");
+    sqlx::query("RESET lock_timeout")
+        .execute(&mut *conn)
+        .await
+        .expect("reset");
+    drop(conn);
+    first.commit().await.expect("commit the first claim");
+
+    let c3: Vec<i64> = sqlx::query_scalar(claim_sql)
+        .bind(me.0)
+        .bind(10)
+        .fetch_all(&pool)
+        .await
+        .expect("third claim");
+    assert_eq!(c3.len(), 1, "slot 3, freed by the first claim's commit");
+    let slots: Vec<i32> =
+        sqlx::query_scalar("SELECT slot FROM workpump.work WHERE state = 'running' ORDER BY slot")
+            .fetch_all(&pool)
+            .await
+            .expect("slots");
+    assert_eq!(slots, vec![1, 2, 3, 4, 5]);
+    let none: Vec<i64> = sqlx::query_scalar(claim_sql)
+        .bind(me.0)
+        .bind(10)
+        .fetch_all(&pool)
+        .await
+        .expect("fourth claim");
+    assert!(none.is_empty(), "five run: the limit");
+}

@@ -405,3 +405,55 @@ pub async fn items_running_before_their_service_declares_a_limit_count_toward_it
     );
     assert_eq!(reasons(&none), throttled("q", ThrottleReason::Running));
 }
+
+/// Lowering a limit stops no running item, and nothing starts until the items running above
+/// the new limit have ended: each running item holds a slot (the lowest free ones, in claim
+/// order), and while any holds one above the limit, claims take nothing, even when fewer items
+/// than the limit are running. Then the limit holds again exactly.
+pub async fn after_a_limit_is_lowered_nothing_starts_until_the_items_above_it_end(h: &dyn Harness) {
+    limited_queue(h, "q", 10, Some(4), None).await;
+    let me = instance(h).await;
+    enqueue_n(h, "q", 10).await;
+    let four = claim(h, me, &["q"], 4).await;
+    assert_eq!(four.items.len(), 4);
+    let fence = |i: usize| four.items[i].fence;
+
+    h.operations()
+        .set_queue_settings(SetQueueSettingsParams {
+            max_running: Some(Some(2)),
+            ..SetQueueSettingsParams::new("q")
+        })
+        .await
+        .expect("lower max_running");
+    let none = claim(h, me, &["q"], 10).await;
+    assert!(none.items.is_empty(), "four run under a limit of two");
+    assert_eq!(reasons(&none), throttled("q", ThrottleReason::Running));
+
+    // The first two claimed hold slots 1 and 2: with them ended, two still run above.
+    complete(h, me, vec![fence(0), fence(1)]).await;
+    assert!(claim(h, me, &["q"], 10).await.items.is_empty());
+    // One left, in slot 4: still nothing starts, though one is fewer than the limit.
+    complete(h, me, vec![fence(2)]).await;
+    let still = claim(h, me, &["q"], 10).await;
+    assert!(
+        still.items.is_empty(),
+        "slot 4 is still held above the limit"
+    );
+    assert_eq!(reasons(&still), throttled("q", ThrottleReason::Running));
+
+    complete(h, me, vec![fence(3)]).await;
+    let two = claim(h, me, &["q"], 10).await;
+    assert_eq!(two.items.len(), 2, "the new limit, exactly");
+    assert_eq!(reasons(&two), throttled("q", ThrottleReason::Running));
+
+    // Raised again, the new slots are free at once.
+    h.operations()
+        .set_queue_settings(SetQueueSettingsParams {
+            max_running: Some(Some(3)),
+            ..SetQueueSettingsParams::new("q")
+        })
+        .await
+        .expect("raise max_running");
+    let one = claim(h, me, &["q"], 10).await;
+    assert_eq!(one.items.len(), 1, "the one slot added");
+}

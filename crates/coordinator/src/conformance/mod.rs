@@ -172,6 +172,7 @@ macro_rules! conformance_suite {
             flow_limits_are_queue_settings_and_bad_ones_are_refused,
             items_running_before_a_limit_is_set_count_toward_it,
             items_running_before_their_service_declares_a_limit_count_toward_it,
+            after_a_limit_is_lowered_nothing_starts_until_the_items_above_it_end,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {
