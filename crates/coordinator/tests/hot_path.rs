@@ -1301,3 +1301,81 @@ async fn an_enqueue_reads_work_through_its_indexes_only() {
         tx.commit().await.expect("commit");
     }
 }
+
+/// `claim_work` and `enqueue_work` plan each of their statements once per session, not at
+/// every call (`plan_cache_mode = force_generic_plan` on the functions; docs/store.md,
+/// "Generic plans, no JIT"). Left to choose, PL/pgSQL plans a statement afresh at each of its
+/// first five executions and usually keeps doing so, which took a third of a small claim's
+/// time. `pg_stat_statements` with planning tracked counts each statement's plans: over ten
+/// calls on one connection, every statement of the two functions must have been planned at
+/// most twice (once, plus an invalidation, e.g. by autovacuum's ANALYZE); custom plans would
+/// count five or more.
+#[tokio::test]
+async fn claim_and_enqueue_plan_their_statements_once_per_session() {
+    let (_db, pool, c) = migrated().await;
+    enqueue_n(&c, 100).await;
+    let me = registered(&c).await;
+    // A session of its own: a pooled one may have planned the statements already.
+    let mut conn = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connection");
+    for sql in [
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+        "SET pg_stat_statements.track = 'all'",
+        "SET pg_stat_statements.track_planning = on",
+        "SELECT pg_stat_statements_reset()",
+    ] {
+        sqlx::query(sql).execute(&mut conn).await.expect(sql);
+    }
+    const CALLS: i64 = 10;
+    for _ in 0..CALLS {
+        let claimed: i64 = sqlx::query_scalar(
+            "SELECT count(id) FROM workpump.claim_work($1, ARRAY['q'], 5, interval '60 s')",
+        )
+        .bind(me.0)
+        .fetch_one(&mut conn)
+        .await
+        .expect("claim");
+        assert_eq!(claimed, 5);
+        sqlx::query(
+            "SELECT count(*) FROM workpump.enqueue_work(ARRAY['q'], ARRAY['{}'::jsonb],
+                 ARRAY[0::smallint], ARRAY[NULL::interval], ARRAY[NULL::timestamptz],
+                 ARRAY[NULL::text], ARRAY[NULL::integer], ARRAY[NULL::text], ARRAY[NULL::jsonb],
+                 ARRAY[NULL::text], false)",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("enqueue");
+    }
+    // The statements run at every call of either function (nested, so not top level).
+    let stats: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls, plans
+         FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND NOT toplevel AND calls = $1
+         ORDER BY query",
+    )
+    .bind(CALLS)
+    .fetch_all(&mut conn)
+    .await
+    .expect("pg_stat_statements");
+    let claim = stats
+        .iter()
+        .find(|(q, _, _)| q.starts_with("WITH candidates AS MATERIALIZED"))
+        .expect("the claim's statement ran at every call");
+    let insert = stats
+        .iter()
+        .find(|(q, _, _)| q.contains("INSERT INTO work"))
+        .expect("the enqueue's INSERT ran at every call");
+    assert!(
+        claim.2 >= 1 && insert.2 >= 1,
+        "planning is not counted (pg_stat_statements.track_planning): the check below would \
+         prove nothing: {stats:?}"
+    );
+    let replanned: Vec<_> = stats.iter().filter(|(_, _, plans)| *plans > 2).collect();
+    assert!(
+        replanned.is_empty(),
+        "statements planned at (nearly) every call, {CALLS} calls each: (statement, calls, \
+         plans) {replanned:?}"
+    );
+}
