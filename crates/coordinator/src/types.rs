@@ -954,6 +954,17 @@ impl DeadLetterExpiredOutcome {
     pub fn ended(&self) -> u64 {
         self.dead_lettered() + self.cancelled()
     }
+
+    /// The log's words for one queue's dead letters of [`Self::dead`]: the maintenance sweep
+    /// and the claim worker (whose claims end orphans too) say the same.
+    pub fn dead_letter_message(count: &QueueCount) -> String {
+        format!(
+            "{} items of queue {:?} became dead letters: the lease of their last attempt \
+             expired (the handler hung past its lease, or its instance died) with no attempts \
+             left",
+            count.items, count.queue
+        )
+    }
 }
 
 /// Asks which maintenance steps have work, in one statement.

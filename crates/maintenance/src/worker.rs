@@ -13,11 +13,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use workpump_coordinator::{
-    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredParams, Error, HealthReporter,
-    Identity, Liveness, MaintenanceDueOutcome, MaintenanceDueParams, OrderingRepairParams,
-    PromoteScheduledParams, PruneEvictedInstancesParams, PruneFinishedParams, QueueDepth,
-    QueueDepthParams, ServerStatusParams, WorkCoordinator, WorkState, Worker, WorkerError,
-    MAX_SWEEP_BATCH,
+    CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredOutcome, DeadLetterExpiredParams,
+    Error, HealthReporter, Identity, Liveness, MaintenanceDueOutcome, MaintenanceDueParams,
+    OrderingRepairParams, PromoteScheduledParams, PruneEvictedInstancesParams, PruneFinishedParams,
+    QueueDepth, QueueDepthParams, ServerStatusParams, WorkCoordinator, WorkState, Worker,
+    WorkerError, MAX_SWEEP_BATCH,
 };
 
 use crate::metrics as m;
@@ -706,11 +706,8 @@ impl MaintenanceWorker {
                         tracing::error!(
                             worker = NAME,
                             queue = %q.queue,
-                            "{} items of queue {:?} became dead letters: the lease of their last \
-                             attempt expired (the handler hung past its lease, or its instance \
-                             died) with no attempts left",
-                            q.items,
-                            q.queue
+                            "{}",
+                            DeadLetterExpiredOutcome::dead_letter_message(q)
                         );
                     }
                     for q in &out.cancelled {

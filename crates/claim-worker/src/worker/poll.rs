@@ -213,11 +213,8 @@ fn report_orphans_ended(ended: &workpump_coordinator::DeadLetterExpiredOutcome) 
             .increment(c.items);
         tracing::error!(
             queue = %c.queue,
-            "{} items of queue {:?} became dead letters: the lease of their last attempt \
-             expired (the handler hung past its lease, or its instance died) with no attempts \
-             left",
-            c.items,
-            c.queue
+            "{}",
+            workpump_coordinator::DeadLetterExpiredOutcome::dead_letter_message(c)
         );
     }
     for c in &ended.cancelled {
