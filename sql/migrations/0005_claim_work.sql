@@ -5,7 +5,8 @@
 --   1. promotes the queues' due scheduled rows (run_at <= now()) to available;
 --   2. ends orphans that must not run again: attempts used up -> dead (with an error entry),
 --      cancel requested -> cancelled; an ended head of an ordering key hands its key on
---      (ordering_advance; a dead one only in a queue that skips dead heads);
+--      (ordering_advance; a dead one only in a queue that skips dead heads): end_orphans, the
+--      statement the maintenance sweep's dead_letter_expired runs for every queue;
 --   3. reclaims orphans first (state running AND (instance_id IS NULL OR lease_expiry <
 --      now())): a released or expired lease; an expiry of exactly now() is still held;
 --   4. fills the rest with available due rows, priority (lower first) then run_at then id;
@@ -147,10 +148,6 @@ DECLARE
     v_unknown   text;
     v_known     bigint;
     v_reclaimed bigint[] := '{}';
-    v_kq        text[];
-    v_kk        text[];
-    v_eq        text[];
-    v_es        work_state[];
     v_limited   text[];
     v_lock      text[];
     v_rated     text[];
@@ -233,48 +230,14 @@ BEGIN
         WHERE x.state = 'running' AND coalesce(x.lease_expiry, '-infinity'::timestamptz) < v_now
     ) THEN
 
-        -- 2. Orphans that must not run again.
-        WITH ended AS (
-        UPDATE work w
-        SET state = CASE WHEN w.cancel_requested THEN 'cancelled'::work_state ELSE 'dead'::work_state END,
-            finished_at = v_now,
-            instance_id = NULL,
-            lease_expiry = NULL,
-            errors = w.errors || jsonb_build_array(jsonb_build_object(
-                'attempt', w.attempt, 'at', v_now, 'instance', w.instance_id,
-                'kind', 'lease_expired',
-                'error', CASE WHEN w.cancel_requested
-                              THEN 'lease expired after a cancel was requested'
-                              ELSE format('lease expired on attempt %s of %s; no attempts left', w.attempt, w.max_attempts)
-                         END))
-        WHERE w.id = ANY (ARRAY(
-            SELECT o.id FROM work o
-            WHERE o.state = 'running' AND coalesce(o.lease_expiry, '-infinity'::timestamptz) < v_now
-              AND o.queue = ANY (v_queues)
-              AND (o.attempt >= o.max_attempts OR o.cancel_requested)
-            LIMIT 1000
-            FOR UPDATE SKIP LOCKED))
-        RETURNING w.queue, w.state, w.ordering_key
-        )
-        SELECT array_agg(e.queue) FILTER (WHERE e.ordering_key IS NOT NULL),
-               array_agg(e.ordering_key) FILTER (WHERE e.ordering_key IS NOT NULL),
-               array_agg(e.queue), array_agg(e.state)
-        INTO v_kq, v_kk, v_eq, v_es
-        FROM ended e;
-        IF v_kk IS NOT NULL THEN
-            PERFORM ordering_advance(v_kq, v_kk);
-        END IF;
-        IF v_eq IS NOT NULL THEN
-            -- What it ended, per queue and state: status rows, first (RETURN QUERY appends).
-            RETURN QUERY
-            SELECT NULL::bigint, e.queue, NULL::smallint, NULL::integer, NULL::integer, NULL::bigint,
-                   NULL::timestamptz, NULL::text, NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::timestamptz,
-                   NULL::boolean, NULL::double precision, false, NULL::text, NULL::double precision,
-                   e.state::text, count(*)::integer
-            FROM unnest(v_eq, v_es) AS e(queue, state)
-            GROUP BY e.queue, e.state
-            ORDER BY e.queue, e.state;
-        END IF;
+        -- 2. Orphans that must not run again (end_orphans, shared with dead_letter_expired),
+        -- reported per queue and state as status rows, first (RETURN QUERY appends).
+        RETURN QUERY
+        SELECT NULL::bigint, e.queue, NULL::smallint, NULL::integer, NULL::integer, NULL::bigint,
+               NULL::timestamptz, NULL::text, NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::timestamptz,
+               NULL::boolean, NULL::double precision, false, NULL::text, NULL::double precision,
+               e.state::text, e.ended
+        FROM end_orphans(v_queues, 1000) e;
 
         -- 3. Reclaim orphans. Their rows are returned with step 4's, under one drain hint.
         WITH picked AS MATERIALIZED (

@@ -5,9 +5,9 @@
 -- deregister_instance) or lease_expiry < now(). One that
 --   has used up its attempts (attempt >= max_attempts)  -> dead (a dead letter);
 --   had a cancel requested by an operator               -> cancelled.
--- Each gets finished_at = now(), its lease cleared and an entry in its error history written
--- exactly as claim_work's step 2 writes it (kind 'lease_expired'), so the history reads the
--- same whichever of the two ended it. claim_work ends such orphans only in the queues it
+-- Each gets finished_at = now(), its lease cleared and an entry in its error history (kind
+-- 'lease_expired') by end_orphans, the statement claim_work's step 2 runs too, so the history
+-- reads the same whichever of the two ended it. claim_work ends such orphans only in the queues it
 -- claims from; this is the MaintenanceWorker's backstop for every other queue (an instance
 -- that died holding an item's last attempt, in a queue nobody claims from right now).
 -- An ended head of an ordering key hands its key on in the same transaction (ordering_advance;
@@ -34,6 +34,29 @@ RETURNS TABLE (queue text, state work_state, ended integer)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('dead_letter_expired: limit must be between 1 and 10000, got %s', p_limit);
+    END IF;
+    RETURN QUERY SELECT e.queue, e.state, e.ended FROM end_orphans(NULL, p_limit) e;
+END;
+$$;
+
+-- end_orphans(queues, limit) -> setof (queue, state, ended)
+--
+-- The one statement that ends orphans which must not run again, for dead_letter_expired (every
+-- queue: queues NULL) and claim_work's step 2 (the queues it claims from): up to `limit`
+-- running rows whose lease is gone (coalesce(lease_expiry, '-infinity') < now()) with no
+-- attempts left (-> dead) or a cancel requested (-> cancelled), FOR UPDATE SKIP LOCKED; each
+-- gets finished_at = now(), its lease cleared and a 'lease_expired' entry in its history; the
+-- ended heads of ordering keys hand their keys on (ordering_advance). Result as
+-- dead_letter_expired's. The callers check their arguments.
+CREATE FUNCTION end_orphans(p_queues text[], p_limit integer)
+RETURNS TABLE (queue text, state work_state, ended integer)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := now();
@@ -41,16 +64,12 @@ DECLARE
     v_states work_state[];
     v_keys   text[];
 BEGIN
-    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
-        RAISE EXCEPTION USING ERRCODE = 'WP002',
-            MESSAGE = format('dead_letter_expired: limit must be between 1 and 10000, got %s', p_limit);
-    END IF;
-
     WITH expired AS (
         SELECT o.id FROM work o
         WHERE o.state = 'running'
           AND coalesce(o.lease_expiry, '-infinity'::timestamptz) < v_now
           AND (o.attempt >= o.max_attempts OR o.cancel_requested)
+          AND (p_queues IS NULL OR o.queue = ANY (p_queues))
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
     ), done AS (
