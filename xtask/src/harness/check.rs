@@ -936,15 +936,22 @@ pub(crate) fn rerun(ev: &Evidence, at: f64, affected: &[(i64, i64)], procs: &[&s
     };
     let mut latest: Option<f64> = None;
     for &(item, token) in affected {
-        // The first change after the fault that ends this claim or starts another; a release
+        // The first change after this lease began that ends it or starts another; a release
         // (by a sweep, or by the process's own drain) only hands the item on, so it is
-        // skipped.
-        let next = ev.changes_of(item).find(|c| {
-            c.at >= at
-                && (c.to_token != Some(token) || c.to_state != "running")
-                && c.kind() != Kind::Release
-                && !(c.kind() == Kind::Outcome && c.error.is_none() && c.to_state == "available")
-        });
+        // skipped. Anchored on the lease's start, not on the fault's time: the held leases are
+        // read after the fault, so a write of the process that ran before the fault but
+        // committed after that read (its completion, stamped before `at`) still counts.
+        let next = ev
+            .changes_of(item)
+            .skip_while(|c| !(c.to_token == Some(token) && c.to_state == "running"))
+            .skip(1)
+            .find(|c| {
+                (c.to_token != Some(token) || c.to_state != "running")
+                    && c.kind() != Kind::Release
+                    && !(c.kind() == Kind::Outcome
+                        && c.error.is_none()
+                        && c.to_state == "available")
+            });
         match next {
             Some(c) => {
                 if c.kind() == Kind::Claim {
@@ -957,7 +964,8 @@ pub(crate) fn rerun(ev: &Evidence, at: f64, affected: &[(i64, i64)], procs: &[&s
                 if c.kind() == Kind::Outcome && procs.contains(&c.proc.as_str()) {
                     r.own_outcomes += 1;
                 }
-                latest = Some(latest.map_or(c.at, |l: f64| l.max(c.at)));
+                let when = c.at.max(at);
+                latest = Some(latest.map_or(when, |l: f64| l.max(when)));
             }
             None => r.stuck += 1,
         }
@@ -1682,6 +1690,48 @@ mod tests {
             evicted: HashMap::new(),
             instance_events: Vec::new(),
         }
+    }
+
+    /// A lease held at the fault ran again when its completion, written by the killed
+    /// process just before the kill (stamped before the fault) but committed after the suite
+    /// read the leases it held, ends it; a lease nothing ended after its start is stuck.
+    #[test]
+    fn a_lease_ended_by_a_write_stamped_before_the_fault_ran_again() {
+        let claim = change(
+            1,
+            ("available", "running"),
+            (None, Some(id(1))),
+            (None, Some(10)),
+            (0, 1),
+            None,
+            B,
+            1.0,
+        );
+        let completion = change(
+            1,
+            ("running", "completed"),
+            (Some(id(1)), None),
+            (Some(10), Some(10)),
+            (1, 1),
+            None,
+            B,
+            4.9,
+        );
+        let ev = evidence(
+            vec![item(1, "noop", "completed", 1, 10, 0)],
+            vec![claim.clone(), completion],
+            Vec::new(),
+        );
+        let r = rerun(&ev, 5.0, &[(1, 10)], &[B]);
+        assert_eq!((r.stuck, r.own_outcomes), (0, 1));
+        assert_eq!(r.all_after, Some(0.0));
+
+        let held = evidence(
+            vec![item(1, "noop", "running", 1, 10, 0)],
+            vec![claim],
+            Vec::new(),
+        );
+        assert_eq!(rerun(&held, 5.0, &[(1, 10)], &[B]).stuck, 1);
     }
 
     /// Nothing found, in any list.
