@@ -530,8 +530,8 @@ impl Harness<'_> {
             if rerun.stuck > 0 {
                 detail.push_str(&format!("; {} never ran again", rerun.stuck));
                 self.violations.push(format!(
-                    "{}: {} of the {} leases it held never ran again",
-                    fault.label, rerun.stuck, rerun.affected
+                    "{}: {} of the {} leases it held never ran again: (item, token) {:?}",
+                    fault.label, rerun.stuck, rerun.affected, rerun.stuck_leases
                 ));
             }
             // With no lease held, recovery is the reaping (when measured).

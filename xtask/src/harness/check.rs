@@ -922,6 +922,8 @@ pub(crate) struct Rerun {
     pub(crate) own_claims: usize,
     /// Never ran again (should be 0).
     pub(crate) stuck: usize,
+    /// Those (item, token) pairs, to name in the violation.
+    pub(crate) stuck_leases: Vec<(i64, i64)>,
 }
 
 /// For the leases a fault at `at` took from `procs`, when each item ran again.
@@ -933,6 +935,7 @@ pub(crate) fn rerun(ev: &Evidence, at: f64, affected: &[(i64, i64)], procs: &[&s
         own_outcomes: 0,
         own_claims: 0,
         stuck: 0,
+        stuck_leases: Vec::new(),
     };
     let mut latest: Option<f64> = None;
     for &(item, token) in affected {
@@ -967,7 +970,10 @@ pub(crate) fn rerun(ev: &Evidence, at: f64, affected: &[(i64, i64)], procs: &[&s
                 let when = c.at.max(at);
                 latest = Some(latest.map_or(when, |l: f64| l.max(when)));
             }
-            None => r.stuck += 1,
+            None => {
+                r.stuck += 1;
+                r.stuck_leases.push((item, token));
+            }
         }
     }
     r.all_after = latest.map(|l| l - at);
