@@ -222,13 +222,23 @@ pub(crate) async fn run_scenario(
             ));
         }
     }
-    if let Err(e) = h.db.finish(options.keep).await {
+    report.violations.append(&mut h.violations);
+    // A failed scenario keeps its database (audit, ledger, rows) for the diagnosis: the chaos
+    // cluster's data directory holds it after the suite stops the cluster.
+    let keep = options.keep || !report.passed();
+    if keep && !options.keep {
+        h.notes.push(format!(
+            "the {} database was kept for the diagnosis (the scenario failed): start the chaos \
+             cluster (target/workpump-pg/chaos) to read it",
+            h.db.name
+        ));
+    }
+    if let Err(e) = h.db.finish(keep).await {
         h.notes.push(format!("dropping the database: {e}"));
     }
     report.items = h.items;
     report.workers = h.fleet.procs.len();
     report.notes.append(&mut h.notes);
-    report.violations.append(&mut h.violations);
     report.recovery.append(&mut h.recovery);
     report.duration_s = began.elapsed().as_secs_f64();
     report.logs = logs.display().to_string();
