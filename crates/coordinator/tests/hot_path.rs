@@ -1379,3 +1379,57 @@ async fn claim_and_enqueue_plan_their_statements_once_per_session() {
          plans) {replanned:?}"
     );
 }
+
+/// An operator's cancel that waits on a claim in flight decides on the row the claim leased,
+/// and writes that row. Under READ COMMITTED an UPDATE checks the table's constraints on the
+/// row version in its snapshot before it finds the newer one: when bulk_work locked and
+/// decided in the same statement, it read the claimed row ("running": requested) and checked
+/// the available one with the request set, which work_waiting_is_not_cancel_requested
+/// refuses (the chaos suite's keyed scenario hit it). Locking in a statement of its own first
+/// gives the deciding statement a snapshot that has the claim in it.
+#[tokio::test]
+async fn a_cancel_that_waits_on_a_claim_in_flight_requests_the_cancel_of_the_leased_item() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let id = enqueue_n(&c, 1).await[0];
+
+    // The claim, in a transaction held open.
+    let mut claim = pool.begin().await.expect("begin");
+    let leased: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM workpump.claim_work($1, '{q}', 1, interval '60 seconds') WHERE id IS NOT NULL",
+    )
+    .bind(me.0)
+    .fetch_all(&mut *claim)
+    .await
+    .expect("claim");
+    assert_eq!(leased, vec![id]);
+
+    // The cancel, which must wait for the claim's row lock.
+    let ops = c.clone();
+    let cancel = tokio::spawn(async move { ops.cancel_work(CancelWorkParams { id }).await });
+    wait_until(
+        Duration::from_secs(30),
+        "the cancel waits on the claim's row lock",
+        || async {
+            count(
+                &pool,
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%cancel_work%'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    claim.commit().await.expect("commit the claim");
+
+    let out = cancel.await.expect("join").expect("cancel");
+    assert_eq!(out.cancellation, Cancellation::Requested);
+    let (state, requested): (String, bool) =
+        sqlx::query_as("SELECT state::text, cancel_requested FROM workpump.work WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("row");
+    assert_eq!((state.as_str(), requested), ("running", true));
+}

@@ -537,11 +537,14 @@ impl Harness<'_> {
                     rerun.by_peer, rerun.own_outcomes, rerun.own_claims
                 ));
             }
-            if rerun.stuck > 0 {
-                detail.push_str(&format!("; {} never ran again", rerun.stuck));
+            if !rerun.stuck.is_empty() {
+                detail.push_str(&format!("; {} never ran again", rerun.stuck.len()));
                 self.violations.push(format!(
                     "{}: {} of the {} leases it held never ran again: (item, token) {:?}",
-                    fault.label, rerun.stuck, rerun.affected, rerun.stuck_leases
+                    fault.label,
+                    rerun.stuck.len(),
+                    rerun.affected,
+                    rerun.stuck
                 ));
             }
             // With no lease held, recovery is the reaping (when measured).

@@ -920,10 +920,8 @@ pub(crate) struct Rerun {
     pub(crate) own_outcomes: usize,
     /// Orphans the faulty process claimed back itself, after it came back.
     pub(crate) own_claims: usize,
-    /// Never ran again (should be 0).
-    pub(crate) stuck: usize,
-    /// Those (item, token) pairs, to name in the violation.
-    pub(crate) stuck_leases: Vec<(i64, i64)>,
+    /// The (item, token) pairs that never ran again (should be none).
+    pub(crate) stuck: Vec<(i64, i64)>,
 }
 
 /// For the leases a fault at `at` took from `procs`, when each item ran again.
@@ -934,8 +932,7 @@ pub(crate) fn rerun(ev: &Evidence, at: f64, affected: &[(i64, i64)], procs: &[&s
         by_peer: 0,
         own_outcomes: 0,
         own_claims: 0,
-        stuck: 0,
-        stuck_leases: Vec::new(),
+        stuck: Vec::new(),
     };
     let mut latest: Option<f64> = None;
     for &(item, token) in affected {
@@ -970,10 +967,7 @@ pub(crate) fn rerun(ev: &Evidence, at: f64, affected: &[(i64, i64)], procs: &[&s
                 let when = c.at.max(at);
                 latest = Some(latest.map_or(when, |l: f64| l.max(when)));
             }
-            None => {
-                r.stuck += 1;
-                r.stuck_leases.push((item, token));
-            }
+            None => r.stuck.push((item, token)),
         }
     }
     r.all_after = latest.map(|l| l - at);
@@ -1729,7 +1723,7 @@ mod tests {
             Vec::new(),
         );
         let r = rerun(&ev, 5.0, &[(1, 10)], &[B]);
-        assert_eq!((r.stuck, r.own_outcomes), (0, 1));
+        assert_eq!((r.stuck.len(), r.own_outcomes), (0, 1));
         assert_eq!(r.all_after, Some(0.0));
 
         let held = evidence(
@@ -1737,7 +1731,7 @@ mod tests {
             vec![claim],
             Vec::new(),
         );
-        assert_eq!(rerun(&held, 5.0, &[(1, 10)], &[B]).stuck, 1);
+        assert_eq!(rerun(&held, 5.0, &[(1, 10)], &[B]).stuck, vec![(1, 10)]);
     }
 
     /// Nothing found, in any list.

@@ -34,6 +34,17 @@ async fn limited_queue(
     assert_eq!((out.max_running, out.rate_limit), (max_running, rate));
 }
 
+/// An operator sets a queue's `max_running`.
+async fn set_max_running(h: &dyn Harness, queue: &str, n: u32) {
+    h.operations()
+        .set_queue_settings(SetQueueSettingsParams {
+            max_running: Some(Some(n)),
+            ..SetQueueSettingsParams::new(queue)
+        })
+        .await
+        .expect("set max_running");
+}
+
 fn throttled(q: &str, reason: ThrottleReason) -> Vec<(String, ThrottleReason)> {
     vec![(q.to_owned(), reason)]
 }
@@ -357,13 +368,7 @@ pub async fn items_running_before_a_limit_is_set_count_toward_it(h: &dyn Harness
     assert_eq!(running.items.len(), 3);
     assert!(running.throttles.is_empty(), "no limit yet");
 
-    h.operations()
-        .set_queue_settings(SetQueueSettingsParams {
-            max_running: Some(Some(3)),
-            ..SetQueueSettingsParams::new("q")
-        })
-        .await
-        .expect("set max_running");
+    set_max_running(h, "q", 3).await;
     let none = claim(h, me, &["q"], 10).await;
     assert!(
         none.items.is_empty(),
@@ -418,13 +423,7 @@ pub async fn after_a_limit_is_lowered_nothing_starts_until_the_items_above_it_en
     assert_eq!(four.items.len(), 4);
     let fence = |i: usize| four.items[i].fence;
 
-    h.operations()
-        .set_queue_settings(SetQueueSettingsParams {
-            max_running: Some(Some(2)),
-            ..SetQueueSettingsParams::new("q")
-        })
-        .await
-        .expect("lower max_running");
+    set_max_running(h, "q", 2).await;
     let none = claim(h, me, &["q"], 10).await;
     assert!(none.items.is_empty(), "four run under a limit of two");
     assert_eq!(reasons(&none), throttled("q", ThrottleReason::Running));
@@ -447,13 +446,7 @@ pub async fn after_a_limit_is_lowered_nothing_starts_until_the_items_above_it_en
     assert_eq!(reasons(&two), throttled("q", ThrottleReason::Running));
 
     // Raised again, the new slots are free at once.
-    h.operations()
-        .set_queue_settings(SetQueueSettingsParams {
-            max_running: Some(Some(3)),
-            ..SetQueueSettingsParams::new("q")
-        })
-        .await
-        .expect("raise max_running");
+    set_max_running(h, "q", 3).await;
     let one = claim(h, me, &["q"], 10).await;
     assert_eq!(one.items.len(), 1, "the one slot added");
 }
