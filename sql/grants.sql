@@ -21,9 +21,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".work TO :"runtime";
 --   queues: register_queue (INSERT ... ON CONFLICT DO UPDATE); claims read it, and a claim of
 --           a queue with a flow limit locks its row and debits its rate bucket (UPDATE).
 GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".queues TO :"runtime";
---   queue_slots: a claim of a queue with a max_running locks free slots (FOR NO KEY UPDATE:
---                UPDATE); register_queue and set_queue_settings add and remove them
---                (INSERT, DELETE) as the limit changes.
+--   queue_slots: a claim of a queue with a max_running locks free slots (FOR NO KEY UPDATE)
+--                and writes its transaction id into those it fills (UPDATE);
+--                register_queue and set_queue_settings add and remove them (INSERT, DELETE)
+--                as the limit changes, and a lowering rewrites the rest (UPDATE).
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".queue_slots TO :"runtime";
 --   instances: record_heartbeat (INSERT, UPDATE), cleanup_stale_instances and
 --              deregister_instance (DELETE).

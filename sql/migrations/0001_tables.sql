@@ -70,14 +70,17 @@ CREATE TABLE queues (
 
 -- The slots of a queue's max_running (docs/flow-control.md): rows 1..max_running, kept in
 -- step with the setting by flow_set_slots. A claim of the queue locks slots that look free
--- (FOR NO KEY UPDATE SKIP LOCKED), then, in a statement whose snapshot is taken after the
--- locks, keeps those no running row holds (work.slot) and leases one item into each. A slot
--- is held by its running row and freed by whatever ends the row's run; nothing writes here on
--- the claim or completion path but the lock. Claims of one queue thereby never wait for each
--- other: each takes different slots.
+-- (FOR NO KEY UPDATE SKIP LOCKED), keeps those no running row holds (work.slot) and leases one
+-- item into each (claim_work, step 5). A slot is held by its running row and freed by
+-- whatever ends the row's run: nothing on the completion path writes here. Claims of one queue
+-- thereby never wait for each other: each takes different slots.
 CREATE TABLE queue_slots (
     queue text    NOT NULL REFERENCES queues (name),
     slot  integer NOT NULL CHECK (slot >= 1),
+    -- The transaction that last filled the slot (a claim) or lowered the queue's limit
+    -- (flow_set_slots); NULL: never. A claim judges a slot free in its snapshot only when
+    -- this is visible in it (claim_work, step 5a).
+    claimed_xact xid8,
     PRIMARY KEY (queue, slot)
 );
 

@@ -49,8 +49,23 @@
 -- with a max_running has up to remaining + 1 of its slots (queue_slots) that look free (no
 -- running row holds them: work.slot, on work_running_slot) locked FOR NO KEY UPDATE SKIP
 -- LOCKED, lowest first: claims of one queue take different slots and never wait for each
--- other. Then, in a statement of its own (READ COMMITTED: a snapshot taken after the locks, so
--- it sees what the slots' and rows' previous holders committed), its allowance:
+-- other. Every slot a claim fills gets a new version written by that claim (claimed_xact, its
+-- transaction id), in the claim's transaction.
+-- Step 5a, the common limited claim (no queue among them has a rate, and nothing was
+-- reclaimed): one statement locks the slots, takes the rows and fills the slots. A locked slot
+-- is free when no running row holds it in the statement's snapshot and that snapshot can judge
+-- it: the claim that last filled it (claimed_xact) is visible in it. A slot filled by a claim
+-- that committed after the snapshot was taken has a newer version than the snapshot's; locking
+-- it follows to that version and re-checks the condition there (READ COMMITTED), where
+-- claimed_xact is not visible: the slot is skipped, never taken twice. A slot whose last filler
+-- is visible and that no running row holds in the snapshot is free now: nothing but a claim
+-- that writes a new version of it (or flow_set_slots, which also does) can fill it again. The
+-- rule for a lowered limit below holds in the same statement (flow_set_slots writes a new
+-- version of every remaining slot when it lowers a limit, so a claim whose snapshot predates
+-- the lowering skips them all). A throttled queue's status row is as below.
+-- Step 5, otherwise (a rate, or orphans reclaimed): after the locks, in a statement of its own
+-- (READ COMMITTED: a snapshot taken after the locks, so it sees what the slots' and rows'
+-- previous holders committed), its allowance:
 --   least(free, floor(tokens))   (a missing limit drops out; never < 0)
 -- where `free` counts the locked slots no running row holds now, and is 0 while a running row
 -- holds a slot above max_running (the limit was lowered: nothing starts until those end; a
@@ -273,6 +288,116 @@ BEGIN
         SELECT coalesce(array_agg(c.id), '{}') INTO v_reclaimed FROM claimed c;
     END IF;
 
+    IF v_limited IS NOT NULL AND v_rated IS NULL AND cardinality(v_reclaimed) = 0 THEN
+        -- 5a. Flow control, running limits only and nothing reclaimed (the common limited
+        -- claim): one statement (see the header). A queue with a max_running takes at most
+        -- the slots it locked, the n-th row taken from it its n-th slot.
+        v_remaining := p_max_items;
+        RETURN QUERY
+        WITH engaged AS MATERIALIZED (
+            -- The queues with a max_running that have something to claim (the probe: a scalar
+            -- subquery keeps work_claim's order), and whether a running row holds a slot
+            -- above the limit (it was lowered: nothing starts until those end).
+            SELECT e.name,
+                   EXISTS (SELECT 1 FROM work o
+                           WHERE o.state = 'running' AND o.queue = e.name AND o.slot > q.max_running) AS over
+            FROM unnest(v_slotted) AS e(name)
+            JOIN queues q ON q.name = e.name
+            WHERE (SELECT a.id FROM work a
+                   WHERE a.state = 'available' AND a.queue = e.name AND a.run_at <= v_now
+                   ORDER BY a.priority, a.run_at, a.id
+                   LIMIT 1) IS NOT NULL
+        ), locked AS MATERIALIZED (
+            -- Up to remaining + 1 free slots of each, lowest first. A slot is free when no
+            -- running row holds it in this statement's snapshot, and that snapshot can judge
+            -- it: the claim that last took it (claimed_xact) is visible in it. A slot taken by
+            -- a claim that committed after the snapshot is newer than it: locking it re-checks
+            -- this condition on the new version (READ COMMITTED), which then fails.
+            SELECT e.name AS queue, s.slot, s.ctid AS at,
+                   row_number() OVER (PARTITION BY e.name ORDER BY s.slot) AS n
+            FROM engaged e
+            CROSS JOIN LATERAL (
+                SELECT s.slot, s.ctid FROM queue_slots s
+                WHERE s.queue = e.name
+                  AND (s.claimed_xact IS NULL
+                       OR pg_visible_in_snapshot(s.claimed_xact, pg_current_snapshot()))
+                  AND NOT EXISTS (SELECT 1 FROM work h
+                                  WHERE h.state = 'running' AND h.queue = s.queue AND h.slot = s.slot)
+                ORDER BY s.slot
+                LIMIT CASE WHEN e.over THEN 0 ELSE v_remaining + 1 END
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) s
+        ), candidates AS MATERIALIZED (
+            SELECT c.id, q.name AS queue, c.priority, c.run_at
+            FROM unnest(v_queues) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT a.id, a.priority, a.run_at FROM work a
+                WHERE a.state = 'available' AND a.queue = q.name AND a.run_at <= v_now
+                ORDER BY a.priority, a.run_at, a.id
+                LIMIT least(v_remaining + 1,
+                            CASE WHEN q.name = ANY (v_slotted)
+                                 THEN (SELECT count(*) FROM locked l WHERE l.queue = q.name) END)
+                FOR UPDATE SKIP LOCKED
+            ) c
+        ), more AS MATERIALIZED (
+            SELECT count(*) > v_remaining AS has_more FROM candidates
+        ), owner AS MATERIALIZED (
+            -- The instance lock (see the header), only when there is something to claim.
+            SELECT i.instance_id FROM instances i
+            WHERE i.instance_id = p_instance AND EXISTS (SELECT 1 FROM candidates)
+            FOR KEY SHARE
+        ), picked AS MATERIALIZED (
+            -- The n-th row picked from a queue with a max_running takes its n-th free slot.
+            SELECT p.id, f.slot, f.at
+            FROM (SELECT c.id, c.queue,
+                         row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.run_at, c.id) AS n
+                  FROM (SELECT c.id, c.queue, c.priority, c.run_at
+                        FROM candidates c CROSS JOIN owner o
+                        ORDER BY c.priority, c.run_at, c.id
+                        LIMIT v_remaining) c) p
+            LEFT JOIN locked f ON f.queue = p.queue AND f.n = p.n
+        ), taken AS (
+            -- A slot taken gets a new version written by this claim (see locked); its row,
+            -- locked above, is found by its ctid.
+            UPDATE queue_slots s
+            SET claimed_xact = pg_current_xact_id()
+            WHERE s.ctid = ANY (ARRAY(SELECT p.at FROM picked p WHERE p.at IS NOT NULL))
+        ), slots AS MATERIALIZED (
+            -- id -> slot, looked up per row (a join of work to picked would let the
+            -- planner hash all of work).
+            SELECT jsonb_object_agg(p.id, p.slot) FILTER (WHERE p.slot IS NOT NULL) AS of_id
+            FROM picked p
+        ), claimed AS (
+            UPDATE work w
+            SET state = 'running',
+                instance_id = p_instance,
+                lease_expiry = v_now + p_lease,
+                claim_token = nextval('claim_token_seq'),
+                attempt = w.attempt + 1,
+                renewals = 0,
+                slot = coalesce(((SELECT s.of_id FROM slots s) ->> w.id::text)::integer, w.slot)
+            WHERE w.id = ANY (ARRAY(SELECT p.id FROM picked p))
+            RETURNING w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
+                      w.lease_expiry, w.kind, w.payload, w.metadata, w.checkpoint, w.created_at, w.run_at
+        )
+        SELECT c.id, c.queue, c.priority, c.attempt, c.max_attempts, c.claim_token,
+               c.lease_expiry, c.kind, c.payload, c.metadata, c.checkpoint, c.created_at, false,
+               extract(epoch FROM v_now - c.run_at)::double precision, m.has_more,
+               NULL::text, NULL::double precision, NULL::text, NULL::integer
+        FROM claimed c CROSS JOIN more m
+        UNION ALL
+        SELECT NULL::bigint, l.name, NULL::smallint, NULL::integer, NULL::integer, NULL::bigint,
+               NULL::timestamptz, NULL::text, NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::timestamptz,
+               NULL::boolean, NULL::double precision, m.has_more, 'running', NULL::double precision,
+               NULL::text, NULL::integer
+        FROM (SELECT e.name, (SELECT count(*) FROM locked l WHERE l.queue = e.name) AS n
+              FROM engaged e) l
+        CROSS JOIN more m
+        WHERE l.n <= v_remaining
+          AND (SELECT count(*) FROM candidates c WHERE c.queue = l.name) >= l.n;
+        RETURN;
+    END IF;
+
     IF v_limited IS NOT NULL THEN
         -- 5. Flow control: a limited queue is among them (see the header).
         v_remaining := p_max_items - cardinality(v_reclaimed);
@@ -395,7 +520,7 @@ BEGIN
             ), picked AS MATERIALIZED (
                 -- The n-th row picked from a queue with a max_running takes its n-th free slot
                 -- (the queue's allowance is at most its free slots); other rows keep theirs.
-                SELECT p.id, f.slot
+                SELECT p.id, p.queue, f.slot
                 FROM (SELECT c.id, c.queue,
                              row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.run_at, c.id) AS n
                       FROM (SELECT c.id, c.queue, c.priority, c.run_at
@@ -403,6 +528,12 @@ BEGIN
                             ORDER BY c.priority, c.run_at, c.id
                             LIMIT v_remaining) c) p
                 LEFT JOIN unnest(v_fq, v_fs, v_fn) AS f(queue, slot, n) ON f.queue = p.queue AND f.n = p.n
+            ), taken AS (
+                -- A slot taken gets a new version written by this claim (see 5a).
+                UPDATE queue_slots s
+                SET claimed_xact = pg_current_xact_id()
+                FROM picked p
+                WHERE s.queue = p.queue AND s.slot = p.slot
             ), slots AS MATERIALIZED (
                 -- id -> slot, looked up per row (a join of work to picked would let the
                 -- planner hash all of work).

@@ -48,14 +48,18 @@ $$;
 --   N: adds the missing slots up to N and deletes those above N. Deleting a slot waits for a
 --   claim holding its lock; a row running in a deleted slot keeps running and, until it
 --   ends, no claim of the queue starts anything (claim_work refuses while a running row
---   holds a slot above the limit): lowering a limit never stops running items.
+--   holds a slot above the limit): lowering a limit never stops running items. Lowering
+--   also writes a new version of every remaining slot (claimed_xact), so that a claim whose
+--   snapshot predates the lowering skips them (claim_work, step 5a) instead of starting an
+--   item under the old limit.
 -- When the queue had no slots (it was unlimited), its running rows are numbered 1, 2, ... in
 -- id order, so that items running before the limit hold slots and count toward it (rows
 -- beyond N hold slots above it, as after a lowering). A claim in flight that read the queue
 -- as unlimited leases rows into no slot: they are not counted until they end
 -- (docs/flow-control.md).
 -- Cost: the running rows of the queue when it had no slots (bounded by the items in flight);
--- N rows written when a limit of N is first set, the difference when it changes.
+-- N rows written when a limit of N is first set, the difference when it is raised, the new
+-- limit's when it is lowered.
 -- Fencing: none (no lease changes). Clock rule: none.
 CREATE FUNCTION flow_set_slots(p_queue text, p_max_running integer)
 RETURNS void
@@ -80,5 +84,8 @@ BEGIN
     INSERT INTO queue_slots (queue, slot)
     SELECT p_queue, n FROM generate_series(coalesce(v_have, 0) + 1, p_max_running) AS n;
     DELETE FROM queue_slots s WHERE s.queue = p_queue AND s.slot > p_max_running;
+    IF v_have > p_max_running THEN
+        UPDATE queue_slots s SET claimed_xact = pg_current_xact_id() WHERE s.queue = p_queue;
+    END IF;
 END;
 $$;

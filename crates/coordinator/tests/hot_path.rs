@@ -914,59 +914,57 @@ async fn limit(c: &PgCoordinator, max_running: Option<u32>, rate: Option<RateLim
 }
 
 /// A poll of a limited queue with nothing available takes no lock and stays read-only, like
-/// an unlimited one; a throttled claim returns its status row (id NULL) after the items.
+/// an unlimited one; a throttled claim returns its status row (id NULL) after the items. Both
+/// ways a limited claim runs: a running limit alone (one statement) and with a rate.
 #[tokio::test]
 async fn an_empty_poll_of_a_limited_queue_stays_read_only_and_a_throttle_is_a_status_row() {
-    let (_db, pool, c) = migrated().await;
-    limit(
-        &c,
-        Some(1),
-        Some(RateLimit::new(10, Duration::from_secs(1))),
-    )
-    .await;
-    let me = registered(&c).await;
-    let mut tx = pool.begin().await.expect("begin");
-    let rows: Vec<Option<i64>> = sqlx::query_scalar(
-        "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
-    )
-    .bind(me.0)
-    .fetch_all(&mut *tx)
-    .await
-    .expect("claim");
-    assert!(rows.is_empty(), "nothing to claim, nothing throttled");
-    let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
-        .fetch_one(&mut *tx)
+    for rate in [None, Some(RateLimit::new(10, Duration::from_secs(1)))] {
+        let (_db, pool, c) = migrated().await;
+        limit(&c, Some(1), rate).await;
+        let me = registered(&c).await;
+        let mut tx = pool.begin().await.expect("begin");
+        let rows: Vec<Option<i64>> = sqlx::query_scalar(
+            "SELECT id FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+        )
+        .bind(me.0)
+        .fetch_all(&mut *tx)
         .await
-        .expect("xid");
-    assert_eq!(
-        xid, None,
-        "an empty poll of a limited queue took a transaction id"
-    );
-    tx.rollback().await.expect("rollback");
+        .expect("claim");
+        assert!(rows.is_empty(), "nothing to claim, nothing throttled");
+        let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("xid");
+        assert_eq!(
+            xid, None,
+            "an empty poll of a limited queue took a transaction id (rate {rate:?})"
+        );
+        tx.rollback().await.expect("rollback");
 
-    enqueue_n(&c, 3).await;
-    /// id, queue, throttle, throttle_wait.
-    type Row = (Option<i64>, String, Option<String>, Option<f64>);
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT id, queue, throttle, throttle_wait
-         FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
-    )
-    .bind(me.0)
-    .fetch_all(&pool)
-    .await
-    .expect("claim");
-    assert_eq!(rows.len(), 2, "{rows:?}");
-    assert!(rows[0].0.is_some() && rows[0].2.is_none(), "{rows:?}");
-    assert_eq!(
-        (
-            rows[1].0,
-            rows[1].1.as_str(),
-            rows[1].2.as_deref(),
-            rows[1].3
-        ),
-        (None, "q", Some("running"), None),
-        "both limits bind: running is reported"
-    );
+        enqueue_n(&c, 3).await;
+        /// id, queue, throttle, throttle_wait.
+        type Row = (Option<i64>, String, Option<String>, Option<f64>);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT id, queue, throttle, throttle_wait
+             FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+        )
+        .bind(me.0)
+        .fetch_all(&pool)
+        .await
+        .expect("claim");
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert!(rows[0].0.is_some() && rows[0].2.is_none(), "{rows:?}");
+        assert_eq!(
+            (
+                rows[1].0,
+                rows[1].1.as_str(),
+                rows[1].2.as_deref(),
+                rows[1].3
+            ),
+            (None, "q", Some("running"), None),
+            "the running limit binds (with a rate, both do: running is reported)"
+        );
+    }
 }
 
 /// Four claimers racing on a queue with `max_running` 5: a sampler reading the committed
@@ -1053,6 +1051,96 @@ async fn concurrent_claimers_never_run_more_than_max_running() {
     );
     assert!(throttled > 0, "the claimers met the limit");
     assert_eq!(highest, LIMIT, "the limit was reached: {samples:?}");
+}
+
+/// Two claimers racing for the one slot of a queue with `max_running` 1, one item a claim,
+/// each completing what it got at once: a claim whose snapshot predates the other's commit
+/// must not take the slot that commit filled (claim_work, step 5a: the slot's new version
+/// fails the check that its filler is visible). A trigger the test adds refuses any update of
+/// `work` after which, in a snapshot taken then, two items of the queue run: the claim that
+/// would break the limit fails instead of committing, and a sampler could miss it between
+/// two reads. Without that check, or without the claim's new version of the slot, this
+/// failed within about a thousand claims in each of 8 tries (pgbench, two sessions), and
+/// this test in each of 6 runs, within 0.6 to 12 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_racing_for_the_last_slot_never_both_take_it() {
+    const ITEMS: usize = 3000;
+    let (_db, pool, c) = migrated().await;
+    limit(&c, Some(1), None).await;
+    enqueue_n(&c, ITEMS).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION workpump.refuse_two_running() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF (SELECT count(*) FROM workpump.work WHERE queue = 'q' AND state = 'running') > 1 THEN
+                 RAISE EXCEPTION 'two items of q run at once (max_running 1)';
+             END IF;
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER refuse_two_running AFTER UPDATE ON workpump.work
+             FOR EACH STATEMENT EXECUTE FUNCTION workpump.refuse_two_running();",
+    )
+    .execute(&pool)
+    .await
+    .expect("the trigger");
+    let claimers: Vec<_> = (0..2)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let me = registered(&c).await;
+                let deadline = Instant::now() + Duration::from_secs(120);
+                let (mut completed, mut throttled) = (0, 0);
+                loop {
+                    let out = c
+                        .claim_work(ClaimWorkParams {
+                            instance: me,
+                            queues: vec!["q".into()],
+                            max_items: 1,
+                            lease: LEASE,
+                        })
+                        .await
+                        .expect("a claim within the limit");
+                    throttled += usize::from(!out.throttles.is_empty());
+                    if out.items.is_empty() && out.throttles.is_empty() {
+                        return (completed, throttled);
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "the claimers did not drain the queue"
+                    );
+                    let fences: Vec<Fence> = out.items.iter().map(|i| i.fence).collect();
+                    completed += fences.len();
+                    if !fences.is_empty() {
+                        c.complete_work(CompleteWorkParams {
+                            instance: me,
+                            items: fences,
+                            hand_off: Vec::new(),
+                        })
+                        .await
+                        .expect("complete");
+                    }
+                }
+            })
+        })
+        .collect();
+    let (mut completed, mut throttled) = (0, 0);
+    for t in claimers {
+        let (n, th) = t.await.expect("claimer");
+        completed += n;
+        throttled += th;
+    }
+    assert_eq!(completed, ITEMS, "every item ran once");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM workpump.work WHERE queue = 'q' AND state = 'completed'"
+        )
+        .await,
+        ITEMS as i64
+    );
+    assert!(
+        throttled > 0,
+        "the claimers met the limit: they raced for the slot"
+    );
 }
 
 /// A store whose `work` holds 3 000 completed rows ahead of 3 000 available ones in queue `q`,
