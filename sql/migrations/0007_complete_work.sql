@@ -23,7 +23,10 @@
 -- Empty list: nothing.
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs (WP002).
 -- Usable inside the caller's transaction after lock_lease (transactional completion).
--- Fencing: instance AND claim token AND state running.
+-- Fencing: instance AND claim token AND state running, checked by the update itself on the
+-- row's newest version (no row is locked first: no lock record per item).
+-- Plan: one primary-key probe per distinct pair, then a TID scan (docs/store.md, "Lookups by
+-- id"); a test asserts that no index of running rows and no sequential scan is used.
 -- Clock rule: finished_at is the database's now().
 CREATE FUNCTION complete_work(
     p_instance        uuid,
@@ -59,54 +62,56 @@ BEGIN
                              cardinality(p_ids), cardinality(p_tokens));
     END IF;
 
-    -- One primary-key probe per pair finds and locks the rows still fenced to the caller;
-    -- the update then goes by id. (A join planned from the instance's running rows would
-    -- cost rows × pairs.)
-    -- The same probe collects the ordering keys of the rows it found (NULL for unkeyed work).
-    SELECT coalesce(array_agg(x.id), '{}'),
-           array_agg(x.id) FILTER (WHERE x.ordering_key IS NOT NULL),
-           array_agg(x.queue) FILTER (WHERE x.ordering_key IS NOT NULL),
-           array_agg(x.ordering_key) FILTER (WHERE x.ordering_key IS NOT NULL)
-    INTO v_hit, v_ka, v_kq, v_kk
-    FROM unnest(p_ids, p_tokens) AS r(id, token)
-    CROSS JOIN LATERAL (
-        -- Only the primary key inside (LIMIT keeps the checks below from being pushed
-        -- in): no partial index on running rows can be chosen, whatever the statistics.
-        SELECT w.id, w.claim_token, w.instance_id, w.state, w.queue, w.ordering_key FROM work w
-        WHERE w.id = r.id
-        LIMIT 1
-        FOR UPDATE
-    ) x
-    WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running';
+    -- One statement finds, re-checks and writes the rows still fenced to the caller. One
+    -- primary-key probe per pair finds them (a join planned from the queue's running rows
+    -- would cost rows x pairs, and a partial index on running rows must never be chosen,
+    -- whatever the statistics: LIMIT 1 keeps the checks from being pushed into the probe),
+    -- and the update goes by the row versions found (a TID scan). The update takes the rows'
+    -- locks itself and re-checks the fence on the newest version (READ COMMITTED): a row
+    -- reclaimed meanwhile has another token, and is left alone. No row is locked first: a
+    -- completion writes one row version and no lock record per item. Its state check is on
+    -- text: `state = 'running'` would make the partial indexes on running rows candidates
+    -- (work_running_lease), and with statistics taken while few rows ran the planner chose
+    -- to scan all of them, filtering by ctid; on text it implies no index's predicate, so
+    -- the TID scan is the only plan short of a sequential scan. The pair check is wrapped
+    -- (IS TRUE) so that it stays a hashed subplan, one probe a row: as a join the planner
+    -- compared every row with every pair.
+    -- The ordering keys of the rows written come back with them (NULL for unkeyed work).
+    WITH pairs AS MATERIALIZED (
+        SELECT DISTINCT r.id, r.token FROM unnest(p_ids, p_tokens) AS r(id, token)
+    ), done AS (
+        UPDATE work w
+        SET state = 'completed', finished_at = now(), instance_id = NULL, lease_expiry = NULL
+        WHERE w.ctid = ANY (ARRAY(
+                  SELECT x.ctid FROM pairs r
+                  CROSS JOIN LATERAL (
+                      SELECT f.ctid, f.claim_token, f.instance_id, f.state FROM work f
+                      WHERE f.id = r.id
+                      LIMIT 1
+                  ) x
+                  WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running'))
+          AND w.instance_id = p_instance AND w.state::text = 'running'
+          AND ((w.id, w.claim_token) IN (SELECT r.id, r.token FROM pairs r)) IS TRUE
+        RETURNING w.id, w.claim_token, w.queue, w.ordering_key
+    )
+    SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.claim_token), '{}'),
+           array_agg(d.id) FILTER (WHERE d.ordering_key IS NOT NULL),
+           array_agg(d.queue) FILTER (WHERE d.ordering_key IS NOT NULL),
+           array_agg(d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL)
+    INTO v_hit, v_tokens, v_ka, v_kq, v_kk
+    FROM done d;
 
     IF v_kk IS NULL THEN
-        -- No keyed row: the one statement of unkeyed work (nothing to hand on).
+        -- No keyed row: nothing to hand on.
         RETURN QUERY
-        WITH done AS (
-            UPDATE work w
-            SET state = 'completed', finished_at = now(), instance_id = NULL, lease_expiry = NULL
-            WHERE w.id = ANY (v_hit)
-            RETURNING w.id, w.claim_token
-        )
         SELECT r.id, r.token, d.id IS NOT NULL, NULL::jsonb
         FROM (SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
               FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
               ORDER BY u.id, u.token, u.ord) r
-        LEFT JOIN done d ON d.id = r.id AND d.claim_token = r.token
+        LEFT JOIN unnest(v_hit, v_tokens) AS d(id, token) ON d.id = r.id AND d.token = r.token
         ORDER BY r.ord;
         RETURN;
     END IF;
-
-    -- v_hit holds a repeated pair once per repeat; the update's rows are distinct.
-    WITH done AS (
-        UPDATE work w
-        SET state = 'completed', finished_at = now(), instance_id = NULL, lease_expiry = NULL
-        WHERE w.id = ANY (v_hit)
-        RETURNING w.id, w.claim_token
-    )
-    SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.claim_token), '{}')
-    INTO v_hit, v_tokens
-    FROM done d;
 
     -- Completed heads of ordering keys hand their keys on (after the update above): to the
     -- caller where it asked for it and may have it, else to whoever claims next.

@@ -1221,6 +1221,81 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
     }
 }
 
+/// A completion reaches `work` by primary key and by the row versions it found (a TID scan),
+/// never through an index of running rows nor sequentially, with a generic plan and
+/// statistics taken while nothing ran (they estimate one running row; 6 000 rows, so that a
+/// sequential scan is not the cheapest plan anyway): given the chance, the planner chose to
+/// scan every running row of `work_running_lease` and filter them by ctid. Every pair is
+/// answered, each once, a stale token refused.
+#[tokio::test]
+async fn a_completion_reads_work_by_primary_key_and_row_version_only() {
+    let (_db, pool, c) = behind_finished_rows().await;
+    let me = registered(&c).await;
+    let claimed = claim(&c, me, 200, LEASE).await.items;
+    assert_eq!(claimed.len(), 200);
+    let mut ids: Vec<i64> = claimed.iter().map(|i| i.fence.id).collect();
+    let mut tokens: Vec<i64> = claimed.iter().map(|i| i.fence.token).collect();
+    // A repeated pair and a stale token.
+    ids.extend([ids[0], ids[1]]);
+    tokens.extend([tokens[0], tokens[1] + 1_000_000]);
+
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan")
+        .execute(&mut *tx)
+        .await
+        .expect("generic plans");
+    let index_scans = "SELECT pg_stat_get_xact_numscans('workpump.work_running_lease'::regclass)
+                            + pg_stat_get_xact_numscans('workpump.work_running_slot'::regclass)";
+    let (seq_before, idx_before): (i64, i64) = (
+        seq_scans_of_work(&mut tx).await,
+        sqlx::query_scalar(index_scans)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("index scans"),
+    );
+    let answers: Vec<(i64, i64, bool)> =
+        sqlx::query_as("SELECT id, claim_token, recorded FROM workpump.complete_work($1, $2, $3)")
+            .bind(me.0)
+            .bind(&ids)
+            .bind(&tokens)
+            .fetch_all(&mut *tx)
+            .await
+            .expect("complete");
+    let (seq_after, idx_after): (i64, i64) = (
+        seq_scans_of_work(&mut tx).await,
+        sqlx::query_scalar(index_scans)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("index scans"),
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        seq_after - seq_before,
+        0,
+        "the completion scanned work sequentially"
+    );
+    assert_eq!(
+        idx_after - idx_before,
+        0,
+        "the completion scanned an index of running rows"
+    );
+    assert_eq!(answers.len(), 201, "each distinct pair once: {answers:?}");
+    assert_eq!(answers.iter().filter(|a| a.2).count(), 200);
+    assert_eq!(
+        answers[200],
+        (ids[1], tokens[1] + 1_000_000, false),
+        "the stale token is refused"
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM workpump.work WHERE state = 'completed'"
+        )
+        .await,
+        3200
+    );
+}
+
 /// No statement of the hot path's functions (claim, renew, complete, fail, release,
 /// enqueue with a unique or an ordering key) is JIT-compiled, whatever the server's JIT
 /// settings: their estimated costs grow with the table (a generic plan's unknown LIMIT, a
