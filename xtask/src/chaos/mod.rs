@@ -78,13 +78,13 @@ pub(crate) const SCENARIOS: [Spec; 16] = [
         name: "keyed",
         quick: true,
         about: "ordering keys (8 hot keys, a long tail) under SIGKILL and SIGSTOP past the lease: per key one claim at a time, a head taken over only from a killed or paused process, enqueue order, no zombie outcome",
-        profiles: &[Profile::Short],
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "fleet-limit",
         quick: true,
         about: "a queue with max_running 5 served by 16 handlers, a backlog behind the limit, SIGKILL a worker holding leases (3 times; full run 5), a replacement each time: never more than 5 running (an orphan holds its slot), the slots back within the kill bound",
-        profiles: &[Profile::Short],
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "listener-kill",
