@@ -321,8 +321,12 @@ BEGIN
                 WHERE s.queue = e.name
                   AND (s.claimed_xact IS NULL
                        OR pg_visible_in_snapshot(s.claimed_xact, pg_current_snapshot()))
-                  AND NOT EXISTS (SELECT 1 FROM work h
-                                  WHERE h.state = 'running' AND h.queue = s.queue AND h.slot = s.slot)
+                  -- No running row holds it: one hash of the queues' held slots, built once
+                  -- (a NOT EXISTS became a nested loop comparing every slot with every running
+                  -- row: 40 ms a claim with 1 000 running).
+                  AND (s.queue, s.slot) NOT IN (SELECT h.queue, h.slot FROM work h
+                                                WHERE h.state = 'running' AND h.queue = ANY (v_slotted)
+                                                  AND h.slot IS NOT NULL)
                 ORDER BY s.slot
                 LIMIT CASE WHEN e.over THEN 0 ELSE v_remaining + 1 END
                 FOR NO KEY UPDATE SKIP LOCKED
@@ -434,8 +438,9 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT s.queue, s.slot FROM queue_slots s
                 WHERE s.queue = e.name
-                  AND NOT EXISTS (SELECT 1 FROM work h
-                                  WHERE h.state = 'running' AND h.queue = s.queue AND h.slot = s.slot)
+                  AND (s.queue, s.slot) NOT IN (SELECT h.queue, h.slot FROM work h
+                                                WHERE h.state = 'running' AND h.queue = ANY (v_slotted)
+                                                  AND h.slot IS NOT NULL)
                 ORDER BY s.slot
                 LIMIT CASE WHEN v_remaining > 0 THEN v_remaining + 1 ELSE 0 END
                 FOR NO KEY UPDATE SKIP LOCKED
@@ -460,8 +465,9 @@ BEGIN
                 FROM unnest(v_sq, v_ss) AS f(queue, slot)
                 JOIN queues q ON q.name = f.queue
                 WHERE f.slot <= q.max_running
-                  AND NOT EXISTS (SELECT 1 FROM work h
-                                  WHERE h.state = 'running' AND h.queue = f.queue AND h.slot = f.slot)
+                  AND (f.queue, f.slot) NOT IN (SELECT h.queue, h.slot FROM work h
+                                                WHERE h.state = 'running' AND h.queue = ANY (v_slotted)
+                                                  AND h.slot IS NOT NULL)
                   AND NOT EXISTS (SELECT 1 FROM work o
                                   WHERE o.state = 'running' AND o.queue = f.queue AND o.slot > q.max_running)
             )
