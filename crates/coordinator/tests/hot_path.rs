@@ -1137,6 +1137,18 @@ async fn seq_scans_of_work(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> i6
     .expect("scans of work")
 }
 
+/// The session's scans of the indexes of running rows (`work_running_lease`,
+/// `work_running_slot`) in this transaction: compare before and after a call.
+async fn scans_of_running_rows(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT pg_stat_get_xact_numscans('workpump.work_running_lease'::regclass)
+              + pg_stat_get_xact_numscans('workpump.work_running_slot'::regclass)",
+    )
+    .fetch_one(&mut **tx)
+    .await
+    .expect("scans of the running rows' indexes")
+}
+
 /// A claim reads `work` through its indexes only, limited queue or not, reclaiming or not,
 /// with its generic plans (claim_work forces them): with finished rows ahead of the queue's
 /// first available one, a sequential scan (which the planner prefers for an `EXISTS` it expects
@@ -1208,14 +1220,9 @@ async fn a_completion_reads_work_by_primary_key_and_row_version_only() {
         .execute(&mut *tx)
         .await
         .expect("generic plans");
-    let index_scans = "SELECT pg_stat_get_xact_numscans('workpump.work_running_lease'::regclass)
-                            + pg_stat_get_xact_numscans('workpump.work_running_slot'::regclass)";
-    let (seq_before, idx_before): (i64, i64) = (
+    let (seq_before, idx_before) = (
         seq_scans_of_work(&mut tx).await,
-        sqlx::query_scalar(index_scans)
-            .fetch_one(&mut *tx)
-            .await
-            .expect("index scans"),
+        scans_of_running_rows(&mut tx).await,
     );
     let answers: Vec<(i64, i64, bool)> =
         sqlx::query_as("SELECT id, claim_token, recorded FROM workpump.complete_work($1, $2, $3)")
@@ -1225,12 +1232,9 @@ async fn a_completion_reads_work_by_primary_key_and_row_version_only() {
             .fetch_all(&mut *tx)
             .await
             .expect("complete");
-    let (seq_after, idx_after): (i64, i64) = (
+    let (seq_after, idx_after) = (
         seq_scans_of_work(&mut tx).await,
-        sqlx::query_scalar(index_scans)
-            .fetch_one(&mut *tx)
-            .await
-            .expect("index scans"),
+        scans_of_running_rows(&mut tx).await,
     );
     tx.commit().await.expect("commit");
     assert_eq!(
