@@ -18,6 +18,11 @@ GRANT USAGE ON SCHEMA :"schema" TO :"runtime";
 --   work: enqueue (INSERT), claims, renewals, outcomes, promotion, cancel/retry (UPDATE),
 --         retention pruning and discard_work (DELETE).
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".work TO :"runtime";
+--   work_history: complete_work appends completed items (INSERT); retention pruning and
+--                 discard_work delete them (DELETE, with FOR UPDATE: UPDATE); work_all, the
+--                 view of both tables, is read by get_work, list_work and bulk_work.
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".work_history TO :"runtime";
+GRANT SELECT ON TABLE :"schema".work_all TO :"runtime";
 --   queues: register_queue (INSERT ... ON CONFLICT DO UPDATE); claims read it, and a claim of
 --           a queue with a flow limit locks its row and debits its rate bucket (UPDATE).
 GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".queues TO :"runtime";

@@ -17,7 +17,11 @@
 --                          lease expiry, renewal count, checkpoint or cancel request: before
 --                          and after, the error entry it appended, which process wrote it
 --                          (application_name) and when (clock_timestamp(), and the writing
---                          transaction's now()).
+--                          transaction's now()). A completion moves the row to
+--                          workpump.work_history: recorded as the update it stands for, from
+--                          running to completed (owner and expiry cleared, token and attempt
+--                          kept); a completed item deleted from work_history (retention, an
+--                          operator's discard) as a delete from state completed.
 -- workpump_enqueued        the ids the harness enqueued: every one must be there at the end.
 -- workpump_instance_audit  triggers on workpump.instances and workpump.evicted_instances
 --                          record every registration, deletion and eviction tombstone, with
@@ -89,6 +93,21 @@ BEGIN
                                  to_expiry, to_renewals, to_cancel)
         VALUES ('insert', NEW.id, NEW.state::text, NEW.instance_id, NEW.claim_token, NEW.attempt,
                 NEW.lease_expiry, NEW.renewals, NEW.cancel_requested);
+    ELSIF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'work_history' THEN
+        INSERT INTO workpump_audit (op, item, from_state, from_token, from_attempt, from_renewals,
+                                 from_cancel)
+        VALUES ('delete', OLD.id, 'completed', OLD.claim_token, OLD.attempt, OLD.renewals,
+                OLD.cancel_requested);
+    ELSIF TG_OP = 'DELETE' AND EXISTS (SELECT 1 FROM workpump.work_history h WHERE h.id = OLD.id) THEN
+        -- complete_work: the row left for work_history in the statement this trigger ends.
+        INSERT INTO workpump_audit (op, item, from_state, to_state, from_instance, to_instance,
+                                 from_token, to_token, from_attempt, to_attempt,
+                                 from_expiry, to_expiry, from_renewals, to_renewals,
+                                 from_cancel, to_cancel)
+        VALUES ('update', OLD.id, OLD.state::text, 'completed', OLD.instance_id, NULL,
+                OLD.claim_token, OLD.claim_token, OLD.attempt, OLD.attempt,
+                OLD.lease_expiry, NULL, OLD.renewals, OLD.renewals,
+                OLD.cancel_requested, OLD.cancel_requested);
     ELSIF TG_OP = 'DELETE' THEN
         INSERT INTO workpump_audit (op, item, from_state, from_instance, from_token, from_attempt,
                                  from_expiry, from_renewals, from_cancel)
@@ -121,6 +140,8 @@ CREATE TRIGGER workpump_audit AFTER UPDATE ON workpump.work FOR EACH ROW
           OR OLD.cancel_requested IS DISTINCT FROM NEW.cancel_requested)
     EXECUTE FUNCTION workpump_audit();
 CREATE TRIGGER workpump_audit_rows AFTER INSERT OR DELETE ON workpump.work FOR EACH ROW
+    EXECUTE FUNCTION workpump_audit();
+CREATE TRIGGER workpump_audit_history AFTER DELETE ON workpump.work_history FOR EACH ROW
     EXECUTE FUNCTION workpump_audit();
 
 -- The ids the suite enqueued: every one must be there at the end.

@@ -41,7 +41,7 @@ async fn a_killed_workers_items_are_reclaimed_by_the_others_and_completed_exactl
         "k2 runs at least 3 items",
         || async {
             let running: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM workpump.work w
+                "SELECT count(*) FROM workpump.work_all w
              WHERE w.instance_id = $1 AND w.state = 'running'
                AND EXISTS (SELECT 1 FROM workpump_ledger l
                            WHERE l.item = w.id AND l.token = w.claim_token)",
@@ -57,7 +57,7 @@ async fn a_killed_workers_items_are_reclaimed_by_the_others_and_completed_exactl
     let killed_at = db_now(&pool).await;
     workers[1].kill9().await;
     let held: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM workpump.work WHERE instance_id = $1 AND state = 'running'",
+        "SELECT id FROM workpump.work_all WHERE instance_id = $1 AND state = 'running'",
     )
     .bind(victim)
     .fetch_all(&pool)
@@ -67,7 +67,7 @@ async fn a_killed_workers_items_are_reclaimed_by_the_others_and_completed_exactl
     wait_until(Duration::from_secs(40), "every item completed", || async {
         scalar(
             &pool,
-            "SELECT count(*) FROM workpump.work WHERE state = 'completed'",
+            "SELECT count(*) FROM workpump.work_all WHERE state = 'completed'",
         )
         .await
             == 240
@@ -284,7 +284,7 @@ async fn a_worker_on_a_multi_host_url_runs_its_handlers_on_the_host_that_qualifi
     wait_until(Duration::from_secs(30), "every item completed", || async {
         scalar(
             &pool,
-            "SELECT count(*) FROM workpump.work WHERE state = 'completed'",
+            "SELECT count(*) FROM workpump.work_all WHERE state = 'completed'",
         )
         .await
             == 40

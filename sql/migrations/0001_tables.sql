@@ -10,6 +10,7 @@
 --   available  -> running (claim_work)
 --   scheduled  -> available (promotion when run_at is due)
 --   running    -> completed | scheduled/available (retry) | dead | cancelled | available (release)
+--   (a completed item leaves `work`: complete_work moves it into work_history, below)
 --   running, owner gone (instance_id NULL or lease_expiry < now()) -> running again under a new
 --   claim (orphan reclaim, attempt + 1) or dead (attempts used up)
 --   blocked    -> available/scheduled (ordering_advance: its ordering key's head ended) |
@@ -201,6 +202,8 @@ CREATE TABLE work (
     CONSTRAINT work_max_attempts_in_range CHECK (max_attempts BETWEEN 1 AND 1000),
     CONSTRAINT work_renewals_non_negative CHECK (renewals >= 0),
     CONSTRAINT work_finished_at_iff_finished CHECK ((finished_at IS NOT NULL) = (state IN ('completed', 'dead', 'cancelled'))),
+    -- A completed item is moved to work_history by the completion itself: never one here.
+    CONSTRAINT work_completed_is_history CHECK (state <> 'completed'),
     CONSTRAINT work_errors_is_array CHECK (jsonb_typeof(errors) = 'array'),
     CONSTRAINT work_kind_in_range CHECK (kind IS NULL OR length(kind) BETWEEN 1 AND 128),
     CONSTRAINT work_ordering_key_in_range CHECK (ordering_key IS NULL OR length(ordering_key) BETWEEN 1 AND 128),
@@ -236,7 +239,8 @@ CREATE INDEX work_running_lease ON work ((coalesce(lease_expiry, '-infinity'::ti
 CREATE INDEX work_running_slot ON work (queue, slot) WHERE state = 'running' AND slot IS NOT NULL;
 -- promotion of due scheduled (and retrying) rows.
 CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';
--- retention pruning of finished rows, one range per state.
+-- retention pruning of dead letters and cancelled rows, one range per state (completed rows
+-- are in work_history).
 CREATE INDEX work_finished ON work (state, finished_at) WHERE finished_at IS NOT NULL;
 -- unique keys hold while an item is unfinished.
 CREATE UNIQUE INDEX work_unique_key ON work (queue, unique_key)
@@ -247,3 +251,57 @@ CREATE UNIQUE INDEX work_unique_key ON work (queue, unique_key)
 -- operator's list of keys held by a dead head. Unkeyed rows are never in it.
 CREATE INDEX work_ordering ON work (queue, ordering_key, ordering_seq)
     WHERE ordering_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked', 'dead');
+
+-- Completed items, moved out of `work` by complete_work in the transaction that completes them
+-- (docs/store.md, "Completed items"): a completion deletes the running row (no new version
+-- in `work`, no index entry there) and appends its row here, so `work` holds only what is
+-- unfinished, dead or cancelled and stays as small as the backlog, however much has finished.
+-- The columns are `work`'s but for those a completed item no longer has: state (always
+-- 'completed'), the lease (instance_id, lease_expiry) and the slot. Append-only: rows are
+-- only inserted (complete_work) and deleted (prune_finished, an operator's discard), never
+-- updated, so no CHECK repeats `work`'s (every row passed them there) and the pages are
+-- filled whole. Readers see both tables through the view work_all.
+CREATE TABLE work_history (
+    id               bigint      PRIMARY KEY,
+    queue            text        NOT NULL,
+    priority         smallint    NOT NULL,
+    attempt          integer     NOT NULL,
+    max_attempts     integer     NOT NULL,
+    run_at           timestamptz NOT NULL,
+    claim_token      bigint      NOT NULL,
+    renewals         integer     NOT NULL,
+    cancel_requested boolean     NOT NULL,
+    kind             text,
+    payload          jsonb       NOT NULL,
+    metadata         jsonb,
+    checkpoint       jsonb,
+    errors           jsonb       NOT NULL,
+    unique_key       text,
+    ordering_key     text,
+    ordering_seq     bigint,
+    created_at       timestamptz NOT NULL,
+    finished_at      timestamptz NOT NULL
+);
+-- retention pruning (oldest first) and the operator's overview (newest first); a completion
+-- appends at its right edge.
+CREATE INDEX work_history_finished ON work_history (finished_at);
+
+-- Every item, finished or not, in `work`'s columns: the rows of `work` and the completed
+-- items of work_history. What reads items by id, lists them or checks them (get_work,
+-- list_work, bulk_work, the fault suite's checks) reads this; what claims, renews or ends
+-- them writes `work`. An id is in at most one of the two in any snapshot: the completion
+-- deletes and inserts in one statement. A condition on state prunes the branch it excludes
+-- (state = 'dead' never reads work_history).
+CREATE VIEW work_all AS
+    SELECT w.id, w.queue, w.state, w.priority, w.attempt, w.max_attempts, w.run_at,
+           w.instance_id, w.lease_expiry, w.claim_token, w.renewals, w.cancel_requested,
+           w.kind, w.payload, w.metadata, w.checkpoint, w.errors, w.unique_key,
+           w.ordering_key, w.ordering_seq, w.slot, w.created_at, w.finished_at
+    FROM work w
+    UNION ALL
+    SELECT h.id, h.queue, 'completed'::work_state, h.priority, h.attempt, h.max_attempts,
+           h.run_at, NULL::uuid, NULL::timestamptz, h.claim_token, h.renewals,
+           h.cancel_requested, h.kind, h.payload, h.metadata, h.checkpoint, h.errors,
+           h.unique_key, h.ordering_key, h.ordering_seq, NULL::integer, h.created_at,
+           h.finished_at
+    FROM work_history h;

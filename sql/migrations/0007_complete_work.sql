@@ -1,7 +1,8 @@
 -- complete_work(instance, ids, tokens, hand_off_queues, hand_off_leases)
 --     -> setof (id, claim_token, recorded, next)
 --
--- Records success for a batch of items: state completed, finished_at = now(), lease cleared.
+-- Records success for a batch of items: each leaves `work` for work_history (the view work_all
+-- shows it completed), finished_at = now(), its lease gone with its running row.
 -- Only rows still fenced to the caller (same instance, same claim token, state running) are
 -- written; a pair that matches nothing is a stale zombie's (its item was reclaimed, released
 -- or finished) and changes nothing: `recorded` is false and the caller learns it was fenced
@@ -25,6 +26,8 @@
 -- Usable inside the caller's transaction after lock_lease (transactional completion).
 -- Fencing: instance AND claim token AND state running, checked by the update itself on the
 -- row's newest version (no row is locked first: no lock record per item).
+-- Writes: a delete in `work` (no new version, no index entry there) and an append to
+-- work_history (docs/store.md, "Completed items").
 -- Plan: one primary-key probe per distinct pair, then a TID scan (docs/store.md, "Lookups by
 -- id"); a test asserts that no index of running rows and no sequential scan is used.
 -- Clock rule: finished_at is the database's now().
@@ -66,10 +69,11 @@ BEGIN
     -- primary-key probe per pair finds them (a join planned from the queue's running rows
     -- would cost rows x pairs, and a partial index on running rows must never be chosen,
     -- whatever the statistics: LIMIT 1 keeps the checks from being pushed into the probe),
-    -- and the update goes by the row versions found (a TID scan). The update takes the rows'
+    -- and the delete goes by the row versions found (a TID scan). The delete takes the rows'
     -- locks itself and re-checks the fence on the newest version (READ COMMITTED): a row
     -- reclaimed meanwhile has another token, and is left alone. No row is locked first: a
-    -- completion writes one row version and no lock record per item. Its state check is on
+    -- completion writes no lock record. The rows deleted are appended to work_history in the
+    -- same statement, so no snapshot sees an item in neither table. Its state check is on
     -- text: `state = 'running'` would make the partial indexes on running rows candidates
     -- (work_running_lease), and with statistics taken while few rows ran the planner chose
     -- to scan all of them, filtering by ctid; on text it implies no index's predicate, so
@@ -80,8 +84,7 @@ BEGIN
     WITH pairs AS MATERIALIZED (
         SELECT DISTINCT r.id, r.token FROM unnest(p_ids, p_tokens) AS r(id, token)
     ), done AS (
-        UPDATE work w
-        SET state = 'completed', finished_at = now(), instance_id = NULL, lease_expiry = NULL
+        DELETE FROM work w
         WHERE w.ctid = ANY (ARRAY(
                   SELECT x.ctid FROM pairs r
                   CROSS JOIN LATERAL (
@@ -92,7 +95,16 @@ BEGIN
                   WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running'))
           AND w.instance_id = p_instance AND w.state::text = 'running'
           AND ((w.id, w.claim_token) IN (SELECT r.id, r.token FROM pairs r)) IS TRUE
-        RETURNING w.id, w.claim_token, w.queue, w.ordering_key
+        RETURNING w.*
+    ), moved AS (
+        INSERT INTO work_history (id, queue, priority, attempt, max_attempts, run_at, claim_token,
+                                  renewals, cancel_requested, kind, payload, metadata, checkpoint,
+                                  errors, unique_key, ordering_key, ordering_seq, created_at,
+                                  finished_at)
+        SELECT d.id, d.queue, d.priority, d.attempt, d.max_attempts, d.run_at, d.claim_token,
+               d.renewals, d.cancel_requested, d.kind, d.payload, d.metadata, d.checkpoint,
+               d.errors, d.unique_key, d.ordering_key, d.ordering_seq, d.created_at, now()
+        FROM done d
     )
     SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.claim_token), '{}'),
            array_agg(d.id) FILTER (WHERE d.ordering_key IS NOT NULL),

@@ -1,7 +1,7 @@
 -- prune_finished(completed_retention, dead_retention, limit) -> setof (state, pruned)
 --
--- Deletes up to `limit` finished items past their retention: first completed items whose
--- finished_at is older than `completed_retention`, then, with what is left of `limit`, dead
+-- Deletes up to `limit` finished items past their retention: first completed items (in
+-- work_history) whose finished_at is older than `completed_retention`, then, with what is left of `limit`, dead
 -- letters and cancelled items older than `dead_retention` (kept longer by default: they are
 -- what an operator inspects, retries or discards). Unfinished items are never touched.
 -- A pruned dead letter of an ordering key in a queue that holds dead heads was its key's head:
@@ -18,11 +18,10 @@
 -- was retried meanwhile no longer matches.
 -- Clock rule: the cutoffs are the database's now() minus the retentions.
 --
--- Index: work_finished (state, finished_at), so each kind of item is one index range (with
--- finished_at alone, every pass over completed items would visit every dead letter still
--- within its longer retention).
--- Plan: Limit -> LockRows -> Index Scan using work_finished
---       (state = 'completed' AND finished_at < cutoff), then (state = ANY ('{dead,cancelled}')).
+-- Index: work_history_finished (finished_at) for completed items, oldest first; in `work`,
+-- work_finished (state, finished_at), one index range per state of the rest.
+-- Plan: Limit -> LockRows -> Index Scan using work_history_finished (finished_at < cutoff),
+--       then Index Scan using work_finished (state = ANY ('{dead,cancelled}')).
 
 CREATE FUNCTION prune_finished(
     p_completed_retention interval,
@@ -55,14 +54,14 @@ BEGIN
     END IF;
 
     WITH old AS (
-        SELECT f.id FROM work f
-        WHERE f.state = 'completed' AND f.finished_at < v_now - p_completed_retention
+        SELECT f.id FROM work_history f
+        WHERE f.finished_at < v_now - p_completed_retention
         ORDER BY f.finished_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
     ), gone AS (
-        DELETE FROM work w USING old WHERE w.id = old.id
-        RETURNING w.id
+        DELETE FROM work_history h USING old WHERE h.id = old.id
+        RETURNING h.id
     )
     SELECT count(*)::integer INTO v_completed FROM gone;
 

@@ -48,7 +48,7 @@ BEGIN
               AND (w.attempt >= w.max_attempts OR w.cancel_requested)
         ),
         EXISTS (SELECT 1 FROM work w WHERE w.state = 'scheduled' AND w.run_at <= now()),
-        EXISTS (SELECT 1 FROM work w WHERE w.state = 'completed' AND w.finished_at < now() - p_completed_retention)
+        EXISTS (SELECT 1 FROM work_history h WHERE h.finished_at < now() - p_completed_retention)
             OR EXISTS (SELECT 1 FROM work w WHERE w.state IN ('dead', 'cancelled') AND w.finished_at < now() - p_dead_retention),
         EXISTS (SELECT 1 FROM evicted_instances e WHERE e.evicted_at < now() - p_evicted_retention);
 END;

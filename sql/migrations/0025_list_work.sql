@@ -30,11 +30,12 @@
 -- ("malformed cursor"). A cursor names a position, not a snapshot: items enqueued after the
 -- first page (higher ids) are not shown by later pages, items deleted meanwhile are skipped.
 --
--- Cost, and the examined-rows budget: the page is read through the primary key, newest id
--- first, with the filter applied to each row, and the scan stops at page_size matches or after
--- examining 10 000 rows, whichever comes first (plan: Limit -> Subquery Scan (Filter: the
--- filter, or the 10 000th row) -> Limit 10 000 -> WindowAgg (row_number) -> Index Scan
--- Backward using work_pkey; the filter's unset criteria fold away). So a call costs at
+-- Cost, and the examined-rows budget: the page is read through the primary keys (of `work`
+-- and work_history, merged: the view work_all), newest id first, with the filter applied to
+-- each row, and the scan stops at page_size matches or after examining 10 000 rows,
+-- whichever comes first (plan: Limit -> Subquery Scan (Filter: the filter, or the 10 000th
+-- row) -> Limit 10 000 -> WindowAgg (row_number) -> Merge Append of the two Index Scan
+-- Backward, on work_pkey and work_history_pkey; the filter's unset criteria fold away). So a call costs at
 -- most 10 000 rows read by primary key (a few milliseconds), whatever the table's size and
 -- the filter. A filter that matches densely (a queue, a waiting state on a busy store) fills
 -- its page after a few hundred rows; a very selective one (an error text, old dead letters
@@ -252,7 +253,7 @@ BEGIN
                        w.created_at, w.finished_at, w.instance_id, w.lease_expiry,
                        w.cancel_requested, w.errors,
                        row_number() OVER (ORDER BY w.id DESC) AS n
-                FROM work w
+                FROM work_all w
                 WHERE w.id < v_below
                 ORDER BY w.id DESC
                 LIMIT c_budget
@@ -288,7 +289,7 @@ BEGIN
     v_edge := CASE WHEN v_found = p_page_size THEN v_last ELSE v_budget_edge END;
     -- (ORDER BY id: a probe of the primary key, where a bare EXISTS got a sequential scan.)
     IF v_edge IS NOT NULL
-       AND (SELECT w.id FROM work w WHERE w.id < v_edge ORDER BY w.id DESC LIMIT 1) IS NOT NULL THEN
+       AND (SELECT w.id FROM work_all w WHERE w.id < v_edge ORDER BY w.id DESC LIMIT 1) IS NOT NULL THEN
         next_cursor := 'v1.' || v_edge;
     ELSE
         next_cursor := NULL;

@@ -8,7 +8,7 @@
 -- (db_now), so that a caller computes ages on the store's clock, not its own.
 --
 -- Refused: no such item -> WP004 (not found), DETAIL {"id": ..}.
--- Cost: one primary-key probe. Arguments: id not NULL (WP002).
+-- Cost: one primary-key probe in each of `work` and work_history (through work_all). Arguments: id not NULL (WP002).
 -- Fencing: none; it only reads. Clock rule: db_now is the database's now().
 CREATE FUNCTION get_work(p_id bigint)
 RETURNS TABLE (
@@ -49,7 +49,7 @@ BEGIN
            w.renewals, w.cancel_requested, w.kind, w.payload, w.metadata, w.checkpoint, w.errors,
            w.unique_key, w.ordering_key,
            now()
-    FROM work w WHERE w.id = p_id;
+    FROM work_all w WHERE w.id = p_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'WP004',
             MESSAGE = format('get_work: work item %s not found', p_id),

@@ -26,7 +26,8 @@
 --              its queue (as queue_depth: the cost grows with the waiting and running items,
 --              never with the finished ones); blocked: work_ordering's blocked entries;
 --   finished states: at most 10 000 rows per state, the newest by finished_at (a backward
---              scan of work_finished, plus a heap visit per row for its queue). When a state
+--              scan of work_history_finished for completed items and of work_finished
+--              for the others, plus a heap visit per row for its queue). When a state
 --              has fewer than 10 000 items in all, its counts and rate are exact. Otherwise
 --              the count is a lower bound (the items among the newest 10 000: *_exact false),
 --              and the rate is exact when those 10 000 reach back past the hour, else
@@ -85,8 +86,15 @@ BEGIN
         SELECT b.queue, count(*) AS n FROM work b
         WHERE b.state = 'blocked' AND b.ordering_key IS NOT NULL GROUP BY b.queue
     ), sample AS MATERIALIZED (
+        SELECT 'completed'::work_state AS state, x.queue, x.finished_at
+        FROM (
+            SELECT h.queue, h.finished_at FROM work_history h
+            ORDER BY h.finished_at DESC
+            LIMIT c_sample
+        ) x
+        UNION ALL
         SELECT st.state, x.queue, x.finished_at
-        FROM unnest(ARRAY['completed', 'dead', 'cancelled']::work_state[]) AS st(state)
+        FROM unnest(ARRAY['dead', 'cancelled']::work_state[]) AS st(state)
         CROSS JOIN LATERAL (
             SELECT w.queue, w.finished_at FROM work w
             WHERE w.state = st.state AND w.finished_at IS NOT NULL

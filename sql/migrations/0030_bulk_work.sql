@@ -34,7 +34,9 @@
 -- apply to — dead letters whose unique key is free for 'retry'; waiting items and running ones
 -- without a cancel request yet for 'cancel'; finished items for 'discard'; scheduled items for
 -- 'run_now' — the lowest ids
--- first, `FOR UPDATE SKIP LOCKED` (a row another transaction holds is left for a later call),
+-- first (completed items from work_history, merged by id with the rest; the filter's `instance`
+-- matches no completed item), `FOR UPDATE SKIP LOCKED` (a row another transaction holds is
+-- left for a later call),
 -- acts on at most `limit` of them as bulk_work does, and answers their rows; has_more (the
 -- same on every row) says that more such items were left: call again until it is false or no
 -- row comes back. An empty filter matches every item and is refused (WP002) unless `all` is
@@ -106,18 +108,29 @@ BEGIN
     -- waited on a claim decided 'requested' and set cancel_requested on the row as still
     -- available, which work_waiting_is_not_cancel_requested refused.)
     PERFORM 1 FROM work w WHERE w.id = ANY (p_ids) ORDER BY w.id FOR UPDATE;
+    -- Completed items (work_history) are never changed, only deleted: a discard locks them
+    -- so that two discards of one item answer 'discarded' once; other actions refuse them.
+    IF p_action = 'discard' THEN
+        PERFORM 1 FROM work_history h WHERE h.id = ANY (p_ids) ORDER BY h.id FOR UPDATE;
+    END IF;
 
     BEGIN
         WITH req AS (
             SELECT DISTINCT ON (u.id) u.id, u.ord
             FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
             ORDER BY u.id, u.ord
-        ), locked AS MATERIALIZED (
+        ), live AS MATERIALIZED (
             SELECT w.id, w.state, w.queue, w.unique_key, w.ordering_key, w.ordering_seq
             FROM work w
             WHERE w.id IN (SELECT req.id FROM req)
             ORDER BY w.id
             FOR UPDATE
+        ), locked AS MATERIALIZED (
+            SELECT * FROM live
+            UNION ALL
+            SELECT h.id, 'completed'::work_state, h.queue, h.unique_key, h.ordering_key, h.ordering_seq
+            FROM work_history h
+            WHERE h.id IN (SELECT req.id FROM req)
         ), decided AS MATERIALIZED (
             SELECT r.id, r.ord, l.state, l.queue, l.ordering_key,
                    CASE
@@ -188,7 +201,10 @@ BEGIN
             WHERE w.id = d.id AND d.result = 'promoted'
         ), discarded AS (
             DELETE FROM work w USING decided d
-            WHERE w.id = d.id AND d.result = 'discarded'
+            WHERE w.id = d.id AND d.result = 'discarded' AND d.state <> 'completed'
+        ), discarded_history AS (
+            DELETE FROM work_history h USING decided d
+            WHERE h.id = d.id AND d.result = 'discarded' AND d.state = 'completed'
         )
         SELECT array_agg(d.id ORDER BY d.ord),
                array_agg(CASE WHEN d.result = 'key_taken' THEN 'refused' ELSE d.result END ORDER BY d.ord),
@@ -204,9 +220,9 @@ BEGIN
                                      ELSE 'only a finished item can be discarded (cancel it first)'
                                  END
                          END ORDER BY d.ord),
-               array_agg(d.queue) FILTER (WHERE d.ordering_key IS NOT NULL
+               array_agg(d.queue) FILTER (WHERE d.ordering_key IS NOT NULL AND d.state <> 'completed'
                                           AND d.result IN ('cancelled', 'discarded')),
-               array_agg(d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL
+               array_agg(d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL AND d.state <> 'completed'
                                                  AND d.result IN ('cancelled', 'discarded'))
         INTO v_ids, v_results, v_states, v_reasons, v_kq, v_kk
         FROM decided d;
@@ -272,6 +288,7 @@ AS $$
 DECLARE
     f        work_filter := parse_work_filter(p_filter, 'bulk_work_matching');
     v_ids    bigint[];
+    v_done   bigint[];
     v_more   boolean;
 BEGIN
     IF p_action IS NULL OR p_action NOT IN ('retry', 'cancel', 'discard', 'run_now') THEN
@@ -324,6 +341,29 @@ BEGIN
         LIMIT p_limit + 1
         FOR UPDATE SKIP LOCKED
     ) c;
+    -- Completed items are in work_history: a discard's candidates there, with the same filter
+    -- on the columns a completed item has (state 'completed', no owner), merged by id.
+    IF p_action = 'discard' AND (f.states IS NULL OR 'completed' = ANY (f.states)) AND f.instance IS NULL THEN
+        SELECT array_agg(c.id ORDER BY c.id) INTO v_done
+        FROM (
+            SELECT h.id FROM work_history h
+            WHERE (f.queues IS NULL OR h.queue = ANY (f.queues))
+              AND (f.kinds IS NULL OR h.kind = ANY (f.kinds))
+              AND (f.ordering_keys IS NULL OR h.ordering_key = ANY (f.ordering_keys))
+              AND (f.created_since IS NULL OR h.created_at >= f.created_since)
+              AND (f.created_before IS NULL OR h.created_at < f.created_before)
+              AND (f.finished_since IS NULL OR h.finished_at >= f.finished_since)
+              AND (f.finished_before IS NULL OR h.finished_at < f.finished_before)
+              AND (f.error_contains IS NULL OR EXISTS (
+                      SELECT 1 FROM jsonb_array_elements(h.errors) e
+                      WHERE strpos(lower(e ->> 'error'), lower(f.error_contains)) > 0))
+            ORDER BY h.id
+            LIMIT p_limit + 1
+            FOR UPDATE SKIP LOCKED
+        ) c;
+        SELECT array_agg(u.id ORDER BY u.id) INTO v_ids
+        FROM (SELECT u.id FROM unnest(v_ids || v_done) AS u(id) ORDER BY u.id LIMIT p_limit + 1) u;
+    END IF;
     v_more := coalesce(cardinality(v_ids), 0) > p_limit;
     IF v_ids IS NULL THEN
         RETURN;

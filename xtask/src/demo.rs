@@ -703,12 +703,12 @@ impl Progress {
                         count(*) FILTER (WHERE state IN ('available', 'scheduled')),
                         count(*) FILTER (WHERE state = 'dead'),
                         count(*) FILTER (WHERE state = 'cancelled')
-                 FROM workpump.work",
+                 FROM workpump.work_all",
             )
             .fetch_one(&mut *tx)
             .await?;
         let running_by: Vec<(Uuid, i64)> = sqlx::query_as(
-            "SELECT instance_id, count(*) FROM workpump.work
+            "SELECT instance_id, count(*) FROM workpump.work_all
              WHERE instance_id IS NOT NULL GROUP BY 1",
         )
         .fetch_all(&mut *tx)
@@ -832,7 +832,7 @@ impl Kill {
             return Ok(());
         }
         let held: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM workpump.work WHERE instance_id = $1
+            "SELECT id FROM workpump.work_all WHERE instance_id = $1
              UNION
              SELECT item FROM workpump_audit
              WHERE from_instance = $1 AND at >= to_timestamp($2)",
@@ -882,7 +882,7 @@ impl Kill {
         // Ended some other way (a sweep dead-lettering an orphan whose attempts ran out):
         // not waiting for anything; the final checks judge the outcome.
         let ended: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM workpump.work
+            "SELECT id FROM workpump.work_all
              WHERE id = ANY ($1) AND state IN ('completed', 'dead', 'cancelled')",
         )
         .bind(&held)
@@ -955,18 +955,19 @@ impl Evidence {
         let effects = scalar("SELECT count(*) FROM workpump_effects")
             .fetch_one(pool)
             .await?;
-        let tx_items = scalar("SELECT count(*) FROM workpump.work WHERE payload->>'kind' = 'tx'")
-            .fetch_one(pool)
-            .await?;
+        let tx_items =
+            scalar("SELECT count(*) FROM workpump.work_all WHERE payload->>'kind' = 'tx'")
+                .fetch_one(pool)
+                .await?;
         let dead_error: Option<String> = sqlx::query_scalar(
-            "SELECT errors->-1->>'error' FROM workpump.work WHERE state = 'dead' LIMIT 1",
+            "SELECT errors->-1->>'error' FROM workpump.work_all WHERE state = 'dead' LIMIT 1",
         )
         .fetch_optional(pool)
         .await?
         .flatten();
         let kinds: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT payload->>'kind', count(*) FROM workpump.work
-             WHERE id IN (SELECT id FROM workpump.work WHERE instance_id = $1
+            "SELECT payload->>'kind', count(*) FROM workpump.work_all
+             WHERE id IN (SELECT id FROM workpump.work_all WHERE instance_id = $1
                           UNION SELECT item FROM workpump_audit
                           WHERE from_instance = $1 AND at >= to_timestamp($2))
              GROUP BY 1 ORDER BY 2 DESC",

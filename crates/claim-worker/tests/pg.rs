@@ -175,7 +175,7 @@ impl Env {
     }
 
     async fn state(&self, id: WorkId) -> String {
-        sqlx::query_scalar("SELECT state::text FROM workpump.work WHERE id = $1")
+        sqlx::query_scalar("SELECT state::text FROM workpump.work_all WHERE id = $1")
             .bind(id)
             .fetch_one(&self.pool)
             .await
@@ -198,7 +198,7 @@ impl Env {
     }
 
     async fn errors(&self, id: WorkId) -> Vec<Value> {
-        let v: Value = sqlx::query_scalar("SELECT errors FROM workpump.work WHERE id = $1")
+        let v: Value = sqlx::query_scalar("SELECT errors FROM workpump.work_all WHERE id = $1")
             .bind(id)
             .fetch_one(&self.pool)
             .await

@@ -236,7 +236,7 @@ fn json_of(url: &str, args: &[&str], code: i32) -> Value {
 }
 
 async fn state_of(pool: &PgPool, id: i64) -> Option<String> {
-    sqlx::query_scalar("SELECT state::text FROM workpump.work WHERE id = $1")
+    sqlx::query_scalar("SELECT state::text FROM workpump.work_all WHERE id = $1")
         .bind(id)
         .fetch_optional(pool)
         .await
@@ -821,8 +821,12 @@ async fn items_list_keeps_scanning_until_its_page_is_full() {
     // 25 000 newer completed items in front of the old dead letters (shaped behind the
     // functions' backs: this only fills the table).
     sqlx::query(
-        "INSERT INTO workpump.work (queue, state, attempt, max_attempts, run_at, payload, finished_at)
-         SELECT 'emails', 'completed', 1, 3, now(), '{}', now() FROM generate_series(1, 25000)",
+        "INSERT INTO workpump.work_history (id, queue, priority, attempt, max_attempts, run_at,
+                                            claim_token, renewals, cancel_requested, payload,
+                                            errors, created_at, finished_at)
+         SELECT nextval('workpump.work_id_seq'), 'emails', 0, 1, 3, now(),
+                nextval('workpump.claim_token_seq'), 0, false, '{}', '[]', now(), now()
+         FROM generate_series(1, 25000)",
     )
     .execute(&fresh.pool)
     .await

@@ -129,7 +129,7 @@ impl Store {
         match (&self.pg, &self.fake) {
             (Some(pg), _) => {
                 let (work, queues): (i64, i64) = sqlx::query_as(
-                    "SELECT (SELECT count(*) FROM workpump.work), (SELECT count(*) FROM workpump.queues)",
+                    "SELECT (SELECT count(*) FROM workpump.work_all), (SELECT count(*) FROM workpump.queues)",
                 )
                 .fetch_one(&pg.pool)
                 .await
@@ -158,7 +158,7 @@ impl Store {
         match (&self.pg, &self.fake) {
             (Some(pg), _) => {
                 let row: Option<(String, i32, Value)> = sqlx::query_as(
-                    "SELECT state::text, renewals, errors FROM workpump.work WHERE id = $1",
+                    "SELECT state::text, renewals, errors FROM workpump.work_all WHERE id = $1",
                 )
                 .bind(id)
                 .fetch_optional(&pg.pool)

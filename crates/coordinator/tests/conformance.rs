@@ -59,7 +59,7 @@ impl Harness for PgHarness {
                     lease_expiry IS NOT NULL AS has_lease, claim_token, renewals, cancel_requested,
                     payload, checkpoint, errors, unique_key, ordering_key,
                     finished_at IS NOT NULL AS finished
-             FROM workpump.work WHERE id = $1",
+             FROM workpump.work_all WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
@@ -95,7 +95,7 @@ impl Harness for PgHarness {
     }
 
     async fn work_count(&self) -> usize {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work_all")
             .fetch_one(&self.pool)
             .await
             .expect("count");
@@ -242,23 +242,27 @@ impl Harness for PgHarness {
     }
 
     async fn age_finished(&self, id: WorkId, by: Duration) {
-        sqlx::query(
-            "UPDATE workpump.work SET finished_at = finished_at - $2
-             WHERE id = $1 AND finished_at IS NOT NULL",
-        )
-        .bind(id)
-        .bind(interval(chrono::Duration::from_std(by).expect("age")))
-        .execute(&self.pool)
-        .await
-        .expect("age finished_at");
+        for table in ["work", "work_history"] {
+            sqlx::query(&format!(
+                "UPDATE workpump.{table} SET finished_at = finished_at - $2
+                 WHERE id = $1 AND finished_at IS NOT NULL"
+            ))
+            .bind(id)
+            .bind(interval(chrono::Duration::from_std(by).expect("age")))
+            .execute(&self.pool)
+            .await
+            .expect("age finished_at");
+        }
     }
 
     async fn delete_behind_the_stores_back(&self, id: WorkId) {
-        sqlx::query("DELETE FROM workpump.work WHERE id = $1")
-            .bind(id)
-            .execute(&self.pool)
-            .await
-            .expect("delete a row by hand");
+        for table in ["work", "work_history"] {
+            sqlx::query(&format!("DELETE FROM workpump.{table} WHERE id = $1"))
+                .bind(id)
+                .execute(&self.pool)
+                .await
+                .expect("delete a row by hand");
+        }
     }
 
     async fn age_eviction(&self, instance: InstanceId, by: Duration) {

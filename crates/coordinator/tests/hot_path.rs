@@ -180,7 +180,7 @@ async fn a_claim_in_flight_keeps_its_instance_from_the_sweep_and_never_blocks_it
         }]
     );
     let owner: Option<uuid::Uuid> =
-        sqlx::query_scalar("SELECT instance_id FROM workpump.work WHERE id = $1")
+        sqlx::query_scalar("SELECT instance_id FROM workpump.work_all WHERE id = $1")
             .bind(id)
             .fetch_one(&pool)
             .await
@@ -274,7 +274,7 @@ async fn renewals_of_an_instance_reaped_while_it_still_held_a_lease_answer_evict
         .expect("renew");
     let statuses: Vec<RenewalStatus> = out.items.iter().map(|r| r.status).collect();
     assert_eq!(statuses, vec![RenewalStatus::Evicted]);
-    let renewals: i32 = sqlx::query_scalar("SELECT renewals FROM workpump.work WHERE id = $1")
+    let renewals: i32 = sqlx::query_scalar("SELECT renewals FROM workpump.work_all WHERE id = $1")
         .bind(item.fence.id)
         .fetch_one(&pool)
         .await
@@ -488,7 +488,10 @@ async fn an_enqueue_whose_unique_key_holder_finishes_meanwhile_answers_with_the_
             inserted: false
         }
     );
-    assert_eq!(count(&pool, "SELECT count(*) FROM workpump.work").await, 2);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM workpump.work_all").await,
+        2
+    );
 }
 
 /// The holder finishes and is deleted in between: no holder can be named, so the whole batch
@@ -527,7 +530,7 @@ async fn an_enqueue_whose_unique_key_holder_vanishes_meanwhile_is_refused_whole_
     assert!(err.is_transient(), "{err}");
     assert!(err.to_string().contains("nothing was enqueued"), "{err}");
     assert_eq!(
-        count(&pool, "SELECT count(*) FROM workpump.work").await,
+        count(&pool, "SELECT count(*) FROM workpump.work_all").await,
         0,
         "nothing of the batch was written"
     );
@@ -575,7 +578,7 @@ async fn a_callers_temporary_queues_table_does_not_let_an_unregistered_queue_in(
     .await
     .expect("a registered queue");
     conn.close().await.expect("close");
-    let queues: Vec<String> = sqlx::query_scalar("SELECT queue FROM workpump.work ORDER BY id")
+    let queues: Vec<String> = sqlx::query_scalar("SELECT queue FROM workpump.work_all ORDER BY id")
         .fetch_all(&pool)
         .await
         .expect("queues");
@@ -670,7 +673,7 @@ async fn every_row_of_one_claim_carries_the_same_drain_hint() {
     assert!(rows.iter().all(|r| !r.2), "none were left: {rows:?}");
 
     // Orphans alone fill the batch: more may be left.
-    let all: Vec<i64> = sqlx::query_scalar("SELECT id FROM workpump.work ORDER BY id")
+    let all: Vec<i64> = sqlx::query_scalar("SELECT id FROM workpump.work_all ORDER BY id")
         .fetch_all(&pool)
         .await
         .expect("ids");
@@ -897,7 +900,10 @@ async fn a_keyed_enqueue_in_a_repeatable_read_transaction_is_refused_naming_it()
         .execute(&mut conn)
         .await
         .expect("commit");
-    assert_eq!(count(&pool, "SELECT count(*) FROM workpump.work").await, 1);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM workpump.work_all").await,
+        1
+    );
     pool.close().await;
 }
 
@@ -1032,7 +1038,7 @@ async fn concurrent_claimers_never_run_more_than_max_running() {
                 samples.push(
                     count(
                         &pool,
-                        "SELECT count(*) FROM workpump.work WHERE queue = 'q' AND state = 'running'",
+                        "SELECT count(*) FROM workpump.work_all WHERE queue = 'q' AND state = 'running'",
                     )
                     .await,
                 );
@@ -1046,7 +1052,7 @@ async fn concurrent_claimers_never_run_more_than_max_running() {
     assert_eq!(completed, ITEMS, "every item ran once");
     let finished = count(
         &pool,
-        "SELECT count(*) FROM workpump.work WHERE queue = 'q' AND state = 'completed'",
+        "SELECT count(*) FROM workpump.work_all WHERE queue = 'q' AND state = 'completed'",
     )
     .await;
     assert_eq!(finished, ITEMS as i64);
@@ -1096,7 +1102,7 @@ async fn claims_racing_for_the_last_slot_never_both_take_it() {
     assert_eq!(
         count(
             &pool,
-            "SELECT count(*) FROM workpump.work WHERE queue = 'q' AND state = 'completed'"
+            "SELECT count(*) FROM workpump.work_all WHERE queue = 'q' AND state = 'completed'"
         )
         .await,
         ITEMS as i64
@@ -1107,13 +1113,13 @@ async fn claims_racing_for_the_last_slot_never_both_take_it() {
     );
 }
 
-/// A store whose `work` holds 3 000 completed rows ahead of 3 000 available ones in queue `q`,
+/// A store whose `work` holds 3 000 dead letters ahead of 3 000 available ones in queue `q`,
 /// analyzed: a sequential scan looking for a queue's first available row reads every
-/// finished one.
+/// finished one. (Dead letters: completed items leave `work` for `work_history`.)
 async fn behind_finished_rows() -> (TestDatabase, PgPool, PgCoordinator) {
     let (db, pool, c) = migrated().await;
     enqueue_n(&c, 3000).await;
-    sqlx::query("UPDATE workpump.work SET state = 'completed', finished_at = now()")
+    sqlx::query("UPDATE workpump.work SET state = 'dead', finished_at = now()")
         .execute(&pool)
         .await
         .expect("finish the first rows");
@@ -1135,6 +1141,22 @@ async fn seq_scans_of_work(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> i6
     .fetch_one(&mut **tx)
     .await
     .expect("scans of work")
+}
+
+/// The session's row writes in this transaction, as (updates and deletes in `work`, inserts
+/// into `work_history`): compare before and after a call.
+async fn row_writes(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT n_tup_upd FROM pg_stat_xact_user_tables
+                 WHERE schemaname = 'workpump' AND relname = 'work'),
+                (SELECT n_tup_del FROM pg_stat_xact_user_tables
+                 WHERE schemaname = 'workpump' AND relname = 'work'),
+                (SELECT n_tup_ins FROM pg_stat_xact_user_tables
+                 WHERE schemaname = 'workpump' AND relname = 'work_history')",
+    )
+    .fetch_one(&mut **tx)
+    .await
+    .expect("row writes")
 }
 
 /// The session's scans of the indexes of running rows (`work_running_lease`,
@@ -1171,7 +1193,7 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
             // An expired lease: the claim goes through its orphan steps too.
             sqlx::query(
                 "UPDATE workpump.work SET lease_expiry = now() - interval '1 s'
-                 WHERE id = (SELECT min(id) FROM workpump.work WHERE state = 'running')",
+                 WHERE id = (SELECT min(id) FROM workpump.work_all WHERE state = 'running')",
             )
             .execute(&pool)
             .await
@@ -1202,7 +1224,8 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
 /// statistics taken while nothing ran (they estimate one running row; 6 000 rows, so that a
 /// sequential scan is not the cheapest plan anyway): given the chance, the planner chose to
 /// scan every running row of `work_running_lease` and filter them by ctid. Every pair is
-/// answered, each once, a stale token refused.
+/// answered, each once, a stale token refused. It writes no new row version in `work`: each
+/// completed row is deleted there and appended to `work_history`.
 #[tokio::test]
 async fn a_completion_reads_work_by_primary_key_and_row_version_only() {
     let (_db, pool, c) = behind_finished_rows().await;
@@ -1220,9 +1243,10 @@ async fn a_completion_reads_work_by_primary_key_and_row_version_only() {
         .execute(&mut *tx)
         .await
         .expect("generic plans");
-    let (seq_before, idx_before) = (
+    let (seq_before, idx_before, writes_before) = (
         seq_scans_of_work(&mut tx).await,
         scans_of_running_rows(&mut tx).await,
+        row_writes(&mut tx).await,
     );
     let answers: Vec<(i64, i64, bool)> =
         sqlx::query_as("SELECT id, claim_token, recorded FROM workpump.complete_work($1, $2, $3)")
@@ -1232,11 +1256,22 @@ async fn a_completion_reads_work_by_primary_key_and_row_version_only() {
             .fetch_all(&mut *tx)
             .await
             .expect("complete");
-    let (seq_after, idx_after) = (
+    let (seq_after, idx_after, writes_after) = (
         seq_scans_of_work(&mut tx).await,
         scans_of_running_rows(&mut tx).await,
+        row_writes(&mut tx).await,
     );
     tx.commit().await.expect("commit");
+    assert_eq!(
+        (
+            writes_after.0 - writes_before.0,
+            writes_after.1 - writes_before.1,
+            writes_after.2 - writes_before.2
+        ),
+        (0, 200, 200),
+        "a completion deletes its row from work (no new version there) and appends it to \
+         work_history: (updates, deletes, history inserts)"
+    );
     assert_eq!(
         seq_after - seq_before,
         0,
@@ -1257,10 +1292,10 @@ async fn a_completion_reads_work_by_primary_key_and_row_version_only() {
     assert_eq!(
         count(
             &pool,
-            "SELECT count(*) FROM workpump.work WHERE state = 'completed'"
+            "SELECT count(*) FROM workpump.work_all WHERE state = 'completed'"
         )
         .await,
-        3200
+        200
     );
 }
 
@@ -1557,7 +1592,7 @@ async fn a_cancel_that_waits_on_a_claim_in_flight_requests_the_cancel_of_the_lea
     let out = cancel.await.expect("join").expect("cancel");
     assert_eq!(out.cancellation, Cancellation::Requested);
     let (state, requested): (String, bool) =
-        sqlx::query_as("SELECT state::text, cancel_requested FROM workpump.work WHERE id = $1")
+        sqlx::query_as("SELECT state::text, cancel_requested FROM workpump.work_all WHERE id = $1")
             .bind(id)
             .fetch_one(&pool)
             .await

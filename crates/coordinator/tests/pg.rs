@@ -145,6 +145,12 @@ async fn constraints_make_impossible_states_impossible() {
             "UPDATE workpump.work SET finished_at = now() WHERE id = $1",
             "work_finished_at_iff_finished",
         ),
+        (
+            "UPDATE workpump.work SET state = 'completed', finished_at = now(),
+                    instance_id = NULL, lease_expiry = NULL
+             WHERE id = $1",
+            "work_completed_is_history",
+        ),
     ];
     for (sql, constraint) in cases {
         let err = sqlx::query(sql)
@@ -179,7 +185,7 @@ async fn enqueue_in_a_caller_transaction_commits_or_rolls_back_with_it() {
     .await
     .expect("enqueue");
     tx.rollback().await.expect("rollback");
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work_all")
         .fetch_one(&pool)
         .await
         .expect("count");
@@ -196,7 +202,7 @@ async fn enqueue_in_a_caller_transaction_commits_or_rolls_back_with_it() {
         .await
         .expect("enqueue");
     tx.commit().await.expect("commit");
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE id = ANY($1)")
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work_all WHERE id = ANY($1)")
         .bind(out.items.iter().map(|e| e.id).collect::<Vec<_>>())
         .fetch_one(&pool)
         .await
@@ -224,7 +230,7 @@ async fn a_failed_enqueue_inside_a_transaction_writes_nothing_of_the_batch() {
         matches!(&err, Error::UnknownQueue(q) if q == "unknown"),
         "{err}"
     );
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work_all")
         .fetch_one(&mut *conn)
         .await
         .expect("count");
@@ -291,7 +297,7 @@ async fn the_sql_function_names_a_refused_batchs_first_problem_and_writes_nothin
             && message.contains("max_attempts must be 1..1000"),
         "{message}"
     );
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work_all")
         .fetch_one(&pool)
         .await
         .expect("count");
@@ -506,17 +512,128 @@ async fn a_fenced_transaction_commits_the_business_write_with_the_completion() {
         .expect("renew");
     assert_eq!(renewal.items[0].status, RenewalStatus::Busy);
     tx.complete().await.expect("complete");
-    let state: String = sqlx::query_scalar("SELECT state::text FROM workpump.work WHERE id = $1")
-        .bind(item.fence.id)
-        .fetch_one(&pool)
-        .await
-        .expect("state");
+    let state: String =
+        sqlx::query_scalar("SELECT state::text FROM workpump.work_all WHERE id = $1")
+            .bind(item.fence.id)
+            .fetch_one(&pool)
+            .await
+            .expect("state");
     assert_eq!(state, "completed");
     let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects")
         .fetch_one(&pool)
         .await
         .expect("effects");
     assert_eq!(effects, 1);
+}
+
+/// A completion moves the item out of `work` into `work_history`, and the operator reads it
+/// as before: every column it had while it ran (payload, kind, metadata, keys, checkpoint,
+/// attempt, claim token, renewals, timings) survives the move, with the lease gone and
+/// `finished_at` set; listing finds it, and a discard deletes it there.
+#[tokio::test]
+async fn a_completed_item_leaves_work_and_reads_as_it_ran() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let ids = c
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!({"to": "a@example.com"}))
+                .kind("send_email")
+                .metadata(json!({"traceparent": "00-1-2-01"}))
+                .ordering_key("customer-1")
+                .unique_key("once")
+                .priority(3)
+                .max_attempts(4)],
+        })
+        .await
+        .expect("enqueue")
+        .items;
+    let item = claim_one(&c, me).await;
+    assert_eq!(item.fence.id, ids[0].id);
+    c.checkpoint_work(CheckpointWorkParams {
+        instance: me,
+        fence: item.fence,
+        checkpoint: json!({"page": 2}),
+    })
+    .await
+    .expect("checkpoint");
+    c.renew_leases(RenewLeasesParams {
+        instance: me,
+        leases: vec![item.fence],
+        lease: Duration::from_secs(60),
+    })
+    .await
+    .expect("renew");
+    let running = c
+        .get_work(GetWorkParams { id: item.fence.id })
+        .await
+        .expect("get running")
+        .item;
+    let done = c
+        .complete_work(CompleteWorkParams {
+            instance: me,
+            items: vec![item.fence],
+            hand_off: Vec::new(),
+        })
+        .await
+        .expect("complete");
+    assert_eq!(done.items[0].state, Some(WorkState::Completed));
+
+    let in_work: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE id = $1")
+        .bind(item.fence.id)
+        .fetch_one(&pool)
+        .await
+        .expect("count in work");
+    assert_eq!(in_work, 0, "a completed item is not in work");
+    let completed = c
+        .get_work(GetWorkParams { id: item.fence.id })
+        .await
+        .expect("get completed")
+        .item;
+    assert_eq!(completed.state, WorkState::Completed);
+    assert!(completed.finished_at.is_some());
+    assert_eq!((completed.instance, completed.lease_expiry), (None, None));
+    assert_eq!(
+        WorkDetail {
+            state: running.state,
+            finished_at: None,
+            instance: running.instance,
+            lease_expiry: running.lease_expiry,
+            ..completed.clone()
+        },
+        running,
+        "everything but the state, the lease and finished_at is as it was while it ran"
+    );
+    assert_eq!(completed.checkpoint, Some(json!({"page": 2})));
+    assert_eq!(completed.renewals, 1);
+    assert_eq!(completed.claim_token, Some(item.fence.token));
+
+    let listed = c
+        .list_work(ListWorkParams {
+            filter: WorkFilter::new().state(WorkState::Completed),
+            cursor: None,
+            page_size: None,
+        })
+        .await
+        .expect("list");
+    assert_eq!(
+        listed.items.iter().map(|i| i.id).collect::<Vec<_>>(),
+        vec![item.fence.id]
+    );
+    // Its unique key is free again: a new item may take it.
+    let again = c
+        .enqueue_work(EnqueueWorkParams {
+            items: vec![NewWork::new("q", json!(2)).unique_key("once")],
+        })
+        .await
+        .expect("enqueue again");
+    assert!(again.items[0].inserted);
+    c.discard_work(DiscardWorkParams { id: item.fence.id })
+        .await
+        .expect("discard");
+    assert!(matches!(
+        c.get_work(GetWorkParams { id: item.fence.id }).await,
+        Err(Error::NotFound { .. })
+    ));
 }
 
 #[tokio::test]
@@ -683,13 +800,16 @@ async fn the_alive_lock_session_reports_its_loss_at_once() {
 }
 
 /// Inserts `n` completed items of queue `q`, finished `spread` apart going back from now (the
-/// newest first), as a store that ran for a while would hold them.
+/// newest first), as a store that ran for a while would hold them (in `work_history`, where
+/// completed items live).
 async fn completed_rows(pool: &PgPool, q: &str, n: i64, spread: &str) {
     sqlx::query(
-        "INSERT INTO workpump.work (queue, state, attempt, max_attempts, run_at, payload,
-                                    created_at, finished_at)
-         SELECT $1, 'completed', 1, 10, now(), '{}', now() - g * $3::interval,
-                now() - g * $3::interval
+        "INSERT INTO workpump.work_history (id, queue, priority, attempt, max_attempts, run_at,
+                                            claim_token, renewals, cancel_requested, payload,
+                                            errors, created_at, finished_at)
+         SELECT nextval('workpump.work_id_seq'), $1, 0, 1, 10, now(),
+                nextval('workpump.claim_token_seq'), 0, false, '{}', '[]',
+                now() - g * $3::interval, now() - g * $3::interval
          FROM generate_series(1, $2) g",
     )
     .bind(q)
@@ -724,16 +844,18 @@ async fn list_work_reads_by_primary_key_and_stops_after_its_scan_budget() {
     .await
     .expect("fail");
     completed_rows(&pool, "q", 60_000, "1 millisecond").await;
-    sqlx::query("ANALYZE workpump.work")
+    sqlx::query("ANALYZE workpump.work, workpump.work_history")
         .execute(&pool)
         .await
         .expect("analyze");
 
     // In one transaction, before and after: pg_stat_xact_user_tables counts this backend's
     // reads not yet reported (earlier transactions' too), so the difference is this call's.
+    // The items are in `work` and (the completed ones) `work_history`: both count.
     let mut tx = pool.begin().await.expect("begin");
-    let stats = "SELECT seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
-                 WHERE schemaname = 'workpump' AND relname = 'work'";
+    let stats = "SELECT sum(seq_scan)::int8, sum(coalesce(idx_tup_fetch, 0))::int8
+                 FROM pg_stat_xact_user_tables
+                 WHERE schemaname = 'workpump' AND relname IN ('work', 'work_history')";
     let (seq_before, fetched_before): (i64, i64) = sqlx::query_as(stats)
         .fetch_one(&mut *tx)
         .await
@@ -751,7 +873,7 @@ async fn list_work_reads_by_primary_key_and_stops_after_its_scan_budget() {
         .expect("stats");
     tx.commit().await.expect("commit");
     let (seq_scans, fetched) = (seq_after - seq_before, fetched_after - fetched_before);
-    assert_eq!(seq_scans, 0, "no sequential scan of work");
+    assert_eq!(seq_scans, 0, "no sequential scan of work or work_history");
     assert!(
         (10_000..=10_100).contains(&fetched),
         "about the budget of rows read by index, got {fetched}"
@@ -825,7 +947,7 @@ async fn queue_overview_bounds_finished_counts_past_its_sample_and_says_which_ra
     );
 
     // Spread over two hours, the newest 10 000 reach back past the hour: the rate is exact.
-    sqlx::query("DELETE FROM workpump.work")
+    sqlx::raw_sql("DELETE FROM workpump.work; DELETE FROM workpump.work_history")
         .execute(&pool)
         .await
         .expect("clear");
@@ -840,7 +962,7 @@ async fn queue_overview_bounds_finished_counts_past_its_sample_and_says_which_ra
     assert!(!q.completed.exact);
     assert!(q.completed_per_minute.exact);
     let in_hour: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM workpump.work WHERE finished_at > now() - interval '1 hour'",
+        "SELECT count(*) FROM workpump.work_all WHERE finished_at > now() - interval '1 hour'",
     )
     .fetch_one(&pool)
     .await
@@ -984,7 +1106,7 @@ async fn the_repair_finds_exactly_the_headless_keys_at_most_limit_a_call() {
     c.enqueue_work(EnqueueWorkParams { items })
         .await
         .expect("enqueue");
-    let head = "(SELECT min(id) FROM workpump.work WHERE ordering_key = $1)";
+    let head = "(SELECT min(id) FROM workpump.work_all WHERE ordering_key = $1)";
     let behind_the_back = [
         format!("DELETE FROM workpump.work WHERE id = {head}"),
         format!("UPDATE workpump.work SET state = 'dead', finished_at = now() WHERE id = {head}"),
@@ -1020,7 +1142,7 @@ async fn the_repair_finds_exactly_the_headless_keys_at_most_limit_a_call() {
         ("healthy", vec!["available", "blocked"]),
     ] {
         let states: Vec<String> = sqlx::query_scalar(
-            "SELECT state::text FROM workpump.work WHERE ordering_key = $1 ORDER BY ordering_seq",
+            "SELECT state::text FROM workpump.work_all WHERE ordering_key = $1 ORDER BY ordering_seq",
         )
         .bind(key)
         .fetch_all(&pool)
@@ -1091,11 +1213,12 @@ async fn claims_of_a_limited_queue_do_not_wait_for_each_other_and_hold_distinct_
         .await
         .expect("third claim");
     assert_eq!(c3.len(), 1, "slot 3, freed by the first claim's commit");
-    let slots: Vec<i32> =
-        sqlx::query_scalar("SELECT slot FROM workpump.work WHERE state = 'running' ORDER BY slot")
-            .fetch_all(&pool)
-            .await
-            .expect("slots");
+    let slots: Vec<i32> = sqlx::query_scalar(
+        "SELECT slot FROM workpump.work_all WHERE state = 'running' ORDER BY slot",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("slots");
     assert_eq!(slots, vec![1, 2, 3, 4, 5]);
     let none: Vec<i64> = sqlx::query_scalar(claim_sql)
         .bind(me.0)

@@ -237,7 +237,7 @@ async fn run(admin: PgPool, options: PgConnectOptions, db_name: &str, roles: &Ro
     for statement in [
         "SELECT * FROM workpump.queue_depth()",
         "SELECT workpump.alive_lock_key(gen_random_uuid())",
-        "SELECT count(*) FROM workpump.work",
+        "SELECT count(*) FROM workpump.work_all",
     ] {
         let r = sqlx::query(statement).execute(&outsider).await;
         assert_eq!(sqlstate(r), "42501", "the outsider ran {statement}");
@@ -605,13 +605,17 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("dead_letter_expired");
     assert_eq!(ended.dead_lettered(), 1);
-    admin_exec(
-        admin,
-        "UPDATE workpump.work SET finished_at = finished_at - interval '30 days'
-         WHERE finished_at IS NOT NULL AND id <> $1",
-        0,
-    )
-    .await;
+    for table in ["work", "work_history"] {
+        admin_exec(
+            admin,
+            &format!(
+                "UPDATE workpump.{table} SET finished_at = finished_at - interval '30 days'
+                 WHERE finished_at IS NOT NULL AND id <> $1"
+            ),
+            0,
+        )
+        .await;
+    }
     let pruned = c
         .prune_finished(PruneFinishedParams {
             completed_retention: Duration::from_secs(86_400),

@@ -288,7 +288,7 @@ async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queu
         })
     };
     let waiting: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM workpump.work WHERE queue = 'emails' AND state = 'available'",
+        "SELECT count(*) FROM workpump.work_all WHERE queue = 'emails' AND state = 'available'",
     )
     .fetch_one(&pool)
     .await

@@ -131,7 +131,7 @@ async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {
             let states: Vec<(String, i32, i64, Option<f64>)> = sqlx::query_as(
                 "SELECT state::text, attempt, count(*),
                         extract(epoch FROM max(lease_expiry) - now())::float8
-                 FROM workpump.work GROUP BY 1, 2 ORDER BY 1, 2",
+                 FROM workpump.work_all GROUP BY 1, 2 ORDER BY 1, 2",
             )
             .fetch_all(&pool)
             .await
@@ -171,7 +171,7 @@ async fn a_host_on_a_multi_host_url_carries_on_after_its_standby_is_promoted() {
         "every item ran once, in flight at the crash or not: (n, runs) {not_once:?}"
     );
     let unexplained: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM workpump.work
+        "SELECT count(*) FROM workpump.work_all
          WHERE attempt <> 1
            AND NOT (attempt = 2 AND errors @> '[{\"kind\": \"lease_expired\", \"attempt\": 1}]')",
     )

@@ -762,7 +762,7 @@ async fn drain_with_a_handler_in_flight() -> (String, i32) {
     .await;
     host.shutdown();
     host.stopped().await.expect("a clean drain");
-    let item = sqlx::query_as("SELECT state::text, attempt FROM workpump.work")
+    let item = sqlx::query_as("SELECT state::text, attempt FROM workpump.work_all")
         .fetch_one(&pool)
         .await
         .expect("the item");

@@ -359,7 +359,7 @@ async fn enqueue_in_the_callers_transaction_commits_or_rolls_back_with_it_and_a_
 
     // A client registers nothing: an unknown queue is refused, naming it, and nothing is
     // written; so is a kind out of range.
-    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work_all")
         .fetch_one(&pool)
         .await
         .expect("count");
@@ -376,7 +376,7 @@ async fn enqueue_in_the_callers_transaction_commits_or_rolls_back_with_it_and_a_
         .await
         .unwrap_err();
     assert!(err.to_string().contains("job kind"), "{err}");
-    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work")
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work_all")
         .fetch_one(&pool)
         .await
         .expect("count");

@@ -52,7 +52,7 @@ fn sum(body: &str, name: &str, label: &str) -> f64 {
 
 /// Whether the store shows the item's lease renewed at least once.
 async fn renewed(pool: &sqlx::PgPool, id: i64) -> bool {
-    sqlx::query_scalar::<_, i32>("SELECT renewals FROM workpump.work WHERE id = $1")
+    sqlx::query_scalar::<_, i32>("SELECT renewals FROM workpump.work_all WHERE id = $1")
         .bind(id)
         .fetch_one(pool)
         .await

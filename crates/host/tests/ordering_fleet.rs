@@ -538,7 +538,7 @@ async fn three_hosts_run_skewed_keys_in_enqueue_order_through_faults_cancels_and
     .await
     .expect("the completions");
     let cancelled: BTreeSet<i64> =
-        sqlx::query_scalar::<_, i64>("SELECT id FROM workpump.work WHERE state = 'cancelled'")
+        sqlx::query_scalar::<_, i64>("SELECT id FROM workpump.work_all WHERE state = 'cancelled'")
             .fetch_all(&pool)
             .await
             .expect("the cancelled items")

@@ -63,7 +63,7 @@ async fn db_now(pool: &PgPool) -> DateTime<Utc> {
 /// Unique key → how many items carry it, every item of the queue counted (finished or not).
 async fn items_by_key(pool: &PgPool) -> BTreeMap<String, i64> {
     let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
-        "SELECT unique_key, count(*) FROM workpump.work WHERE queue = $1 GROUP BY unique_key",
+        "SELECT unique_key, count(*) FROM workpump.work_all WHERE queue = $1 GROUP BY unique_key",
     )
     .bind(QUEUE)
     .fetch_all(pool)

@@ -72,7 +72,7 @@ async fn a_handler_running_at_shutdown_finishes_during_the_soft_stop_and_its_ite
         Duration::from_secs(10),
         "the lease is renewed through the drain",
         || async {
-            sqlx::query_scalar::<_, i32>("SELECT renewals FROM workpump.work")
+            sqlx::query_scalar::<_, i32>("SELECT renewals FROM workpump.work_all")
                 .fetch_one(&pool)
                 .await
                 .expect("renewals")
@@ -99,7 +99,7 @@ async fn a_handler_running_at_shutdown_finishes_during_the_soft_stop_and_its_ite
         "the drain ended when the handler did, not at the soft timeout: {took:?}"
     );
     let (state, attempt, renewals): (String, i32, i32) =
-        sqlx::query_as("SELECT state::text, attempt, renewals FROM workpump.work")
+        sqlx::query_as("SELECT state::text, attempt, renewals FROM workpump.work_all")
             .fetch_one(&pool)
             .await
             .expect("the item");

@@ -428,7 +428,7 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
 
     // Five cutoffs are more than three leases: only renewals keep the item.
     stays_registered(&pool, &host).await;
-    let renewals: i32 = sqlx::query_scalar("SELECT renewals FROM workpump.work")
+    let renewals: i32 = sqlx::query_scalar("SELECT renewals FROM workpump.work_all")
         .fetch_one(&pool)
         .await
         .expect("the item's renewals");
@@ -444,7 +444,7 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
     })
     .await;
     let (attempt, claims): (i32, i64) = sqlx::query_as(
-        "SELECT (SELECT attempt FROM workpump.work),
+        "SELECT (SELECT attempt FROM workpump.work_all),
                 (SELECT count(*) FROM workpump_audit
                  WHERE to_state = 'running' AND to_token IS DISTINCT FROM from_token)",
     )
@@ -498,7 +498,7 @@ async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
         Duration::from_secs(10),
         "the replacement's sweep pruned the completed items past their 1 s retention",
         || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM workpump.work")
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM workpump.work_all")
                 .fetch_one(&pool)
                 .await
                 .expect("count items")

@@ -99,7 +99,7 @@ impl Pg {
 
     /// The row's lease expiry and renewals as the database sees them.
     async fn lease_row(&self, id: i64) -> (Option<chrono::DateTime<chrono::Utc>>, i32) {
-        sqlx::query_as("SELECT lease_expiry, renewals FROM workpump.work WHERE id = $1")
+        sqlx::query_as("SELECT lease_expiry, renewals FROM workpump.work_all WHERE id = $1")
             .bind(id)
             .fetch_one(&self.pool)
             .await

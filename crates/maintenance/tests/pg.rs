@@ -139,8 +139,14 @@ impl Store {
     /// Marks these waiting items completed two days ago.
     async fn complete_long_ago(&self, ids: &[i64]) {
         self.exec(
-            "UPDATE workpump.work SET state = 'completed', finished_at = now() - interval '2 days'
-             WHERE id = ANY ($1)",
+            "WITH gone AS (DELETE FROM workpump.work WHERE id = ANY ($1) RETURNING *)
+             INSERT INTO workpump.work_history
+                 (id, queue, priority, attempt, max_attempts, run_at, claim_token, renewals,
+                  cancel_requested, payload, errors, created_at, finished_at)
+             SELECT id, queue, priority, 1, max_attempts, run_at,
+                    nextval('workpump.claim_token_seq'), 0, false, payload, errors, created_at,
+                    now() - interval '2 days'
+             FROM gone",
             ids,
         )
         .await;
@@ -156,7 +162,7 @@ impl Store {
     /// How many items are in each state, by state name.
     async fn states(&self) -> Vec<(String, i64)> {
         sqlx::query_as(
-            "SELECT state::text, count(*) FROM workpump.work GROUP BY state ORDER BY state",
+            "SELECT state::text, count(*) FROM workpump.work_all GROUP BY state ORDER BY state",
         )
         .fetch_all(&self.pool)
         .await
@@ -264,7 +270,7 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
     // The released lease was on its last attempt: the same sweep made it a dead letter.
     assert_eq!(reaped.dead_lettered, 1);
     assert_eq!(
-        s.count("SELECT count(*) FROM workpump.work WHERE state = 'dead'")
+        s.count("SELECT count(*) FROM workpump.work_all WHERE state = 'dead'")
             .await,
         2
     );
@@ -389,7 +395,7 @@ async fn run_starts_sweeps_stops_and_starts_again_many_times() {
         });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while s
-            .count("SELECT count(*) FROM workpump.work WHERE state = 'scheduled'")
+            .count("SELECT count(*) FROM workpump.work_all WHERE state = 'scheduled'")
             .await
             > 0
         {
@@ -407,7 +413,7 @@ async fn run_starts_sweeps_stops_and_starts_again_many_times() {
             .expect("Ok on shutdown");
     }
     assert_eq!(
-        s.count("SELECT count(*) FROM workpump.work WHERE state = 'available'")
+        s.count("SELECT count(*) FROM workpump.work_all WHERE state = 'available'")
             .await,
         20
     );

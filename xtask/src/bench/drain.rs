@@ -353,7 +353,7 @@ async fn drain(
         return Err(format!("drain: {completed} of {items} items completed").into());
     }
     let end: f64 = sqlx::query_scalar(&format!(
-        "{} SELECT extract(epoch FROM max(finished_at))::float8 FROM {SCHEMA}.work",
+        "{} SELECT extract(epoch FROM max(finished_at))::float8 FROM {SCHEMA}.work_all",
         setup::MARK
     ))
     .fetch_one(db.pool())
@@ -481,7 +481,7 @@ impl Sampler {
         let counts = Arc::new(Mutex::new(Vec::new()));
         let (flag, out) = (stop.clone(), counts.clone());
         let sql = format!(
-            "{} SELECT count(*)::int8 FROM {SCHEMA}.work WHERE queue = $1 AND state = 'running'",
+            "{} SELECT count(*)::int8 FROM {SCHEMA}.work_all WHERE queue = $1 AND state = 'running'",
             setup::MARK
         );
         let task = tokio::spawn(async move {
@@ -553,7 +553,7 @@ async fn rate_window(
         "{} SELECT count(*) FILTER (WHERE finished_at < to_timestamp($1))::int8,
                 count(*) FILTER (WHERE finished_at >= to_timestamp($1) AND finished_at < to_timestamp($2))::int8,
                 count(*) FILTER (WHERE finished_at < to_timestamp($2))::int8
-         FROM {SCHEMA}.work WHERE state = 'completed'",
+         FROM {SCHEMA}.work_all WHERE state = 'completed'",
         setup::MARK
     ))
     .bind(from)
@@ -567,7 +567,7 @@ async fn rate_window(
         "{} SELECT min(coalesce(n, 0))::int8, max(coalesce(n, 0))::int8
          FROM generate_series(0, $3 - 1) AS s(i)
          LEFT JOIN (SELECT floor(extract(epoch FROM finished_at) - $1)::int AS i, count(*) AS n
-                    FROM {SCHEMA}.work
+                    FROM {SCHEMA}.work_all
                     WHERE finished_at >= to_timestamp($1) AND finished_at < to_timestamp($2)
                     GROUP BY 1) c USING (i)",
         setup::MARK
@@ -642,7 +642,7 @@ async fn key_gaps(db: &BenchDb) -> BenchResult<KeyGaps> {
                 coalesce(1000 * extract(epoch FROM percentile_cont(0.9) WITHIN GROUP (ORDER BY gap)), 0)::float8,
                 coalesce(1000 * extract(epoch FROM max(gap)), 0)::float8
          FROM (SELECT finished_at - lag(finished_at) OVER (PARTITION BY ordering_key ORDER BY ordering_seq) AS gap
-               FROM {SCHEMA}.work WHERE ordering_key IS NOT NULL) g
+               FROM {SCHEMA}.work_all WHERE ordering_key IS NOT NULL) g
          WHERE gap IS NOT NULL",
         setup::MARK
     );
@@ -671,7 +671,7 @@ async fn decile_rates(db: &BenchDb, items: usize, t0: f64) -> BenchResult<Vec<f6
     let sql = format!(
         "{} SELECT array_agg(extract(epoch FROM t)::float8 ORDER BY i)
          FROM unnest((SELECT percentile_disc(ARRAY[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0])
-                      WITHIN GROUP (ORDER BY finished_at) FROM {SCHEMA}.work)) WITH ORDINALITY AS u(t, i)",
+                      WITHIN GROUP (ORDER BY finished_at) FROM {SCHEMA}.work_all)) WITH ORDINALITY AS u(t, i)",
         setup::MARK
     );
     let ends: Vec<f64> = sqlx::query_scalar(&sql).fetch_one(db.pool()).await?;

@@ -77,7 +77,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
         .to_string();
     fill(db, ITEMS, json!({ "kind": "sleep", "ms": 600_000 })).await?;
     let held = format!(
-        "{MARK} SELECT count(*) FROM {SCHEMA}.work WHERE state = 'running' AND instance_id = $1::uuid"
+        "{MARK} SELECT count(*) FROM {SCHEMA}.work_all WHERE state = 'running' AND instance_id = $1::uuid"
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -116,7 +116,7 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
     doomed.kill(0).await?;
     let killed = Instant::now();
     let progress = format!(
-        "{MARK} SELECT (SELECT count(*) FROM {SCHEMA}.work
+        "{MARK} SELECT (SELECT count(*) FROM {SCHEMA}.work_all
                  WHERE (state = 'running' AND instance_id IS NOT NULL AND instance_id <> $1::uuid)
                     OR state = 'completed'),
                 EXISTS (SELECT 1 FROM {SCHEMA}.instances WHERE instance_id = $1::uuid)"

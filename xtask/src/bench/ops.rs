@@ -76,9 +76,14 @@ async fn measure(ctx: &Ctx, db: &BenchDb) -> BenchResult<OpsTimings> {
     // 90 % completed over the last two hours, 2 % dead with an error; the rest stay
     // available. Written behind the functions' backs: this only shapes the table.
     sqlx::raw_sql(&format!(
-        "{mark} UPDATE {SCHEMA}.work SET state = 'completed', attempt = 1,
-                finished_at = now() - (id % 7200) * interval '1 second'
-         WHERE id % 100 >= 10;
+        "{mark} WITH done AS (DELETE FROM {SCHEMA}.work WHERE id % 100 >= 10 RETURNING *)
+         INSERT INTO {SCHEMA}.work_history
+             (id, queue, priority, attempt, max_attempts, run_at, claim_token, renewals,
+              cancel_requested, kind, payload, metadata, errors, created_at, finished_at)
+         SELECT id, queue, priority, 1, max_attempts, run_at,
+                nextval('{SCHEMA}.claim_token_seq'), 0, false, kind, payload, metadata, errors,
+                created_at, now() - (id % 7200) * interval '1 second'
+         FROM done;
          {mark} UPDATE {SCHEMA}.work SET state = 'dead', attempt = 1,
                 finished_at = now() - (id % 7200) * interval '1 second',
                 errors = jsonb_build_array(jsonb_build_object('attempt', 1, 'at', now(),
@@ -94,7 +99,7 @@ async fn measure(ctx: &Ctx, db: &BenchDb) -> BenchResult<OpsTimings> {
 
     let ops = db.coordinator();
     let some_id: i64 = sqlx::query_scalar(&format!(
-        "{} SELECT id FROM {SCHEMA}.work WHERE state = 'dead' ORDER BY id LIMIT 1",
+        "{} SELECT id FROM {SCHEMA}.work_all WHERE state = 'dead' ORDER BY id LIMIT 1",
         setup::MARK
     ))
     .fetch_one(db.pool())

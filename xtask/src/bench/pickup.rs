@@ -111,7 +111,7 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<Pickup> {
     let (db_p50, db_p99): (f64, f64) = sqlx::query_as(&format!(
         "{} SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d)
          FROM (SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000 AS d
-               FROM {SCHEMA}.work WHERE payload->>'kind' = 'probe' AND finished_at IS NOT NULL) x",
+               FROM {SCHEMA}.work_all WHERE payload->>'kind' = 'probe' AND finished_at IS NOT NULL) x",
         setup::MARK
     ))
     .fetch_one(db.pool())

@@ -116,7 +116,7 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
     tokio::time::sleep(Duration::from_millis(2 * LEASE_MS / 3 + 500)).await;
 
     let renewals = format!(
-        "{} SELECT coalesce(sum(renewals), 0)::int8 FROM {SCHEMA}.work",
+        "{} SELECT coalesce(sum(renewals), 0)::int8 FROM {SCHEMA}.work_all",
         setup::MARK
     );
     let stmts_before = db.statements().await?;

@@ -193,6 +193,22 @@ impl BenchDb {
                 .fetch_optional(&pool)
                 .await
                 .is_ok();
+        // A `--worker-bin` built before completed items moved to `work_history` migrated a
+        // schema without it: the bench reads every item through `work_all`, which is then
+        // `work` alone, and vacuums an empty `work_history` (an A/B across that change).
+        let has_history: bool = sqlx::query_scalar(&format!(
+            "{MARK} SELECT to_regclass('{SCHEMA}.work_history') IS NOT NULL"
+        ))
+        .fetch_one(&pool)
+        .await?;
+        if !has_history {
+            sqlx::raw_sql(&format!(
+                "{MARK} CREATE VIEW {SCHEMA}.work_all AS SELECT * FROM {SCHEMA}.work;
+                 CREATE TABLE {SCHEMA}.work_history ()"
+            ))
+            .execute(&pool)
+            .await?;
+        }
         self.pool = Some(pool);
         Ok(self)
     }
@@ -237,16 +253,18 @@ impl BenchDb {
     /// Runs `VACUUM ANALYZE` on the work table and a `CHECKPOINT`, so that a measurement
     /// starts from the steady state autovacuum would reach and no checkpoint is owed.
     pub(crate) async fn settle(&self) -> BenchResult<()> {
-        sqlx::raw_sql(&format!("VACUUM ANALYZE {SCHEMA}.work"))
-            .execute(self.pool())
-            .await?;
+        sqlx::raw_sql(&format!(
+            "VACUUM ANALYZE {SCHEMA}.work, {SCHEMA}.work_history"
+        ))
+        .execute(self.pool())
+        .await?;
         sqlx::raw_sql("CHECKPOINT").execute(self.pool()).await?;
         Ok(())
     }
 
     /// A count on the work table (`WHERE` clause given).
     pub(crate) async fn count(&self, condition: &str) -> BenchResult<i64> {
-        let sql = format!("{MARK} SELECT count(*) FROM {SCHEMA}.work WHERE {condition}");
+        let sql = format!("{MARK} SELECT count(*) FROM {SCHEMA}.work_all WHERE {condition}");
         Ok(sqlx::query_scalar(&sql).fetch_one(self.pool()).await?)
     }
 

@@ -395,7 +395,7 @@ async fn pick_holding(h: &mut Harness<'_>) -> Option<usize> {
 async fn check_keys(h: &mut Harness<'_>) -> Result<()> {
     let ev = Evidence::load(&h.db.pool).await?;
     let keys: HashMap<i64, (String, i64)> = sqlx::query_as::<_, (i64, String, i64)>(
-        "SELECT id, ordering_key, ordering_seq FROM workpump.work WHERE ordering_key IS NOT NULL",
+        "SELECT id, ordering_key, ordering_seq FROM workpump.work_all WHERE ordering_key IS NOT NULL",
     )
     .fetch_all(&h.db.pool)
     .await?

@@ -170,7 +170,7 @@ impl Db {
             "SELECT count(*),
                     count(*) FILTER (WHERE state IN ('completed', 'dead', 'cancelled')),
                     count(*) FILTER (WHERE state = 'running')
-             FROM workpump.work",
+             FROM workpump.work_all",
         )
         .fetch_one(&self.pool)
         .await?;
@@ -212,7 +212,7 @@ impl Db {
     /// The leases `instances` hold now: (item, claim token).
     pub(crate) async fn held_by(&self, instances: &[Uuid]) -> Result<Vec<(i64, i64)>> {
         Ok(sqlx::query_as(
-            "SELECT id, claim_token FROM workpump.work
+            "SELECT id, claim_token FROM workpump.work_all
              WHERE state = 'running' AND instance_id = ANY($1) ORDER BY id",
         )
         .bind(instances)
@@ -251,7 +251,7 @@ impl Db {
     /// Work items running now (leased or orphaned).
     pub(crate) async fn running(&self) -> Result<i64> {
         Ok(
-            sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE state = 'running'")
+            sqlx::query_scalar("SELECT count(*) FROM workpump.work_all WHERE state = 'running'")
                 .fetch_one(&self.pool)
                 .await?,
         )
@@ -368,7 +368,7 @@ impl Db {
     /// `item`'s claim now: its state and claim token.
     pub(crate) async fn claim_of(&self, item: i64) -> Result<(String, Option<i64>)> {
         Ok(
-            sqlx::query_as("SELECT state::text, claim_token FROM workpump.work WHERE id = $1")
+            sqlx::query_as("SELECT state::text, claim_token FROM workpump.work_all WHERE id = $1")
                 .bind(item)
                 .fetch_one(&self.pool)
                 .await?,
@@ -461,7 +461,7 @@ impl Sampler {
                     _ = stopping.wait_for(|s| *s) => return (samples, most),
                 }
                 let running: sqlx::Result<i64> = sqlx::query_scalar(
-                    "SELECT count(*) FROM workpump.work WHERE state = 'running'",
+                    "SELECT count(*) FROM workpump.work_all WHERE state = 'running'",
                 )
                 .fetch_one(&pool)
                 .await;
@@ -624,14 +624,14 @@ pub(crate) async fn enqueue_one(db: &Db, payload: Value) -> Result<i64> {
 /// Records each answer in `workpump_cancels`; a finished item's refusal is recorded as such.
 pub(crate) async fn cancel_some(db: &Db, rng: &mut Rng, n: usize) -> Result<Vec<(i64, String)>> {
     let sleepers: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM workpump.work
+        "SELECT id FROM workpump.work_all
          WHERE payload->>'kind' = 'sleep' AND state IN ('running', 'available', 'scheduled')
          ORDER BY id",
     )
     .fetch_all(&db.pool)
     .await?;
     let all: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM workpump.work WHERE payload->>'kind' <> 'dead' ORDER BY id",
+        "SELECT id FROM workpump.work_all WHERE payload->>'kind' <> 'dead' ORDER BY id",
     )
     .fetch_all(&db.pool)
     .await?;

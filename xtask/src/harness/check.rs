@@ -208,7 +208,7 @@ impl Evidence {
     pub(crate) async fn load(pool: &PgPool) -> Result<Evidence> {
         let items = sqlx::query_as::<_, (i64, String, String, i32, Option<i64>, Value)>(
             "SELECT id, coalesce(payload->>'kind', 'noop'), state::text, attempt, claim_token, errors
-             FROM workpump.work ORDER BY id",
+             FROM workpump.work_all ORDER BY id",
         )
         .fetch_all(pool)
         .await?

@@ -25,7 +25,7 @@ pub fn dashboard(store: &PgCoordinator, access: Access) -> axum::Router {
 
 /// The state of item `id`, as the database says.
 pub async fn state_of(pool: &sqlx::PgPool, id: i64) -> Option<String> {
-    sqlx::query_scalar("SELECT state::text FROM workpump.work WHERE id = $1")
+    sqlx::query_scalar("SELECT state::text FROM workpump.work_all WHERE id = $1")
         .bind(id)
         .fetch_optional(pool)
         .await

@@ -131,7 +131,7 @@ where
 
 /// How many items are in `state`.
 pub async fn count_state(pool: &PgPool, state: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE state::text = $1")
+    sqlx::query_scalar("SELECT count(*) FROM workpump.work_all WHERE state::text = $1")
         .bind(state)
         .fetch_one(pool)
         .await
