@@ -235,8 +235,9 @@ BEGIN
     -- Some items carry unique keys: report the existing item for each one that conflicted
     -- (this statement sees the rows just inserted, and those other transactions committed).
     -- The holder is the unfinished item with the key (an index probe of work_unique_key);
-    -- only when that finished meanwhile, the item with the key that finished last (a scan,
-    -- on this rare path only: finished rows have no index on their key).
+    -- only when that finished meanwhile, the item with the key that finished last (a scan of
+    -- work_all, on this rare path only: finished rows have no index on their key, and a
+    -- completed holder has moved to work_history).
     SELECT array_agg(coalesce(w.id, dup.id, gone.id) ORDER BY t.i),
            array_agg(w.id IS NOT NULL ORDER BY t.i)
     INTO v_answer, v_inserted
@@ -249,7 +250,7 @@ BEGIN
         LIMIT 1
     ) dup ON true
     LEFT JOIN LATERAL (
-        SELECT x.id FROM work x
+        SELECT x.id FROM work_all x
         WHERE w.id IS NULL AND dup.id IS NULL AND x.queue = t.q AND x.unique_key = t.ukey
         ORDER BY x.finished_at DESC NULLS FIRST, x.id DESC
         LIMIT 1

@@ -494,6 +494,53 @@ async fn an_enqueue_whose_unique_key_holder_finishes_meanwhile_answers_with_the_
     );
 }
 
+/// The same with a holder that completes in between, and so leaves `work` for
+/// `work_history`: the enqueue finds it there.
+#[tokio::test]
+async fn an_enqueue_whose_unique_key_holder_completes_meanwhile_answers_with_the_holder() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    let holder = enqueue(&c, vec![NewWork::new("q", json!("holder")).unique_key("k")]).await[0];
+    let gate = gate_enqueues(&pool).await;
+    let enqueuing = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.enqueue_work(EnqueueWorkParams {
+                items: vec![
+                    NewWork::new("q", json!("plain")),
+                    NewWork::new("q", json!("keyed")).unique_key("k"),
+                ],
+            })
+            .await
+        }
+    });
+    wait_at_gate(&pool).await;
+    let claimed = claim(&c, me, 1, LEASE).await.items;
+    assert_eq!(claimed[0].fence.id, holder.id);
+    let done = c
+        .complete_work(CompleteWorkParams {
+            instance: me,
+            items: vec![claimed[0].fence],
+            hand_off: Vec::new(),
+        })
+        .await
+        .expect("complete the holder");
+    assert!(done.all_recorded().is_ok());
+    open_gate(gate).await;
+    let out = enqueuing
+        .await
+        .expect("the enqueue task")
+        .expect("the enqueue succeeds");
+    assert!(out.items[0].inserted);
+    assert_eq!(
+        out.items[1],
+        Enqueued {
+            id: holder.id,
+            inserted: false
+        }
+    );
+}
+
 /// The holder finishes and is deleted in between: no holder can be named, so the whole batch
 /// is refused with a retryable SQLSTATE (40001) and a message saying nothing was enqueued —
 /// and indeed nothing was, not even the batch's other items.
