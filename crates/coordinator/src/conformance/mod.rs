@@ -131,6 +131,7 @@ macro_rules! conformance_suite {
             bulk_work_by_ids_applies_each_item_whole_and_says_why_others_were_refused,
             bulk_work_matching_acts_in_bounded_batches_and_refuses_an_empty_filter,
             bulk_work_matching_by_kind_acts_only_on_items_of_those_kinds,
+            bulk_discard_takes_completed_and_dead_items_lowest_ids_first,
             run_now_makes_scheduled_items_due_at_once_and_refuses_others,
             queue_settings_have_one_owner_and_an_operator_may_change_or_hand_them_over,
             // inspect.rs

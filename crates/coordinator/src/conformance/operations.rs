@@ -506,6 +506,86 @@ pub async fn bulk_work_matching_acts_in_bounded_batches_and_refuses_an_empty_fil
     assert_eq!(h.work_count().await, 2, "q2's dead letters are left");
 }
 
+/// A bulk discard takes completed items and dead letters alike (the store keeps them in
+/// different tables), the lowest ids first across both, in bounded batches, and leaves
+/// unfinished items; a filter on the completed state takes only those.
+pub async fn bulk_discard_takes_completed_and_dead_items_lowest_ids_first(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let me = instance(h).await;
+    let ops = h.operations();
+    let ids = enqueue_n(h, "q", 8).await;
+    let claimed = claim(h, me, &["q"], 8).await.items;
+    assert_eq!(claimed.len(), 8);
+    let fence = |id: WorkId| {
+        claimed
+            .iter()
+            .find(|i| i.fence.id == id)
+            .expect("claimed")
+            .fence
+    };
+    // Alternately completed and dead-lettered; the last one keeps running.
+    let outcome = complete(h, me, [0, 2, 4, 6].map(|i| fence(ids[i])).to_vec()).await;
+    assert!(outcome.all_recorded().is_ok());
+    for i in [1, 3, 5] {
+        fail(h, me, fence(ids[i]), "boom", FailDisposition::DeadLetter).await;
+    }
+
+    let completed_only = ops
+        .bulk_work_matching(BulkWorkMatchingParams {
+            limit: 1,
+            ..BulkWorkMatchingParams::new(
+                BulkAction::Discard,
+                WorkFilter::new().state(WorkState::Completed),
+            )
+        })
+        .await
+        .expect("discard one completed item");
+    assert_eq!(
+        completed_only
+            .items
+            .iter()
+            .map(|i| (i.id, i.result.clone()))
+            .collect::<Vec<_>>(),
+        vec![(ids[0], BulkResult::Discarded)]
+    );
+    assert!(completed_only.has_more);
+
+    let mut params = BulkWorkMatchingParams::new(BulkAction::Discard, WorkFilter::new().queue("q"));
+    params.limit = 2;
+    let (mut discarded, mut calls) = (Vec::new(), 0);
+    loop {
+        let out = ops.bulk_work_matching(params.clone()).await.expect("batch");
+        calls += 1;
+        assert!(out.items.len() <= 2, "{out:?}");
+        assert!(out.items.iter().all(|i| i.result == BulkResult::Discarded));
+        discarded.extend(out.items.iter().map(|i| (i.id, i.state_before)));
+        if !out.has_more {
+            break;
+        }
+        assert!(calls < 10, "has_more never ends");
+    }
+    assert_eq!(calls, 3);
+    assert_eq!(
+        discarded,
+        (1..7)
+            .map(|i| (
+                ids[i],
+                if i % 2 == 0 {
+                    Some(WorkState::Completed)
+                } else {
+                    Some(WorkState::Dead)
+                }
+            ))
+            .collect::<Vec<_>>(),
+        "lowest ids first across completed and dead items, each once"
+    );
+    for id in &ids[..7] {
+        assert!(h.work_row(*id).await.is_none(), "item {id} is discarded");
+    }
+    assert_eq!(row(h, ids[7]).await.state, WorkState::Running);
+    assert_eq!(h.work_count().await, 1);
+}
+
 /// A bulk action by kind acts on the items of that kind only, in a queue shared with other
 /// kinds and untyped items; a kind alone is a filter (no `all` needed).
 pub async fn bulk_work_matching_by_kind_acts_only_on_items_of_those_kinds(h: &dyn Harness) {
