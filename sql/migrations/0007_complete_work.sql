@@ -28,8 +28,9 @@
 -- row's newest version (no row is locked first: no lock record per item).
 -- Writes: a delete in `work` (no new version, no index entry there) and an append to
 -- work_history (docs/store.md, "Completed items").
--- Plan: one primary-key probe per distinct pair, then a TID scan (docs/store.md, "Lookups by
--- id"); a test asserts that no index of running rows and no sequential scan is used.
+-- Plan: an index scan of the primary key for the distinct ids (docs/store.md, "Lookups by
+-- id"); a test asserts that no index of running rows and no sequential scan is used, and one
+-- that a completion meeting its row locked by a renewal is recorded on the renewed row.
 -- Clock rule: finished_at is the database's now().
 CREATE FUNCTION complete_work(
     p_instance        uuid,
@@ -65,34 +66,28 @@ BEGIN
                              cardinality(p_ids), cardinality(p_tokens));
     END IF;
 
-    -- One statement finds, re-checks and writes the rows still fenced to the caller. One
-    -- primary-key probe per pair finds them (a join planned from the queue's running rows
-    -- would cost rows x pairs, and a partial index on running rows must never be chosen,
-    -- whatever the statistics: LIMIT 1 keeps the checks from being pushed into the probe),
-    -- and the delete goes by the row versions found (a TID scan). The delete takes the rows'
-    -- locks itself and re-checks the fence on the newest version (READ COMMITTED): a row
-    -- reclaimed meanwhile has another token, and is left alone. No row is locked first: a
-    -- completion writes no lock record. The rows deleted are appended to work_history in the
-    -- same statement, so no snapshot sees an item in neither table. Its state check is on
-    -- text: `state = 'running'` would make the partial indexes on running rows candidates
-    -- (work_running_lease), and with statistics taken while few rows ran the planner chose
-    -- to scan all of them, filtering by ctid; on text it implies no index's predicate, so
-    -- the TID scan is the only plan short of a sequential scan. The pair check is wrapped
-    -- (IS TRUE) so that it stays a hashed subplan, one probe a row: as a join the planner
-    -- compared every row with every pair.
+    -- One statement finds, re-checks and writes the rows still fenced to the caller, by
+    -- primary key (a join planned from the queue's running rows would cost rows x pairs, and
+    -- a partial index on running rows must never be chosen, whatever the statistics). The
+    -- delete takes the rows' locks itself and re-checks the fence on the newest version (READ
+    -- COMMITTED): a row reclaimed meanwhile has another token, and is left alone; a row the
+    -- holder renewed meanwhile is the same claim, and is completed. (So the rows are found by
+    -- id, not by the row versions a first look saw: a TID scan re-checks the version, and
+    -- refused a completion whose row a renewal had rewritten while it waited.) No row is
+    -- locked first: a completion writes no lock record. The rows deleted are appended to
+    -- work_history in the same statement, so no snapshot sees an item in neither table. Its
+    -- state check is on text: `state = 'running'` would make the partial indexes on running
+    -- rows candidates (work_running_lease), and with statistics taken while few rows ran the
+    -- planner chose to scan all of them; on text it implies no index's predicate, so the
+    -- primary key is the only plan short of a sequential scan. The pair check is wrapped (IS
+    -- TRUE) so that it stays a hashed subplan, one probe a row: as a join the planner compared
+    -- every row with every pair.
     -- The ordering keys of the rows written come back with them (NULL for unkeyed work).
     WITH pairs AS MATERIALIZED (
         SELECT DISTINCT r.id, r.token FROM unnest(p_ids, p_tokens) AS r(id, token)
     ), done AS (
         DELETE FROM work w
-        WHERE w.ctid = ANY (ARRAY(
-                  SELECT x.ctid FROM pairs r
-                  CROSS JOIN LATERAL (
-                      SELECT f.ctid, f.claim_token, f.instance_id, f.state FROM work f
-                      WHERE f.id = r.id
-                      LIMIT 1
-                  ) x
-                  WHERE x.claim_token = r.token AND x.instance_id = p_instance AND x.state = 'running'))
+        WHERE w.id = ANY (ARRAY(SELECT r.id FROM pairs r))
           AND w.instance_id = p_instance AND w.state::text = 'running'
           AND ((w.id, w.claim_token) IN (SELECT r.id, r.token FROM pairs r)) IS TRUE
         RETURNING w.*

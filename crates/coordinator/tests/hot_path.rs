@@ -1308,15 +1308,79 @@ async fn a_claim_reads_work_through_its_indexes_only_limited_or_not() {
     }
 }
 
-/// A completion reaches `work` by primary key and by the row versions it found (a TID scan),
-/// never through an index of running rows nor sequentially, with a generic plan and
-/// statistics taken while nothing ran (they estimate one running row; 6 000 rows, so that a
-/// sequential scan is not the cheapest plan anyway): given the chance, the planner chose to
-/// scan every running row of `work_running_lease` and filter them by ctid. Every pair is
+/// A completion that meets its row locked by the holder's own renewal (a renewal batch and an
+/// outcome of one worker cross all the time) waits for it and is then recorded on the renewed
+/// row: the fence is instance, token and state, and a newer version of the row is no reason to
+/// refuse. (Written by row version — a TID scan — the completion re-checked the version it had
+/// found against the renewed one, and refused: the item re-ran when its lease lapsed.)
+#[tokio::test]
+async fn a_completion_waiting_on_its_own_renewal_is_recorded_when_the_renewal_commits() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    enqueue_n(&c, 1).await;
+    let item = claim(&c, me, 1, LEASE).await.items[0].clone();
+    let mut renewal = pool.begin().await.expect("begin");
+    let renewed: String = sqlx::query_scalar(
+        "SELECT status FROM workpump.renew_leases($1, ARRAY[$2::int8], ARRAY[$3::int8], interval '60 s')",
+    )
+    .bind(me.0)
+    .bind(item.fence.id)
+    .bind(item.fence.token)
+    .fetch_one(&mut *renewal)
+    .await
+    .expect("renew");
+    assert_eq!(renewed, "renewed");
+    let completing = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.complete_work(CompleteWorkParams {
+                instance: me,
+                items: vec![item.fence],
+                hand_off: Vec::new(),
+            })
+            .await
+        }
+    });
+    wait_until(
+        Duration::from_secs(20),
+        "the completion waits for the renewal's row lock",
+        || async {
+            count(
+                &pool,
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE '%complete_work%'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    renewal.commit().await.expect("commit the renewal");
+    let done = completing
+        .await
+        .expect("the completion task")
+        .expect("complete");
+    assert_eq!(
+        done.items[0].state,
+        Some(WorkState::Completed),
+        "the holder's completion is recorded, not fenced out"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM workpump.work_history").await,
+        1
+    );
+}
+
+/// A completion reaches `work` by primary key only, never through an index of running rows
+/// nor sequentially, with a generic plan and statistics taken while nothing ran (they
+/// estimate one running row; 6 000 rows, so that a sequential scan is not the cheapest plan
+/// anyway): given the chance, the planner chose to scan every running row of
+/// `work_running_lease` and filter them. Every pair is
 /// answered, each once, a stale token refused. It writes no new row version in `work`: each
 /// completed row is deleted there and appended to `work_history`.
 #[tokio::test]
-async fn a_completion_reads_work_by_primary_key_and_row_version_only() {
+async fn a_completion_reads_work_by_primary_key_only() {
     let (_db, pool, c) = behind_finished_rows().await;
     let me = registered(&c).await;
     let claimed = claim(&c, me, 200, LEASE).await.items;
