@@ -439,6 +439,33 @@ async fn wait_at_gate(pool: &PgPool) {
     .await;
 }
 
+/// Closes the gate and starts a batch (a plain item, then one with unique key `k`) that is
+/// stopped there, between its insert and its lookup of the key's holder; returns the gate and
+/// the enqueue's task.
+async fn enqueue_at_the_gate(
+    c: &PgCoordinator,
+    pool: &PgPool,
+) -> (
+    PgConnection,
+    tokio::task::JoinHandle<Result<EnqueueWorkOutcome>>,
+) {
+    let gate = gate_enqueues(pool).await;
+    let enqueuing = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.enqueue_work(EnqueueWorkParams {
+                items: vec![
+                    NewWork::new("q", json!("plain")),
+                    NewWork::new("q", json!("keyed")).unique_key("k"),
+                ],
+            })
+            .await
+        }
+    });
+    wait_at_gate(pool).await;
+    (gate, enqueuing)
+}
+
 async fn open_gate(mut gate: PgConnection) {
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(GATE)
@@ -456,20 +483,7 @@ async fn an_enqueue_whose_unique_key_holder_finishes_meanwhile_answers_with_the_
     let (_db, pool, c) = migrated().await;
     let holder = enqueue(&c, vec![NewWork::new("q", json!("holder")).unique_key("k")]).await[0];
     assert!(holder.inserted);
-    let gate = gate_enqueues(&pool).await;
-    let enqueuing = tokio::spawn({
-        let c = c.clone();
-        async move {
-            c.enqueue_work(EnqueueWorkParams {
-                items: vec![
-                    NewWork::new("q", json!("plain")),
-                    NewWork::new("q", json!("keyed")).unique_key("k"),
-                ],
-            })
-            .await
-        }
-    });
-    wait_at_gate(&pool).await;
+    let (gate, enqueuing) = enqueue_at_the_gate(&c, &pool).await;
     let cancelled = c
         .cancel_work(CancelWorkParams { id: holder.id })
         .await
@@ -501,20 +515,7 @@ async fn an_enqueue_whose_unique_key_holder_completes_meanwhile_answers_with_the
     let (_db, pool, c) = migrated().await;
     let me = registered(&c).await;
     let holder = enqueue(&c, vec![NewWork::new("q", json!("holder")).unique_key("k")]).await[0];
-    let gate = gate_enqueues(&pool).await;
-    let enqueuing = tokio::spawn({
-        let c = c.clone();
-        async move {
-            c.enqueue_work(EnqueueWorkParams {
-                items: vec![
-                    NewWork::new("q", json!("plain")),
-                    NewWork::new("q", json!("keyed")).unique_key("k"),
-                ],
-            })
-            .await
-        }
-    });
-    wait_at_gate(&pool).await;
+    let (gate, enqueuing) = enqueue_at_the_gate(&c, &pool).await;
     let claimed = claim(&c, me, 1, LEASE).await.items;
     assert_eq!(claimed[0].fence.id, holder.id);
     let done = c
@@ -548,20 +549,7 @@ async fn an_enqueue_whose_unique_key_holder_completes_meanwhile_answers_with_the
 async fn an_enqueue_whose_unique_key_holder_vanishes_meanwhile_is_refused_whole_and_retryable() {
     let (_db, pool, c) = migrated().await;
     let holder = enqueue(&c, vec![NewWork::new("q", json!("holder")).unique_key("k")]).await[0];
-    let gate = gate_enqueues(&pool).await;
-    let enqueuing = tokio::spawn({
-        let c = c.clone();
-        async move {
-            c.enqueue_work(EnqueueWorkParams {
-                items: vec![
-                    NewWork::new("q", json!("plain")),
-                    NewWork::new("q", json!("keyed")).unique_key("k"),
-                ],
-            })
-            .await
-        }
-    });
-    wait_at_gate(&pool).await;
+    let (gate, enqueuing) = enqueue_at_the_gate(&c, &pool).await;
     c.cancel_work(CancelWorkParams { id: holder.id })
         .await
         .expect("cancel the holder");
