@@ -215,27 +215,27 @@ CREATE TABLE work (
     -- cancel-requested item cancelled instead of sending it back, so a cancel is never run.
     CONSTRAINT work_waiting_is_not_cancel_requested CHECK (state NOT IN ('available', 'scheduled', 'blocked') OR NOT cancel_requested)
 )
--- A claim or renewal writes a row version that cannot be HOT (it changes state or
--- lease_expiry, both indexed); with room left on the page the new version stays on the old
--- one's page, which saves heap_update a second row-lock WAL record and keeps a row's versions
--- together for pruning (docs/performance.md, "Where the time goes").
+-- A claim writes a row version that cannot be HOT (it changes state and owner, both
+-- indexed); with room left on the page the new version stays on the old one's page, which
+-- saves heap_update a second row-lock WAL record and keeps a row's versions together for
+-- pruning (docs/performance.md, "Where the time goes"). A renewal changes no indexed column:
+-- with room on the page it is a HOT update (no index entry).
 WITH (fillfactor = 70);
 
 -- claim_work, available rows: one queue's due rows in claim order (priority, then age).
 CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'available';
--- claim_work, orphans; maintenance, expired leases: running rows by expiry, a released lease
--- (NULL) sorting first, so "orphan" (instance_id IS NULL OR lease_expiry < now()) is a single
--- range: coalesce(lease_expiry, '-infinity') < now(). Also read, filtered by instance, by the
--- two rare statements that free one instance's leases (cleanup_stale_instances,
--- deregister_instance): bounded by the items in flight. (No index by instance: every claim
--- and renewal would write an entry into it.)
-CREATE INDEX work_running_lease ON work ((coalesce(lease_expiry, '-infinity'::timestamptz)))
-    WHERE state = 'running';
+-- Running rows by owner: the orphans (a released lease, instance_id NULL) for claim_work and
+-- end_orphans; one instance's leases for the statements that free them
+-- (cleanup_stale_instances, deregister_instance); every running row for the sweep that
+-- releases leases which lapsed under a live owner (release_lapsed_leases, bounded by the items
+-- in flight). No index reads lease_expiry, so a renewal, which changes only lease_expiry and
+-- renewals, is a HOT update: one new row version on the same page and no index entry
+-- (docs/store.md, "Leases that lapse").
+CREATE INDEX work_running_owner ON work (instance_id) WHERE state = 'running';
 -- claim_work, flow control: which slots of a queue with a max_running are held (a running
 -- row in it), probed per slot, and whether any is held above the limit (after it was
--- lowered). Only rows claimed under a max_running carry a slot, so claims and renewals of
--- other queues write no entry here (a running row's update is never HOT: its lease_expiry is
--- indexed above, so every index whose predicate holds gets one).
+-- lowered). Only rows claimed under a max_running carry a slot, so claims of other queues
+-- write no entry here (a claim's update is never HOT: it changes state and owner).
 CREATE INDEX work_running_slot ON work (queue, slot) WHERE state = 'running' AND slot IS NOT NULL;
 -- promotion of due scheduled (and retrying) rows.
 CREATE INDEX work_scheduled ON work (run_at) WHERE state = 'scheduled';

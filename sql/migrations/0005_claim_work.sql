@@ -7,8 +7,11 @@
 --      cancel requested -> cancelled; an ended head of an ordering key hands its key on
 --      (ordering_advance; a dead one only in a queue that skips dead heads): end_orphans, the
 --      statement the maintenance sweep's dead_letter_expired runs for every queue;
---   3. reclaims orphans first (state running AND (instance_id IS NULL OR lease_expiry <
---      now())): a released or expired lease; an expiry of exactly now() is still held;
+--   3. reclaims orphans first (state running AND instance_id IS NULL): a lease released by
+--      the sweep, because its owner was declared dead or departed (cleanup_stale_instances,
+--      deregister_instance) or because it lapsed under a live owner (release_lapsed_leases,
+--      in dead_letter_expired). A lapsed lease the sweep has not released yet is not taken:
+--      no index reads lease_expiry (renewals stay HOT), so a claim cannot find it cheaply;
 --   4. fills the rest with available due rows, priority (lower first) then run_at then id;
 --   5. (only when a queue among them has a flow limit: max_running, or rate_limit per
 --      rate_period; docs/flow-control.md) steps 3 and 4 as below instead.
@@ -117,8 +120,8 @@
 --   step 4: Limit -> Sort -> Nested Loop -> Function Scan on unnest
 --           -> Limit -> LockRows -> Index Scan using work_claim on work
 --              Index Cond: ((queue = q.name) AND (run_at <= v_now))   Filter: state = 'available' (partial index)
---   steps 2-3 run only when an index probe on work_running_lease finds an orphan at all; they
---           look orphans up with one range scan of it: coalesce(lease_expiry, '-infinity') < now().
+--   steps 2-3 run only when an index probe on work_running_owner finds an orphan at all; they
+--           look orphans up with one range scan of it: instance_id IS NULL.
 --           Only when step 3 reclaimed something does step 4 also read the reclaimed rows back
 --           by primary key, to return them with the same drain hint; otherwise step 4 is the
 --           statement it always was.
@@ -237,13 +240,8 @@ BEGIN
         LIMIT 1000
         FOR UPDATE SKIP LOCKED));
 
-    -- Orphans are rare: one index probe on work_running_lease decides whether to look.
-    -- (An orphan: running AND (instance_id IS NULL OR lease_expiry < now()); owner and expiry
-    -- are NULL together, so this is coalesce(lease_expiry, '-infinity') < now().)
-    IF EXISTS (
-        SELECT 1 FROM work x
-        WHERE x.state = 'running' AND coalesce(x.lease_expiry, '-infinity'::timestamptz) < v_now
-    ) THEN
+    -- Orphans are rare: one index probe on work_running_owner decides whether to look.
+    IF EXISTS (SELECT 1 FROM work x WHERE x.state = 'running' AND x.instance_id IS NULL) THEN
 
         -- 2. Orphans that must not run again (end_orphans, shared with dead_letter_expired),
         -- reported per queue and state as status rows, first (RETURN QUERY appends).
@@ -257,7 +255,7 @@ BEGIN
         -- 3. Reclaim orphans. Their rows are returned with step 4's, under one drain hint.
         WITH picked AS MATERIALIZED (
             SELECT o.id FROM work o
-            WHERE o.state = 'running' AND coalesce(o.lease_expiry, '-infinity'::timestamptz) < v_now
+            WHERE o.state = 'running' AND o.instance_id IS NULL
               AND o.queue = ANY (v_queues)
               AND o.attempt < o.max_attempts AND NOT o.cancel_requested
             ORDER BY o.priority, o.run_at, o.id
@@ -275,13 +273,15 @@ BEGIN
                 claim_token = nextval('claim_token_seq'),
                 attempt = w.attempt + 1,
                 renewals = 0,
-                errors = w.errors || jsonb_build_array(jsonb_build_object(
-                    'attempt', w.attempt, 'at', v_now, 'instance', w.instance_id,
-                    'kind', 'lease_expired',
-                    'error', CASE WHEN w.instance_id IS NULL
-                                  THEN 'lease released: the owning instance was declared dead'
-                                  ELSE 'lease expired: the owning instance stopped renewing'
-                             END))
+                -- The attempt's end is in the history already when the sweep released a
+                -- lapsed lease (it names the owner); a reap writes none.
+                errors = CASE WHEN w.errors -> -1 ->> 'kind' = 'lease_expired'
+                                   AND (w.errors -> -1 ->> 'attempt')::integer = w.attempt THEN w.errors
+                              ELSE w.errors || jsonb_build_array(jsonb_build_object(
+                                  'attempt', w.attempt, 'at', v_now, 'instance', NULL,
+                                  'kind', 'lease_expired',
+                                  'error', 'lease released: the owning instance was declared dead'))
+                         END
             WHERE w.id = ANY (ARRAY(SELECT p.id FROM picked p CROSS JOIN owner o))
             RETURNING w.id
         )

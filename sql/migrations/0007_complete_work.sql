@@ -77,7 +77,7 @@ BEGIN
     -- locked first: a completion writes no lock record. The rows deleted are appended to
     -- work_history in the same statement, so no snapshot sees an item in neither table. Its
     -- state check is on text: `state = 'running'` would make the partial indexes on running
-    -- rows candidates (work_running_lease), and with statistics taken while few rows ran the
+    -- rows candidates (work_running_owner), and with statistics taken while few rows ran the
     -- planner chose to scan all of them; on text it implies no index's predicate, so the
     -- primary key is the only plan short of a sequential scan. The pair check is wrapped (IS
     -- TRUE) so that it stays a hashed subplan, one probe a row: as a join the planner compared

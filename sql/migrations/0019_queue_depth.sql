@@ -17,7 +17,7 @@
 -- state holds a large share of the table the planner may prefer a parallel sequential scan):
 --   available: work_claim (queue leads it);
 --   scheduled: work_scheduled, plus a heap visit per row for its queue;
---   running:   work_running_lease, plus a heap visit per row (running items are bounded by
+--   running:   work_running_owner, plus a heap visit per row (running items are bounded by
 --              the fleet's handler slots: few);
 --   blocked:   work_ordering's blocked entries (queue leads it).
 -- Measured on PostgreSQL 15, warm cache, 1 050 000 rows of which 180 000 available, 10 000

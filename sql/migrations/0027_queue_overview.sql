@@ -22,7 +22,7 @@
 -- Cost (no write on any path but fail_work's failure bucket; nothing here touches the
 -- completion hot path):
 --   available: one index-only scan of work_claim (count and min(run_at) per queue);
---   scheduled: work_scheduled, running: work_running_lease, each plus a heap visit per row for
+--   scheduled: work_scheduled, running: work_running_owner, each plus a heap visit per row for
 --              its queue (as queue_depth: the cost grows with the waiting and running items,
 --              never with the finished ones); blocked: work_ordering's blocked entries;
 --   finished states: at most 10 000 rows per state, the newest by finished_at (a backward

@@ -12,7 +12,7 @@
 --   db_now            the store's now(), the same on every row.
 -- Ordered by started_at, then id.
 --
--- Cost: the instances (a handful) and one read of work_running_lease (running rows only,
+-- Cost: the instances (a handful) and one read of work_running_owner (running rows only,
 -- bounded by the fleet's handler slots), plus pg_locks once.
 -- Arguments: none. Fencing: none; it only reads. Clock rule: ages are the database's now().
 CREATE FUNCTION list_instances()

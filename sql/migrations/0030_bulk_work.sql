@@ -43,7 +43,7 @@
 -- true.
 --
 -- Cost: bulk_work, one primary-key probe per id; bulk_work_matching, the partial index of the
--- action's states (work_finished, work_claim, work_scheduled, work_running_lease) or the
+-- action's states (work_finished, work_claim, work_scheduled, work_running_owner) or the
 -- primary key, as the planner finds cheaper, with the filter applied, up to limit + 1 rows.
 -- Rows are locked in id order (bulk_work waits for a row another transaction holds, as the
 -- single calls do).

@@ -799,7 +799,7 @@ async fn claim_calls_are_timed_and_fresh_items_record_their_pickup_lag_but_recla
         .items[0]
         .fence
         .id;
-    fake.set_lease_expiry(orphan, chrono::Duration::seconds(-1));
+    fake.release_lease(orphan);
     // A retry due 90 s ago, not promoted yet.
     let overdue = fake
         .enqueue_work(EnqueueWorkParams {
@@ -1429,7 +1429,7 @@ async fn a_dead_letter_a_claim_makes_is_counted_and_logged_as_an_error() {
         1,
         "the peer holds the item's only attempt"
     );
-    fake.set_lease_expiry(id, chrono::Duration::seconds(-1));
+    fake.release_lease(id);
 
     let me = registered_identity(&fake).await;
     let s = start_as(fake, me, tight(), 1, None).await;

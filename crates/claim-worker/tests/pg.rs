@@ -127,14 +127,24 @@ async fn setup_with(register: impl FnOnce(&mut Handlers), config: ClaimConfig) -
 }
 
 impl Env {
-    /// A peer takes item `id` over: its lease is expired and another registered instance
-    /// claims it (the item must be the queue's only claimable one).
-    async fn peer_takes(&self, id: WorkId) {
+    /// Expires item `id`'s lease and runs the sweep's release of lapsed leases (a
+    /// maintenance sweep; this rig runs none), so that the next claim reclaims it.
+    async fn expire_and_sweep(&self, id: WorkId) {
         sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
             .bind(id)
             .execute(&self.pool)
             .await
             .expect("expire");
+        sqlx::query("SELECT * FROM workpump.dead_letter_expired(1000)")
+            .execute(&self.pool)
+            .await
+            .expect("sweep");
+    }
+
+    /// A peer takes item `id` over: its lease is expired, a sweep releases it and another
+    /// registered instance claims it (the item must be the queue's only claimable one).
+    async fn peer_takes(&self, id: WorkId) {
+        self.expire_and_sweep(id).await;
         let peer = InstanceId::new();
         self.pg
             .record_heartbeat(RecordHeartbeatParams {
@@ -399,13 +409,9 @@ async fn a_reclaimed_item_resumes_from_its_checkpoint() {
     .await;
     let id = env.enqueue(vec![NewWork::new("q", json!({}))]).await[0];
     saved.notified().await;
-    // The lease expires under the handler (as if renewals had stopped): the next renewal
-    // reports it lost, and the next claim reclaims it.
-    sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
-        .bind(id)
-        .execute(&env.pool)
-        .await
-        .expect("expire");
+    // The lease expires under the handler (as if renewals had stopped) and the sweep releases
+    // it: the next renewal reports it lost, and the next claim reclaims it.
+    env.expire_and_sweep(id).await;
     env.wait_for_state(id, "completed").await;
     assert_eq!(
         resumed.lock().unwrap().clone(),

@@ -276,17 +276,37 @@ impl Row {
         }
     }
 
-    fn is_orphan(&self, now: DateTime<Utc>) -> bool {
+    /// Running without an owner: its lease was released (a reap, a departure, or the sweep's
+    /// release of a lapsed lease). A lease that lapsed is not an orphan until released.
+    fn is_orphan(&self) -> bool {
+        self.state == WorkState::Running && self.instance.is_none()
+    }
+
+    /// A lease that lapsed while its owner still holds it: the sweep releases it
+    /// (`release_lapsed_leases`).
+    fn is_lapsed(&self, now: DateTime<Utc>) -> bool {
         self.state == WorkState::Running
-            && match self.lease_expiry {
-                None => true,
-                Some(e) => e < now,
-            }
+            && self.instance.is_some()
+            && self.lease_expiry.is_some_and(|e| e < now)
+    }
+
+    /// Releases a lapsed lease (see [`Row::is_lapsed`]) with the history entry
+    /// `release_lapsed_leases` writes, naming the owner.
+    fn release_lapsed(&mut self, now: DateTime<Utc>) {
+        let owner = self.instance;
+        self.push_error(
+            now,
+            owner,
+            "lease_expired",
+            "lease expired: the owning instance stopped renewing",
+        );
+        self.instance = None;
+        self.lease_expiry = None;
     }
 
     /// An orphan that must not run again: attempts used up, or a cancel requested.
-    fn must_end(&self, now: DateTime<Utc>) -> bool {
-        self.is_orphan(now) && (self.attempt >= self.max_attempts || self.cancel_requested)
+    fn must_end(&self) -> bool {
+        self.is_orphan() && (self.attempt >= self.max_attempts || self.cancel_requested)
     }
 
     /// Ends an orphan that must not run again (see [`Row::must_end`]): dead, or cancelled
@@ -621,6 +641,17 @@ impl FakeCoordinator {
         }
     }
 
+    /// Releases a running item's lease as a reap does (owner and expiry cleared, no history
+    /// entry): an orphan that the next claim takes, or ends when it must not run again.
+    pub fn release_lease(&self, id: WorkId) {
+        if let Some(r) = self.state().work.get_mut(&id) {
+            if r.state == WorkState::Running {
+                r.instance = None;
+                r.lease_expiry = None;
+            }
+        }
+    }
+
     /// Sets an item's cancel flag, as an operator's cancel of a running item does.
     pub fn request_cancel(&self, id: WorkId) {
         if let Some(r) = self.state().work.get_mut(&id) {
@@ -633,8 +664,9 @@ impl FakeCoordinator {
         self.state().instances.contains_key(&instance)
     }
 
-    /// Sets an item's lease expiry to exactly the store's now and claims, both at one instant.
-    pub fn claim_with_lease_expiring_now(
+    /// Sets an item's lease expiry to exactly the store's now, then sweeps lapsed leases
+    /// (`dead_letter_expired`'s release) and claims, all at one instant.
+    pub fn sweep_and_claim_with_lease_expiring_now(
         &self,
         id: WorkId,
         params: ClaimWorkParams,
@@ -646,6 +678,7 @@ impl FakeCoordinator {
                 r.lease_expiry = Some(now);
             }
         }
+        st.release_lapsed(now, usize::MAX);
         claim(&mut st, now, &params)
     }
 
@@ -721,6 +754,21 @@ impl State {
         (1..=max_running).filter(|s| !held.contains(s)).collect()
     }
 
+    /// Releases at most `limit` lapsed leases (`release_lapsed_leases`); per queue.
+    fn release_lapsed(&mut self, now: DateTime<Utc>, limit: usize) -> BTreeMap<String, u64> {
+        let mut released: BTreeMap<String, u64> = BTreeMap::new();
+        for r in self
+            .work
+            .values_mut()
+            .filter(|r| r.is_lapsed(now))
+            .take(limit)
+        {
+            r.release_lapsed(now);
+            *released.entry(r.queue.clone()).or_default() += 1;
+        }
+        released
+    }
+
     /// Ends at most `limit` of the orphans that must not run again (`Row::must_end`) among
     /// those `pick` accepts — dead letters, or cancelled when a cancel was requested — and
     /// hands their ordering keys on: `dead_letter_expired`, and `claim_work`'s step 2.
@@ -736,7 +784,7 @@ impl State {
         for r in self
             .work
             .values_mut()
-            .filter(|r| r.must_end(now) && pick(r))
+            .filter(|r| r.must_end() && pick(r))
             .take(limit)
         {
             let to = match r.end_orphan(now) {
@@ -748,6 +796,7 @@ impl State {
         }
         self.advance(now, ended);
         DeadLetterExpiredOutcome {
+            released: Vec::new(),
             dead: counts(dead),
             cancelled: counts(cancelled),
         }
@@ -1021,7 +1070,7 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
     let mut orphans: Vec<&Row> = st
         .work
         .values()
-        .filter(|r| r.is_orphan(now) && queues.contains(r.queue.as_str()))
+        .filter(|r| r.is_orphan() && queues.contains(r.queue.as_str()))
         .collect();
     in_claim_order(&mut orphans);
     let orphan_ids: Vec<i64> = orphans.iter().take(max).map(|r| r.id).collect();
@@ -1031,13 +1080,18 @@ fn claim(st: &mut State, now: DateTime<Utc>, p: &ClaimWorkParams) -> Result<Clai
         let token = st.next_token;
         st.next_token += 1;
         let r = st.work.get_mut(&id).expect("orphan exists");
-        let error = if r.instance.is_none() {
-            "lease released: the owning instance was declared dead"
-        } else {
-            "lease expired: the owning instance stopped renewing"
-        };
-        let owner = r.instance;
-        r.push_error(now, owner, "lease_expired", error);
+        // The sweep's release of a lapsed lease recorded the attempt's end already.
+        let recorded = r.errors.last().is_some_and(|e| {
+            e["kind"] == "lease_expired" && e["attempt"].as_i64() == Some(i64::from(r.attempt))
+        });
+        if !recorded {
+            r.push_error(
+                now,
+                None,
+                "lease_expired",
+                "lease released: the owning instance was declared dead",
+            );
+        }
         items.push(take_lease(r, p.instance, token, now, lease, true));
     }
     // 5. Flow control: each limited queue's allowance (claim_work's step 5).
@@ -1908,7 +1962,15 @@ impl WorkCoordinator for FakeCoordinator {
         params.validate()?;
         let now = self.now();
         let limit = params.limit as usize;
-        Ok(self.state().end_orphans(now, limit, |_| true))
+        let mut st = self.state();
+        let released = st.release_lapsed(now, limit);
+        let mut out = st.end_orphans(now, limit, |_| true);
+        drop(st);
+        for q in released.keys() {
+            let _ = self.inner.wake.send(q.clone());
+        }
+        out.released = counts(released);
+        Ok(out)
     }
 
     async fn prune_finished(&self, params: PruneFinishedParams) -> Result<PruneFinishedOutcome> {
@@ -2023,10 +2085,7 @@ impl WorkCoordinator for FakeCoordinator {
             params.dead_after,
             params.lock_grace,
         );
-        let orphans = st
-            .work
-            .values()
-            .any(|r| r.is_orphan(now) && (r.attempt >= r.max_attempts || r.cancel_requested));
+        let orphans = st.work.values().any(|r| r.must_end() || r.is_lapsed(now));
         let scheduled = st
             .work
             .values()

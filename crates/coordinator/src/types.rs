@@ -922,17 +922,22 @@ impl PromoteScheduledOutcome {
     }
 }
 
-/// Ends orphans that must not run again, in every queue: no attempts left → dead, cancel
-/// requested → cancelled.
+/// The sweep's step for leases that are gone: releases leases that lapsed under a
+/// still-registered owner (so that the next claim reclaims the item), then ends orphans that
+/// must not run again, in every queue: no attempts left → dead, cancel requested → cancelled.
 #[derive(Clone, Copy, Debug)]
 pub struct DeadLetterExpiredParams {
-    /// At most this many items, 1 to [`MAX_SWEEP_BATCH`].
+    /// At most this many leases released, and at most this many items ended, 1 to
+    /// [`MAX_SWEEP_BATCH`].
     pub limit: u32,
 }
 
 /// The result of `dead_letter_expired`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeadLetterExpiredOutcome {
+    /// Leases that lapsed under a still-registered owner, released (their items are orphans
+    /// now, reclaimed by the next claim), per queue, by queue name.
+    pub released: Vec<QueueCount>,
     /// Orphans that became dead letters, per queue (only queues with some), by queue name.
     pub dead: Vec<QueueCount>,
     /// Cancel-requested orphans that ended cancelled, per queue, by queue name.
@@ -953,6 +958,11 @@ impl DeadLetterExpiredOutcome {
     /// Items ended in all. Equal to the limit: more may be left.
     pub fn ended(&self) -> u64 {
         self.dead_lettered() + self.cancelled()
+    }
+
+    /// Lapsed leases released. Equal to the limit: more may be left.
+    pub fn released(&self) -> u64 {
+        self.released.iter().map(|q| q.items).sum()
     }
 
     /// The log's words for one queue's dead letters of [`Self::dead`]: the maintenance sweep

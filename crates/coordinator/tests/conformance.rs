@@ -114,12 +114,12 @@ impl Harness for PgHarness {
         .expect("move the lease");
     }
 
-    async fn claim_with_lease_expiring_now(
+    async fn sweep_and_claim_with_lease_expiring_now(
         &self,
         id: WorkId,
         params: ClaimWorkParams,
     ) -> workpump_coordinator::Result<ClaimWorkOutcome> {
-        // One transaction: now() is the same instant for the UPDATE and the claim.
+        // One transaction: now() is the same instant for the UPDATE, the sweep and the claim.
         let mut tx = self.pool.begin().await.expect("begin");
         sqlx::query(
             "UPDATE workpump.work SET lease_expiry = now() WHERE id = $1 AND instance_id IS NOT NULL",
@@ -128,6 +128,10 @@ impl Harness for PgHarness {
         .execute(&mut *tx)
         .await
         .expect("move the lease");
+        sqlx::query("SELECT * FROM workpump.dead_letter_expired(1000)")
+            .execute(&mut *tx)
+            .await
+            .expect("sweep");
         let rows = sqlx::query(
             "SELECT id, claim_token, queue, kind, payload, metadata, priority, attempt, max_attempts, checkpoint,
                     lease_expiry, created_at, reclaimed, pickup_lag, has_more
@@ -391,12 +395,12 @@ impl Harness for FakeHarness {
     async fn set_lease_expiry(&self, id: WorkId, offset: chrono::Duration) {
         self.0.set_lease_expiry(id, offset)
     }
-    async fn claim_with_lease_expiring_now(
+    async fn sweep_and_claim_with_lease_expiring_now(
         &self,
         id: WorkId,
         params: ClaimWorkParams,
     ) -> workpump_coordinator::Result<ClaimWorkOutcome> {
-        self.0.claim_with_lease_expiring_now(id, params)
+        self.0.sweep_and_claim_with_lease_expiring_now(id, params)
     }
     async fn age_heartbeat(&self, instance: InstanceId, by: Duration) {
         self.0.age_heartbeat(instance, by)

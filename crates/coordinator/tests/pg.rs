@@ -652,6 +652,9 @@ async fn a_fenced_transaction_on_a_lost_lease_is_refused_and_writes_nothing() {
         .execute(&pool)
         .await
         .expect("expire");
+    c.dead_letter_expired(DeadLetterExpiredParams { limit: 100 })
+        .await
+        .expect("the sweep releases the lapsed lease");
     let new = claim_one(&c, peer).await;
     assert_eq!(new.fence.id, old.fence.id);
     let err = c.begin_fenced(zombie, old.fence).await.unwrap_err();

@@ -271,9 +271,8 @@ async fn is_expired_turns_true_exactly_at_deadline_minus_grace() {
 async fn a_renewal_reported_lost_fires_the_token_within_the_same_flush() {
     let rig = rig().await;
     let h = rig.handle(LeaseSettings::default()).await;
-    // Another claim took the item over: the lease expired in the store and it was reclaimed.
-    rig.fake
-        .set_lease_expiry(h.fence().id, chrono::Duration::seconds(-1));
+    // Another claim took the item over: the lease was released in the store and reclaimed.
+    rig.fake.release_lease(h.fence().id);
     let other = InstanceId::new();
     rig.fake
         .record_heartbeat(RecordHeartbeatParams {
@@ -521,8 +520,7 @@ async fn a_late_reply_for_an_old_claim_leaves_the_newer_claim_and_disposed_handl
     drop(gone);
 
     // The item is reclaimed under a new token; the new claim gets its own handle.
-    rig.fake
-        .set_lease_expiry(fences[0].id, chrono::Duration::seconds(-1));
+    rig.fake.release_lease(fences[0].id);
     let reclaimed = rig
         .fake
         .claim_work(ClaimWorkParams {

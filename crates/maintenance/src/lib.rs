@@ -1,8 +1,9 @@
 //! workpump's backstop: [`MaintenanceWorker`] keeps the store tidy and moving when nobody
 //! else does. Its one job is a periodic sweep (every 2 s) of SQL functions that each do one
 //! bounded thing across every queue: `cleanup_stale_instances` (reap dead peers, release their
-//! leases), `dead_letter_expired` (orphans with no attempts left become dead letters;
-//! cancel-requested orphans end cancelled), `promote_scheduled` (due delays and retries become
+//! leases), `dead_letter_expired` (leases that lapsed under a live owner are released for the
+//! next claim; orphans with no attempts left become dead letters; cancel-requested orphans end
+//! cancelled), `promote_scheduled` (due delays and retries become
 //! available, and their claimers are woken), `prune_finished` and `prune_evicted_instances`
 //! (retention), at most every 15 s, `queue_depth` for the `workpump_queue_depth` gauge, and at
 //! most every 60 s `ordering_repair` (ordering keys left without a head; must find none).
@@ -12,7 +13,10 @@
 //! claims from, and `record_heartbeat` reaps stale peers when it sees one. The sweep covers
 //! what they miss (a queue nobody polls right now, an instance that died holding an item's
 //! last attempt, a fleet whose heartbeats are all slow) and is the only thing that deletes
-//! old rows. The operator calls (`cancel_work`, `retry_dead_work`, `discard_work`) live on the
+//! old rows and that releases a lease which lapsed while its owner stayed registered (a
+//! stalled process): claims do not look for those, so that a renewal stays a HOT update
+//! (the SQL function `release_lapsed_leases`). A fleet where every instance disables
+//! maintenance leaves such a lease with its owner until the owner is reaped. The operator calls (`cancel_work`, `retry_dead_work`, `discard_work`) live on the
 //! coordinator, not here. Arrows: coordinator ← maintenance ← host; it depends on
 //! `workpump-coordinator` only.
 //!
@@ -51,7 +55,11 @@
 //!    sweep, and the sweep judges only on what it could see while its sessions stayed
 //!    connected (the SQL function `cleanup_stale_instances`), so a restarted or failed-over server,
 //!    or an outage, evicts nobody;
-//! 2. `dead_letter_expired`: after 1, so leases it released are seen at once;
+//! 2. `dead_letter_expired`: after 1, so leases it released are seen at once. It first
+//!    releases leases that lapsed under a still-registered owner (counted in
+//!    `workpump_maintenance_lapsed_leases_total{queue}` and logged as a warning: in a healthy
+//!    fleet there are none), waking their claimers, then ends the orphans that must not run
+//!    again;
 //! 3. `promote_scheduled`, which NOTIFYs each queue it made work available in;
 //! 4. `prune_finished(completed_retention_ms, dead_retention_ms)`;
 //! 5. `prune_evicted_instances(evicted_retention_ms)`;

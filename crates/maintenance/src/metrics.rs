@@ -28,6 +28,11 @@ pub const REAPED_INSTANCES_TOTAL: &str = "workpump_maintenance_reaped_instances_
 /// Leases those reaped instances held, released at once for peers to reclaim.
 pub const RELEASED_LEASES_TOTAL: &str = "workpump_maintenance_released_leases_total";
 
+/// Leases that lapsed while their owner was still registered (a stalled process, renewals
+/// that never arrived), released for peers to reclaim; label [`QUEUE`]. Stays 0 in a healthy
+/// fleet.
+pub const LAPSED_LEASES_TOTAL: &str = "workpump_maintenance_lapsed_leases_total";
+
 /// Due scheduled items (delays and retries) made available; label [`QUEUE`].
 pub const PROMOTED_ITEMS_TOTAL: &str = "workpump_maintenance_promoted_items_total";
 
@@ -122,6 +127,11 @@ pub fn describe() {
         PROMOTED_ITEMS_TOTAL,
         Unit::Count,
         "Due scheduled items made available, by queue"
+    );
+    describe_counter!(
+        LAPSED_LEASES_TOTAL,
+        Unit::Count,
+        "Leases that lapsed while their owner was still registered, released for peers to reclaim, by queue"
     );
     describe_counter!(
         DEAD_LETTERED_ITEMS_TOTAL,

@@ -456,6 +456,7 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
         SweepReport {
             reaped_instances: 1,
             released_leases: 0,
+            released_lapsed: 2,
             dead_lettered: 1,
             cancelled: 1,
             promoted: 2,
@@ -495,6 +496,15 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
     assert!(fake.work_row(done[0].id).is_none());
     assert!(fake.work_row(done[1].id).is_some());
 
+    assert_eq!(
+        recorder.counter(m::LAPSED_LEASES_TOTAL, &[(m::QUEUE, "other")]),
+        2
+    );
+    assert!(
+        text.lines().any(|l| l.contains("WARN")
+            && l.contains("released leases that lapsed while their owner was still registered")),
+        "{text}"
+    );
     assert_eq!(
         recorder.counter(m::PROMOTED_ITEMS_TOTAL, &[(m::QUEUE, "q")]),
         2

@@ -329,6 +329,8 @@ pub struct SweepReport {
     pub reaped_instances: u64,
     /// Leases those instances held, released.
     pub released_leases: u64,
+    /// Leases that lapsed under a still-registered owner, released.
+    pub released_lapsed: u64,
     /// Orphans with no attempts left made dead letters.
     pub dead_lettered: u64,
     /// Orphans whose cancel was requested, ended cancelled.
@@ -714,13 +716,29 @@ impl MaintenanceWorker {
                         metrics::counter!(m::CANCELLED_ITEMS_TOTAL, m::QUEUE => q.queue.clone())
                             .increment(q.items);
                     }
-                    Ok(((out.dead_lettered(), out.cancelled()), out.ended()))
+                    for q in &out.released {
+                        metrics::counter!(m::LAPSED_LEASES_TOTAL, m::QUEUE => q.queue.clone())
+                            .increment(q.items);
+                        warn!(
+                            worker = NAME,
+                            queue = %q.queue,
+                            released = q.items,
+                            "released leases that lapsed while their owner was still registered \
+                             (a stalled process, or renewals that did not arrive): their items \
+                             run again"
+                        );
+                    }
+                    Ok((
+                        (out.dead_lettered(), out.cancelled(), out.released()),
+                        out.ended().max(out.released()),
+                    ))
                 }
             })
             .await;
-        for (dead, cancelled) in result.done {
+        for (dead, cancelled, released) in result.done {
             report.dead_lettered += dead;
             report.cancelled += cancelled;
+            report.released_lapsed += released;
         }
         if report.dead_lettered + report.cancelled > 0 {
             info!(

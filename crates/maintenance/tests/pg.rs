@@ -209,6 +209,7 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
         SweepReport {
             reaped_instances: 0,
             released_leases: 0,
+            released_lapsed: 1,
             dead_lettered: 1,
             cancelled: 0,
             promoted: 3,

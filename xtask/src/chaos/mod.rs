@@ -78,7 +78,7 @@ pub(crate) const SCENARIOS: [Spec; 16] = [
         name: "keyed",
         quick: true,
         about: "ordering keys (8 hot keys, a long tail) under SIGKILL and SIGSTOP past the lease: per key one claim at a time, a head taken over only from a killed or paused process, enqueue order, no zombie outcome",
-        profiles: &[Profile::Short],
+        profiles: &Profile::ALL,
     },
     Spec {
         name: "fleet-limit",

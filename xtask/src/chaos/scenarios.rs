@@ -168,19 +168,22 @@ async fn replace_with(h: &mut Harness<'_>, spec: WorkerSpec) -> Result<()> {
 /// Ordering keys under SIGKILL and SIGSTOP. Every item but the designed dead letters carries
 /// a key: about a third of them over 8 hot keys (skewed, all due at once: each hot key is a
 /// backlog that drains one item at a time through the faults), the rest over a long tail of
-/// keys due over the spread. A worker holding heads is SIGSTOPped past its lease while the
-/// tail still runs, and continued; then a worker holding heads is SIGKILLed (and replaced),
-/// twice (a full run: three times).
+/// keys due over the spread. A worker holding heads is SIGSTOPped past its lease, and
+/// continued; a worker holding heads is SIGKILLed (and replaced), twice (a full run: three
+/// times). At the short settings the pause (lease + 4 s) ends while the tail still runs, so it
+/// comes first and the kills follow; at the defaults it outlasts the whole workload (64 s),
+/// so the kills come first, while the keys run, and the pause last, on a worker still holding
+/// heads (the spread is longer there, so that work is left for it).
 /// Then, besides the suite's checks, [`check::keyed`]: per key one claim at a time, a head
 /// taken from its process only when that process was killed or stopped past its lease, claims
 /// and completions in enqueue order, no outcome under a token once its key moved on. It must
 /// have seen keyed items claimed twice, and heads taken over after a kill and after a pause.
 async fn keyed(h: &mut Harness<'_>) -> Result<()> {
     let t = h.timing();
-    let (items, spread_ms, kills) = if h.quick {
-        (800, 8_000, 2)
-    } else {
-        (1_600, 14_000, 3)
+    let (items, spread_ms, kills) = match (h.profile, h.quick) {
+        (Profile::Defaults, _) => (1_200, 16_000, 2),
+        (Profile::Short, true) => (800, 8_000, 2),
+        (Profile::Short, false) => (1_600, 14_000, 3),
     };
     let specs = (0..4).map(|_| h.direct(CONCURRENCY)).collect();
     h.start_workers(specs).await?;
@@ -193,11 +196,13 @@ async fn keyed(h: &mut Harness<'_>) -> Result<()> {
     });
     h.enqueue(&mix).await?;
     let pause = t.lease_s + 4.0;
+    // The pause goes where the keys still run: first when it ends within the spread.
+    let pause_first = pause * 1000.0 < spread_ms as f64;
     h.at(1.5).await;
     h.cancel_some(mix.cancels).await?;
     for k in 0..kills {
         h.at(h.elapsed().max(1.5) + 1.0).await;
-        if k == 0 {
+        if k == 0 && pause_first {
             // While the tail keys still run: the paused worker then holds many heads.
             if let Some(victim) = pick_holding(h).await {
                 freeze(h, victim, Freeze::Sigstop, pause).await?;
@@ -215,6 +220,12 @@ async fn keyed(h: &mut Harness<'_>) -> Result<()> {
             if hit {
                 break;
             }
+        }
+    }
+    if !pause_first {
+        h.at(h.elapsed() + 1.0).await;
+        if let Some(victim) = pick_holding(h).await {
+            freeze(h, victim, Freeze::Sigstop, pause).await?;
         }
     }
     let by = h.finish_by(t.finish_s(spread_ms as f64 / 1000.0) + pause);
@@ -480,10 +491,11 @@ async fn sigstop(h: &mut Harness<'_>) -> Result<()> {
 }
 
 /// SIGSTOP the only worker past its lease — a VM pause on a one-instance deployment, or on
-/// a quiet fleet whose peers are not polling — then SIGCONT. No peer reclaims meanwhile, so
-/// when it resumes every handler in flight finds its lease fence fired while the store still
-/// holds its lease (expired, unclaimed): whatever it records then lands. The work must still
-/// end as designed.
+/// a quiet fleet whose peers are not polling — then SIGCONT. No peer sweeps or reclaims
+/// meanwhile, so when it resumes every handler in flight finds its lease fence fired while the
+/// store still holds its lease (expired, not yet released): whatever it records before its own
+/// sweep releases the lapsed leases lands, the rest runs again. The work must still end as
+/// designed.
 async fn sigstop_alone(h: &mut Harness<'_>) -> Result<()> {
     let t = h.timing();
     let specs = vec![h.direct(2 * CONCURRENCY)];
@@ -592,10 +604,11 @@ async fn freeze(h: &mut Harness<'_>, victim: usize, how: Freeze, secs: f64) -> R
         procs: vec![name],
         instances,
         affected: held,
-        bound: t.lease_s + t.poll_max_s + 2.0,
+        bound: t.lease_s + t.sweep_s + t.poll_max_s + 2.0,
         bound_why: format!(
-            "lease {} s + the longest claim poll wait {} s + 2 s",
-            t.lease_s, t.poll_max_s
+            "lease {} s + a sweep {} s (which releases the lapsed lease) + the longest claim \
+             poll wait {} s + 2 s",
+            t.lease_s, t.sweep_s, t.poll_max_s
         ),
     });
     zombie_note(h, victim, after, before).await;

@@ -6,12 +6,15 @@
 //! change, classified as:
 //!
 //! - **claim** — the claim token changed (only `claim_work` mints tokens); a reclaim of an
-//!   orphan also appends the `lease_expired` entry that ends the previous claim;
+//!   orphan also appends the `lease_expired` entry that ends the previous claim, unless the
+//!   release before it wrote that entry;
 //! - **outcome** — a running item left `running` under the same token through an execution's
 //!   write: completed, failed (retry / dead letter / cancelled), or released by a drain;
 //! - **store end** — a running orphan ended by the store (`lease_expired` entry: attempts
 //!   used up, or a cancel requested);
-//! - **release** — a dead instance's lease freed by a sweep (owner set to NULL);
+//! - **release** — a lease freed by a sweep (owner set to NULL): a dead instance's (no
+//!   entry), or one that lapsed under a live owner (`lease_expired` entry, "stopped renewing",
+//!   which ends the claim);
 //! - **operator cancel**, **promotion** — a waiting (or blocked) item cancelled, a scheduled
 //!   one due or a blocked one made its ordering key's head.
 //!
@@ -424,6 +427,10 @@ pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
         let mut claims: Vec<Claim> = Vec::new();
         let mut ended: Vec<i32> = Vec::new();
         let mut gave_back = 0i32;
+        // The attempt whose lapsed lease the sweep released, with the history entry it wrote
+        // (`release_lapsed_leases`): the reclaim or the store's end that follows writes none
+        // of its own for it (a store end still may).
+        let mut released_entry: Option<i32> = None;
         let mut entries = 0usize;
         let mut inserts = 0usize;
         // The claim an operator's cancel request reached, once one did.
@@ -539,6 +546,7 @@ pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
                         v.reclaims += 1;
                         match c.error_attempt() {
                             Some(a) => ended.push(a),
+                            None if released_entry == Some(c.from_attempt) => {}
                             None => v.history.push(format!(
                                 "item {}: an orphan was reclaimed without a history entry for the \
                                  claim it ended\n{}",
@@ -635,6 +643,8 @@ pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
                     }
                 }
                 Kind::StoreEnd => match c.error_attempt() {
+                    // The release of its lapsed lease recorded this attempt's end already.
+                    Some(a) if released_entry == Some(a) => {}
                     Some(a) => ended.push(a),
                     None => v.history.push(format!(
                         "item {}: the store ended an orphan without a history entry\n{}",
@@ -642,7 +652,23 @@ pub(crate) fn check(ev: &Evidence, t0: f64) -> Verdict {
                         evidence()
                     )),
                 },
-                Kind::Release | Kind::Promotion => {}
+                Kind::Release => {
+                    // The sweep's release of a lapsed lease writes the attempt's entry; a
+                    // reap's release writes none (the reclaim does).
+                    if let Some(a) = c.error_attempt() {
+                        ended.push(a);
+                        released_entry = Some(a);
+                        if c.error
+                            .as_ref()
+                            .and_then(|e| e.get("error"))
+                            .and_then(Value::as_str)
+                            .is_some_and(|s| s.contains("stopped renewing"))
+                        {
+                            v.lapsed += 1;
+                        }
+                    }
+                }
+                Kind::Promotion => {}
                 Kind::OperatorCancel => {
                     if !ev.cancels.contains_key(&item.id) {
                         v.lost.push(format!(
@@ -1802,6 +1828,84 @@ mod tests {
             "{:?}",
             v.double
         );
+    }
+
+    /// A lease that lapsed under a live owner: the sweep releases it with the attempt's entry,
+    /// and the reclaim after it writes none; or, with no attempts left, the store's end
+    /// writes its own entry beside the release's.
+    #[test]
+    fn a_lapsed_lease_released_with_its_entry_then_reclaimed_or_ended_passes() {
+        let (a, b) = ((id(1), A), (id(2), B));
+        let lapsed = serde_json::json!({ "attempt": 1, "kind": "lease_expired", "error": "lease expired: the owning instance stopped renewing" });
+        let release = |item: i64| {
+            change(
+                item,
+                ("running", "running"),
+                (Some(a.0), None),
+                (Some(10), Some(10)),
+                (1, 1),
+                Some(lapsed.clone()),
+                B,
+                5.0,
+            )
+        };
+        let reclaim = change(
+            1,
+            ("running", "running"),
+            (None, Some(b.0)),
+            (Some(10), Some(11)),
+            (1, 2),
+            None,
+            B,
+            5.1,
+        );
+        let no_attempts = serde_json::json!({ "attempt": 1, "kind": "lease_expired", "error": "lease expired on attempt 1 of 1; no attempts left" });
+        let end = change(
+            2,
+            ("running", "dead"),
+            (None, None),
+            (Some(10), Some(10)),
+            (1, 1),
+            Some(no_attempts.clone()),
+            B,
+            5.1,
+        );
+        let ev = evidence(
+            vec![
+                Item {
+                    errors: vec![lapsed.clone()],
+                    ..item(1, "noop", "completed", 2, 11, 0)
+                },
+                Item {
+                    errors: vec![lapsed.clone(), no_attempts],
+                    ..item(2, "noop", "dead", 1, 10, 0)
+                },
+            ],
+            vec![
+                claim(1, 10, 1, a, 1.0),
+                release(1),
+                reclaim,
+                complete(1, 11, 2, b, 6.0),
+                claim(2, 10, 1, a, 1.0),
+                release(2),
+                end,
+            ],
+            vec![exec(1, 1, 10, a), exec(1, 2, 11, b), exec(2, 1, 10, a)],
+        );
+        let v = check(&ev, 0.0);
+        assert!(
+            v.history.iter().all(|h| !h.contains("item 1:")),
+            "{:?}",
+            v.history
+        );
+        assert!(
+            v.history
+                .iter()
+                .all(|h| !h.contains("do not match") && !h.contains("without a history entry")),
+            "{:?}",
+            v.history
+        );
+        assert_eq!((v.reclaims, v.lapsed), (1, 2));
     }
 
     #[test]

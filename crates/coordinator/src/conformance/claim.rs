@@ -11,9 +11,9 @@ use super::Harness;
 use crate::error::Error;
 use crate::types::*;
 
-/// The orphan predicate as a truth table, through claim_work: unowned (released) and
-/// expired leases are claimable; an expiry of exactly now, a future expiry and a finished
-/// item are not.
+/// The orphan predicate as a truth table, through claim_work: an unowned (released) lease is
+/// claimable; a lapsed one only once the sweep released it; an expiry of exactly now, a
+/// future expiry and a finished item are not.
 pub async fn orphan_predicate_truth_table(h: &dyn Harness) {
     queue(h, "q", 10).await;
     let a = instance(h).await;
@@ -40,21 +40,38 @@ pub async fn orphan_predicate_truth_table(h: &dyn Harness) {
     complete(h, b, vec![done]).await;
 
     let c = instance(h).await;
+    // Before a sweep: only the released lease; a lapsed one is still its owner's.
+    let first = claim(h, c, &["q"], 10).await;
+    assert_eq!(
+        ids(&first),
+        [unowned].into_iter().collect(),
+        "unowned (released): claimable; owned with an expiry in the past: not until a sweep \
+         releases it"
+    );
     let out = h
-        .claim_with_lease_expiring_now(exact, claim_params(c, &["q"], 10))
+        .sweep_and_claim_with_lease_expiring_now(exact, claim_params(c, &["q"], 10))
         .await
         .expect("claim");
     let got = ids(&out);
-    assert!(got.contains(&unowned), "unowned (released): claimable");
-    assert!(got.contains(&past), "owned, expiry in the past: claimable");
-    assert!(!got.contains(&exact), "expiry exactly now: not claimable");
+    assert!(
+        got.contains(&past),
+        "expiry in the past, released by the sweep: claimable"
+    );
+    assert!(
+        !got.contains(&exact),
+        "expiry exactly now: not released, not claimable"
+    );
     assert!(
         !got.contains(&future),
         "expiry in the future: not claimable"
     );
     assert!(!got.contains(&finished), "finished: not claimable");
-    assert_eq!(got.len(), 2);
-    assert!(out.items.iter().all(|i| i.reclaimed && i.attempt == 2));
+    assert_eq!(got.len(), 1);
+    assert!(first
+        .items
+        .iter()
+        .chain(&out.items)
+        .all(|i| i.reclaimed && i.attempt == 2));
 }
 
 /// Concurrent claimers never receive the same row; together they receive each exactly once.
@@ -200,7 +217,9 @@ pub async fn claim_refuses_an_unknown_queue_naming_the_first_and_an_unregistered
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 }
 
-/// Reclaiming an expired lease counts an attempt and mints a new token.
+/// Reclaiming an expired lease counts an attempt and mints a new token. The lapsed lease is
+/// released by the sweep, which records the attempt's end naming its owner; a claim before
+/// the sweep leaves it alone, and the reclaim writes no second entry.
 pub async fn an_orphan_claim_bumps_the_attempt_and_mints_a_new_token(h: &dyn Harness) {
     queue(h, "q", 10).await;
     let a = instance(h).await;
@@ -209,6 +228,23 @@ pub async fn an_orphan_claim_bumps_the_attempt_and_mints_a_new_token(h: &dyn Har
     let first = claim_one(h, a, "q").await;
     assert_eq!((first.attempt, first.reclaimed), (1, false));
     h.set_lease_expiry(id, chrono::Duration::seconds(-1)).await;
+    assert!(
+        claim(h, b, &["q"], 10).await.items.is_empty(),
+        "a lapsed lease is not claimable before the sweep releases it"
+    );
+    assert_eq!(row(h, id).await.instance, Some(a));
+    let swept = sweep_lapsed(h).await;
+    assert_eq!(
+        swept.released,
+        vec![QueueCount {
+            queue: "q".into(),
+            items: 1
+        }]
+    );
+    assert_eq!(swept.ended(), 0);
+    let released = row(h, id).await;
+    assert_eq!(released.state, WorkState::Running);
+    assert!(released.instance.is_none() && !released.has_lease);
     let second = claim_one(h, b, "q").await;
     assert_eq!(second.fence.id, id);
     assert_eq!(second.attempt, 2);
@@ -220,6 +256,12 @@ pub async fn an_orphan_claim_bumps_the_attempt_and_mints_a_new_token(h: &dyn Har
     assert_eq!(r.errors.len(), 1);
     assert_eq!(r.errors[0].kind, "lease_expired");
     assert_eq!(r.errors[0].attempt, 1);
+    assert!(
+        r.errors[0].error.contains("stopped renewing"),
+        "{:?}",
+        r.errors[0]
+    );
+    assert_eq!(r.errors[0].instance, Some(a.to_string()));
 }
 
 /// An orphan with no attempts left becomes a dead letter instead of a claim, and a
@@ -232,14 +274,16 @@ pub async fn an_orphan_with_attempts_used_up_becomes_a_dead_letter(h: &dyn Harne
     let (id, cancelled) = (ids[0], ids[1]);
     assert_eq!(claim(h, a, &["q"], 10).await.items.len(), 2);
     h.request_cancel(cancelled).await;
-    h.set_lease_expiry(id, chrono::Duration::seconds(-1)).await;
-    h.set_lease_expiry(cancelled, chrono::Duration::seconds(-1))
-        .await;
+    // `a` is reaped: its leases are released (orphans).
+    h.age_heartbeat(a, STALE * 2).await;
+    assert_eq!(cleanup(h, Some(DEAD)).await.reaped.len(), 1);
+    let a = instance(h).await;
     let out = claim(h, a, &["q"], 10).await;
     assert!(out.items.is_empty());
     assert_eq!(
         out.orphans_ended,
         DeadLetterExpiredOutcome {
+            released: vec![],
             dead: vec![QueueCount {
                 queue: "q".into(),
                 items: 1
@@ -312,6 +356,7 @@ pub async fn a_claim_reports_the_pickup_lag_from_due_to_claim_except_for_reclaim
 
     h.set_lease_expiry(fresh, chrono::Duration::seconds(-1))
         .await;
+    sweep_lapsed(h).await;
     let other = instance(h).await;
     let reclaim = claim(h, other, &["q"], 10).await;
     assert_eq!(ids(&reclaim), HashSet::from([fresh]));
@@ -320,4 +365,55 @@ pub async fn a_claim_reports_the_pickup_lag_from_due_to_claim_except_for_reclaim
         reclaim.items[0].pickup_lag, None,
         "a reclaim has no pickup lag"
     );
+}
+
+/// A lapsed lease is its owner's until the sweep releases it: no claim takes it, its renewal
+/// is refused, and an outcome it writes lands. The sweep's release fences the owner out and
+/// wakes the queue's claimers; an exactly-expiring lease is not released.
+pub async fn a_lapsed_lease_is_its_owners_until_the_sweep_releases_it(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let owner = instance(h).await;
+    let peer = instance(h).await;
+    enqueue_n(h, "q", 3).await;
+    let held = claim(h, owner, &["q"], 3).await;
+    let fences: Vec<Fence> = held.items.iter().map(|c| c.fence).collect();
+    let (landed, released, kept) = (fences[0], fences[1], fences[2]);
+    for f in [landed, released] {
+        h.set_lease_expiry(f.id, chrono::Duration::seconds(-1))
+            .await;
+    }
+    assert!(claim(h, peer, &["q"], 10).await.items.is_empty());
+    let renewed = renew(h, owner, vec![landed, kept]).await;
+    assert_eq!(
+        renewed.iter().map(|r| r.status).collect::<Vec<_>>(),
+        vec![RenewalStatus::Lost, RenewalStatus::Renewed],
+        "a lapsed lease is not renewed"
+    );
+    assert!(!complete(h, owner, vec![landed]).await.items[0].fenced_out());
+    assert_eq!(row(h, landed.id).await.state, WorkState::Completed);
+
+    let mut listener = h
+        .coordinator()
+        .listen(ListenParams::default())
+        .await
+        .expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("event"),
+        ListenEvent::Connected
+    );
+    let swept = sweep_lapsed(h).await;
+    assert_eq!(swept.released(), 1, "{swept:?}");
+    let woken = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+        .await
+        .expect("a wake signal in time")
+        .expect("event");
+    assert_eq!(woken, ListenEvent::Wake { queue: "q".into() });
+    assert!(complete(h, owner, vec![released]).await.items[0].fenced_out());
+    let r = row(h, released.id).await;
+    assert_eq!((r.state, r.instance), (WorkState::Running, None));
+    assert_eq!(row(h, kept.id).await.instance, Some(owner));
+    let taken = claim(h, peer, &["q"], 10).await;
+    assert_eq!(ids(&taken), [released.id].into_iter().collect());
+    assert!(taken.items[0].reclaimed);
+    assert_eq!(sweep_lapsed(h).await, DeadLetterExpiredOutcome::default());
 }

@@ -141,9 +141,11 @@ pub async fn a_dead_instances_slots_come_back_with_its_leases_and_a_reclaim_is_a
     let held = claim(h, dead, &["q"], 2).await;
     assert_eq!(held.items.len(), 2);
 
-    // One lease expires: it still counts, so nothing fresh starts, but the orphan is reclaimed.
+    // One lease expires: it still counts, so nothing fresh starts, but the orphan is reclaimed
+    // once the sweep released it.
     h.set_lease_expiry(held.items[0].fence.id, chrono::Duration::seconds(-1))
         .await;
+    sweep_lapsed(h).await;
     let reclaim = claim(h, live, &["q"], 10).await;
     let got: Vec<(WorkId, bool)> = reclaim
         .items
@@ -153,10 +155,11 @@ pub async fn a_dead_instances_slots_come_back_with_its_leases_and_a_reclaim_is_a
     assert_eq!(got, vec![(held.items[0].fence.id, true)]);
     assert_eq!(reasons(&reclaim), throttled("q", ThrottleReason::Running));
 
-    // The reclaimed item's second attempt is its last: when that lease expires too, the claim
-    // makes it a dead letter, and its slot goes to a fresh item in the same call.
+    // The reclaimed item's second attempt is its last: when that lease expires too, the sweep
+    // releases it and makes it a dead letter, and its slot goes to a fresh item.
     h.set_lease_expiry(held.items[0].fence.id, chrono::Duration::seconds(-1))
         .await;
+    assert_eq!(sweep_lapsed(h).await.dead_lettered(), 1);
     let fresh = claim(h, live, &["q"], 10).await;
     assert_eq!(fresh.items.len(), 1, "{:?}", fresh.items);
     assert!(!fresh.items[0].reclaimed);
@@ -204,6 +207,7 @@ pub async fn a_reclaim_is_not_refused_by_the_rate_but_takes_a_token(h: &dyn Harn
 
     h.set_lease_expiry(burst.items[0].fence.id, chrono::Duration::seconds(-1))
         .await;
+    sweep_lapsed(h).await;
     let reclaim = claim(h, me, &["q"], 10).await;
     assert_eq!(reclaim.items.len(), 1);
     assert!(reclaim.items[0].reclaimed);

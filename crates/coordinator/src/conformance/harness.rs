@@ -89,8 +89,9 @@ pub trait Harness: Send + Sync {
     async fn work_count(&self) -> usize;
     /// Sets a leased item's expiry to the store's now + `offset` (negative: in the past).
     async fn set_lease_expiry(&self, id: WorkId, offset: chrono::Duration);
-    /// Sets an item's lease expiry to exactly the store's now, then claims, at one instant.
-    async fn claim_with_lease_expiring_now(
+    /// Sets an item's lease expiry to exactly the store's now, then sweeps
+    /// (`dead_letter_expired`, which releases lapsed leases) and claims, at one instant.
+    async fn sweep_and_claim_with_lease_expiring_now(
         &self,
         id: WorkId,
         params: ClaimWorkParams,

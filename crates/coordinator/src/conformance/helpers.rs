@@ -203,6 +203,15 @@ pub(super) async fn fail(
         .state
 }
 
+/// The maintenance sweep's step for leases that are gone (`dead_letter_expired`): releases
+/// lapsed leases, then ends orphans that must not run again.
+pub(super) async fn sweep_lapsed(h: &dyn Harness) -> DeadLetterExpiredOutcome {
+    h.coordinator()
+        .dead_letter_expired(DeadLetterExpiredParams { limit: 1000 })
+        .await
+        .expect("dead_letter_expired")
+}
+
 /// A sweep by the harness's judge, without the lock-lost rule.
 pub(super) async fn cleanup(
     h: &dyn Harness,

@@ -58,6 +58,7 @@ macro_rules! conformance_suite {
             claim_refuses_an_unknown_queue_naming_the_first_and_an_unregistered_instance,
             an_orphan_claim_bumps_the_attempt_and_mints_a_new_token,
             an_orphan_with_attempts_used_up_becomes_a_dead_letter,
+            a_lapsed_lease_is_its_owners_until_the_sweep_releases_it,
             the_drain_hint_says_whether_more_were_left,
             a_claim_reports_the_pickup_lag_from_due_to_claim_except_for_reclaims,
             // renewal.rs

@@ -18,6 +18,7 @@ pub async fn a_zombies_outcomes_after_a_reclaim_are_fenced_out(h: &dyn Harness) 
     let id = enqueue_n(h, "q", 1).await[0];
     let old = claim_one(h, zombie, "q").await.fence;
     h.set_lease_expiry(id, chrono::Duration::seconds(-1)).await;
+    sweep_lapsed(h).await;
     let new = claim_one(h, peer, "q").await.fence;
     let before = row(h, id).await;
 
@@ -251,6 +252,7 @@ pub async fn a_checkpoint_reaches_the_next_attempt(h: &dyn Harness) {
         .await
         .expect("checkpoint");
     h.set_lease_expiry(id, chrono::Duration::seconds(-1)).await;
+    sweep_lapsed(h).await;
     let second = claim_one(h, b, "q").await;
     assert_eq!(second.checkpoint, Some(json!({"cursor": 41})));
     h.coordinator()

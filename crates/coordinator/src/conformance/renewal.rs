@@ -42,6 +42,7 @@ pub async fn renewal_of_a_finished_or_reclaimed_item_reports_lost(h: &dyn Harnes
     complete(h, a, vec![done]).await;
     h.set_lease_expiry(taken.id, chrono::Duration::seconds(-1))
         .await;
+    sweep_lapsed(h).await;
     let reclaimed = claim_one(h, b, "q").await;
     assert_eq!(reclaimed.fence.id, taken.id);
     let replies = renew(h, a, vec![done, taken]).await;

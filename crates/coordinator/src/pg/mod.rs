@@ -1072,7 +1072,14 @@ impl WorkCoordinator for PgCoordinator {
             .map_err(|e| self.db_error(ctx(), e))?;
         let mut outcome = DeadLetterExpiredOutcome::default();
         for (queue, state, n) in rows {
-            add_ended(&mut outcome, queue, &state, n, &ctx())?;
+            if state == "running" {
+                outcome.released.push(QueueCount {
+                    queue,
+                    items: n.max(0) as u64,
+                });
+            } else {
+                add_ended(&mut outcome, queue, &state, n, &ctx())?;
+            }
         }
         Ok(outcome)
     }
