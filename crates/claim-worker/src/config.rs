@@ -53,8 +53,7 @@ pub struct ClaimConfig {
     /// LISTEN for wake signals from other processes on a dedicated connection. **Default: true.**
     pub listen: bool,
     /// The most items one claim_work call asks for (it never asks for more than the free
-    /// handler slots; while a backlog lasts it waits, at most as long as the last claim took,
-    /// for half of this or of the queue's handlers to be free). **Default: 1 000.**
+    /// handler slots). **Default: 1 000.**
     pub max_items_per_claim: u32,
     /// The most outcomes (completions, failures, releases) written in one statement.
     /// Outcomes that arrive while a write is in flight go out together in the next.

@@ -71,28 +71,6 @@ pub(crate) fn throttle_wait(throttle: &Throttle, config: &ClaimConfig) -> Thrott
     }
 }
 
-/// How many free handlers the claim loop gathers before it claims from a backlog: half the
-/// most one claim can take (the queue's handlers, at most `max_items_per_claim`), at least 1.
-///
-/// Handlers free one at a time as their outcomes are written; claiming for each as it frees
-/// makes many small claims, and a claim's cost is mostly per call, not per item (a claim of a
-/// queue with a fleet-wide limit more so). So when the last claim left work behind and fewer
-/// handlers than this are free, the loop waits for more — at most [`gather_wait`] — and
-/// then claims for all that are free. Without a backlog it claims at once, however few are
-/// free: a new item's pickup never waits for this.
-pub(crate) fn gather_target(concurrency: usize, max_items_per_claim: u32) -> usize {
-    (concurrency.min(max_items_per_claim as usize) / 2).max(1)
-}
-
-/// The longest gather: as long as the last claim took (the time a freed handler already
-/// waits when it frees while a claim is in flight), at most [`MAX_GATHER`].
-pub(crate) fn gather_wait(last_claim: Duration) -> Duration {
-    last_claim.min(MAX_GATHER)
-}
-
-/// The longest a freed handler waits for others before its loop claims.
-const MAX_GATHER: Duration = Duration::from_millis(20);
-
 /// The shortest wait after a rate throttle.
 const MIN_RATE_WAIT: Duration = Duration::from_millis(10);
 
@@ -141,20 +119,6 @@ mod tests {
                 on_signals: true,
             }
         );
-    }
-
-    /// Half the most one claim can take, at least one; the wait, the last claim's, capped.
-    #[test]
-    fn a_gather_aims_at_half_a_claim_for_at_most_the_last_claims_time() {
-        assert_eq!(gather_target(10, 1_000), 5);
-        assert_eq!(gather_target(2_000, 1_000), 500);
-        assert_eq!(gather_target(1, 1_000), 1);
-        assert_eq!(gather_target(10, 1), 1);
-        assert_eq!(
-            gather_wait(Duration::from_millis(3)),
-            Duration::from_millis(3)
-        );
-        assert_eq!(gather_wait(Duration::from_secs(2)), MAX_GATHER);
     }
 
     fn ms(d: Option<Duration>) -> Option<u64> {

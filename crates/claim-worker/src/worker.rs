@@ -30,7 +30,7 @@ use crate::metrics;
 use crate::outcome::{decide, Ended};
 use crate::recorder::{Outcome, Recorder};
 use crate::service::{erase, layer_fn, service_error, AttemptService, BoxError, LayerFn};
-use crate::wait::{gather_target, gather_wait, throttle_wait, wait_after, Gate, ThrottleWait};
+use crate::wait::{throttle_wait, wait_after, Gate, ThrottleWait};
 
 mod dispatch;
 mod listen;

@@ -140,17 +140,6 @@ async fn start_as(
     concurrency: usize,
     handler_hold: Option<Duration>,
 ) -> Setup {
-    start_holding(fake, identity, config, concurrency, move |_| handler_hold).await
-}
-
-/// A running worker whose handler holds each item for `hold(payload)`.
-async fn start_holding(
-    fake: FakeCoordinator,
-    identity: Identity,
-    config: ClaimConfig,
-    concurrency: usize,
-    hold: impl Fn(&serde_json::Value) -> Option<Duration> + Send + Sync + 'static,
-) -> Setup {
     fake.register_queue(RegisterQueueParams::new("q"))
         .await
         .unwrap();
@@ -166,7 +155,6 @@ async fn start_holding(
             "q",
             handler_fn(move |job: Job<serde_json::Value>| {
                 seen.lock().unwrap().push(job.instance());
-                let handler_hold = hold(job.payload());
                 async move {
                     if let Some(d) = handler_hold {
                         tokio::time::sleep(d).await;
@@ -593,108 +581,6 @@ async fn a_full_batch_polls_again_at_once() {
     // 10 + 10 (full, more left) + 5 (not full): three polls at the same instant.
     assert_eq!(calls.len(), 3, "{calls:?}");
     assert!(calls.iter().all(|c| c.at == t0));
-    s.stop().await;
-}
-
-/// A worker of `concurrency` handlers whose claims take 5 ms and whose handler holds each
-/// item for its payload's `hold_us`, registered and idle.
-async fn start_gathering(concurrency: usize) -> Setup {
-    let fake = FakeCoordinator::new();
-    fake.set_latency(Method::ClaimWork, Duration::from_millis(5));
-    let identity = registered_identity(&fake).await;
-    start_holding(fake, identity, tight(), concurrency, |p| {
-        p.get("hold_us")
-            .and_then(serde_json::Value::as_u64)
-            .map(Duration::from_micros)
-    })
-    .await
-}
-
-impl Setup {
-    /// Enqueues one item per entry, holding its handler that many microseconds.
-    async fn enqueue_holding(&self, holds_us: impl IntoIterator<Item = u64>) {
-        let items = holds_us
-            .into_iter()
-            .map(|us| NewWork::new("q", json!({ "hold_us": us })))
-            .collect();
-        self.fake
-            .enqueue_work(EnqueueWorkParams { items })
-            .await
-            .unwrap();
-    }
-
-    /// Each claim's (µs since `t0`, items asked) up to `within` after `t0`.
-    fn claims_since(&self, t0: Instant, within: Duration) -> Vec<(u64, usize)> {
-        self.fake
-            .calls_of(Method::ClaimWork)
-            .iter()
-            .filter(|c| c.at >= t0 && c.at - t0 <= within)
-            .map(|c| ((c.at - t0).as_micros() as u64, c.items))
-            .collect()
-    }
-}
-
-/// With a backlog, a handler that frees waits for others (up to half the handlers, for at
-/// most as long as the last claim took) and one claim takes them all: 10 handlers, claims of
-/// 5 ms, the first ten items freeing from 15 ms on, 1 or 2 ms apart. Claiming as each frees,
-/// the second claim would ask for 1 item at 15 ms.
-#[tokio::test(start_paused = true)]
-async fn with_a_backlog_freed_handlers_are_gathered_into_one_claim() {
-    let s = start_gathering(10).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    s.fake.clear_calls();
-    let t0 = Instant::now();
-    let holds_ms = [10, 11, 12, 13, 14, 16, 17, 18, 20, 21];
-    s.enqueue_holding(
-        holds_ms
-            .map(|ms| ms * 1_000)
-            .into_iter()
-            .chain([60_000_000; 190]),
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // The first claim (at once, on the enqueue's wake) takes 10 and leaves 190 behind. Its
-    // items free at 15, 16, 17, 18 and 19 ms: one claim for 5 at 19 ms, in flight until 24.
-    // By then 3 more are free (21, 22, 23 ms); the loop gathers the next two (25, 26 ms),
-    // within its 5 ms: one claim for 5 at 26 ms.
-    assert_eq!(
-        s.claims_since(t0, Duration::from_millis(100)),
-        vec![(0, 10), (19_000, 5), (26_000, 5)]
-    );
-    s.stop().await;
-}
-
-/// The gathering is bounded: a lone freed handler (the others busy for a minute) claims one
-/// item after as long as the last claim took, 5 ms, not later.
-#[tokio::test(start_paused = true)]
-async fn a_lone_freed_handler_claims_after_the_last_claims_time_at_most() {
-    let s = start_gathering(10).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    s.fake.clear_calls();
-    let t0 = Instant::now();
-    s.enqueue_holding([5_000].into_iter().chain([60_000_000; 99]))
-        .await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    // Reply at 5 ms, the first item frees at 10 ms, its handler claims at 15 ms.
-    assert_eq!(
-        s.claims_since(t0, Duration::from_millis(50)),
-        vec![(0, 10), (15_000, 1)]
-    );
-    s.stop().await;
-}
-
-/// Without a backlog nothing is gathered: with 9 of 10 handlers busy, a new item is claimed
-/// at once on its wake signal.
-#[tokio::test(start_paused = true)]
-async fn without_a_backlog_a_new_item_is_claimed_at_once_by_the_one_free_handler() {
-    let s = start_gathering(10).await;
-    s.enqueue_holding([60_000_000; 9]).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    s.fake.clear_calls();
-    let t0 = Instant::now();
-    s.enqueue_holding([1_000]).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(s.claims_since(t0, Duration::from_millis(50)), vec![(0, 1)]);
     s.stop().await;
 }
 

@@ -1,9 +1,6 @@
 //! One poll loop per queue: claims no more than the queue's free handler slots, hands each
 //! item to dispatch, and waits adaptively between claims ([`wait_after`]), or, when the
-//! store throttled the queue (its fleet-wide flow limits), as [`throttle_wait`] says. While
-//! a backlog lasts it claims for several freed handlers at once ([`gather_target`]).
-
-use std::time::Duration;
+//! store throttled the queue (its fleet-wide flow limits), as [`throttle_wait`] says.
 
 use super::*;
 
@@ -21,11 +18,6 @@ pub(super) async fn claim_loop(
     let mut gate = run.gate.subscribe();
     let mut empty: u32 = 0;
     let mut unknown_reported = false;
-    // Whether the last claim left claimable work behind, and how long it took: with a backlog,
-    // a claim for a few freed handlers first gathers more ([`gather`]).
-    let mut backlog = false;
-    let mut last_claim = Duration::ZERO;
-    let gather_target = gather_target(q.settings.concurrency, shared.config.max_items_per_claim);
     let queue = q.name.clone();
     let health = shared.health.queue(&queue);
     loop {
@@ -44,24 +36,12 @@ pub(super) async fn claim_loop(
             }
         }
         // Free slots?
-        let mut free = slots.available_permits();
+        let free = slots.available_permits();
         if free == 0 {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = slot_freed.notified() => continue,
             }
-        }
-        if backlog && free < gather_target {
-            let until = Instant::now() + gather_wait(last_claim);
-            while free < gather_target {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = slot_freed.notified() => {}
-                    _ = tokio::time::sleep_until(until) => break,
-                }
-                free = slots.available_permits();
-            }
-            free = slots.available_permits();
         }
         let want = (free as u32).min(shared.config.max_items_per_claim);
         // This poll answers every wake signal received so far: drop a stored one, so a burst
@@ -78,10 +58,8 @@ pub(super) async fn claim_loop(
                 lease: q.settings.lease.lease,
             })
             .await;
-        last_claim = sent_at.elapsed();
         ::metrics::histogram!(metrics::CLAIM_DURATION, "queue" => queue.clone())
-            .record(last_claim.as_secs_f64());
-        backlog = matches!(&result, Ok(out) if out.has_more);
+            .record(sent_at.elapsed().as_secs_f64());
         if !matches!(result, Err(Error::UnknownQueue(_))) {
             unknown_reported = false;
         }
