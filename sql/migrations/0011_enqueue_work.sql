@@ -38,7 +38,9 @@
 --   notify         (optional, default true) whether this call wakes the claimers itself; see
 --                   below.
 -- Cost (docs/performance.md, "Enqueue"): one INSERT does the work of a batch without unique
--- or ordering keys. The checks ride in it: the join to queues and one test per row refuse
+-- or ordering keys, without ON CONFLICT when no item has a unique key (so no row of such a
+-- batch is a speculative insertion, which costs an arbiter-index probe and a WAL record a
+-- row). The checks ride in it: the join to queues and one test per row refuse
 -- bad input, and only then does enqueue_work_check scan the batch to name the problem exactly
 -- as before (so a refused batch is never slower to explain, and a good one pays no scan).
 -- Ids come from the INSERT (work.id's default, drawn in item order by this session, so
@@ -169,48 +171,94 @@ BEGIN
     -- One row per item, in item order. A row that fails a check (an unknown queue: no row of
     -- queues joins it) makes enqueue_work_check raise the batch's first problem, before that
     -- row is written; the statement fails and nothing of the batch is written.
-    WITH ins AS (
-        INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind,
-                          metadata, ordering_key, ordering_seq)
-        SELECT coalesce(v_ids[t.i], nextval('work_id_seq')), t.q,
-               CASE WHEN t.okey IS NOT NULL AND (
-                        v_key_ord[t.i] > 1
-                        OR EXISTS (SELECT 1 FROM work h
-                                   WHERE h.queue = t.q AND h.ordering_key = t.okey
-                                     AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
-                                     AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
-                        THEN 'blocked'::work_state
-                    WHEN t.due <= v_now THEN 'available'::work_state
-                    ELSE 'scheduled'::work_state END,
-               coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due,
-               CASE WHEN q.name IS NULL OR t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL)
-                         OR t.ra < interval '0' OR t.ma < 1 OR t.ma > 1000
-                         OR length(t.k) NOT BETWEEN 1 AND 128
-                         OR (t.md IS NOT NULL AND jsonb_typeof(t.md) <> 'object')
-                         OR length(t.okey) NOT BETWEEN 1 AND 128
-                    THEN enqueue_work_check(t.i::integer, p_queues, p_payloads, p_run_after, p_run_at,
-                                            p_max_attempts, p_kinds, p_metadata, p_ordering_keys)
-                    ELSE t.p END,
-               t.ukey, t.k, t.md, t.okey, v_seq[t.i]
-        FROM (
-            SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
-                             WHEN u.ra IS NOT NULL THEN v_now + u.ra
-                             ELSE v_now END AS due
-            FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts,
-                        p_kinds, p_metadata, p_ordering_keys)
-                 WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, k, md, okey, i)
-        ) t
-        LEFT JOIN queues q ON q.name = t.q
-        ORDER BY t.i
-        ON CONFLICT (queue, unique_key)
-            WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked')
-            DO NOTHING
-        RETURNING id, queue, state
-    )
-    SELECT CASE WHEN v_unique THEN NULL ELSE array_agg(ins.id ORDER BY ins.id) END,
-           array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'available')
-    INTO v_answer, v_wake
-    FROM ins;
+    -- Two copies of one INSERT that differ only in ON CONFLICT: a batch with unique keys needs
+    -- it, and without unique keys it would make every row a speculative insertion (a probe of
+    -- the arbiter index and a confirm record: 48 bytes of WAL a row, and about a tenth of a bulk
+    -- enqueue's time; docs/performance.md, "Enqueue"). A test keeps the copies the same
+    -- (crates/coordinator/tests/migrations.rs).
+    IF v_unique THEN
+        WITH ins AS (
+            INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind,
+                              metadata, ordering_key, ordering_seq)
+            SELECT coalesce(v_ids[t.i], nextval('work_id_seq')), t.q,
+                   CASE WHEN t.okey IS NOT NULL AND (
+                            v_key_ord[t.i] > 1
+                            OR EXISTS (SELECT 1 FROM work h
+                                       WHERE h.queue = t.q AND h.ordering_key = t.okey
+                                         AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
+                                         AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
+                            THEN 'blocked'::work_state
+                        WHEN t.due <= v_now THEN 'available'::work_state
+                        ELSE 'scheduled'::work_state END,
+                   coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due,
+                   CASE WHEN q.name IS NULL OR t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL)
+                             OR t.ra < interval '0' OR t.ma < 1 OR t.ma > 1000
+                             OR length(t.k) NOT BETWEEN 1 AND 128
+                             OR (t.md IS NOT NULL AND jsonb_typeof(t.md) <> 'object')
+                             OR length(t.okey) NOT BETWEEN 1 AND 128
+                        THEN enqueue_work_check(t.i::integer, p_queues, p_payloads, p_run_after, p_run_at,
+                                                p_max_attempts, p_kinds, p_metadata, p_ordering_keys)
+                        ELSE t.p END,
+                   t.ukey, t.k, t.md, t.okey, v_seq[t.i]
+            FROM (
+                SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
+                                 WHEN u.ra IS NOT NULL THEN v_now + u.ra
+                                 ELSE v_now END AS due
+                FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts,
+                            p_kinds, p_metadata, p_ordering_keys)
+                     WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, k, md, okey, i)
+            ) t
+            LEFT JOIN queues q ON q.name = t.q
+            ORDER BY t.i
+            ON CONFLICT (queue, unique_key)
+                WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked')
+                DO NOTHING
+            RETURNING id, queue, state
+        )
+        SELECT array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'available')
+        INTO v_wake
+        FROM ins;
+    ELSE
+        WITH ins AS (
+            INSERT INTO work (id, queue, state, priority, max_attempts, run_at, payload, unique_key, kind,
+                              metadata, ordering_key, ordering_seq)
+            SELECT coalesce(v_ids[t.i], nextval('work_id_seq')), t.q,
+                   CASE WHEN t.okey IS NOT NULL AND (
+                            v_key_ord[t.i] > 1
+                            OR EXISTS (SELECT 1 FROM work h
+                                       WHERE h.queue = t.q AND h.ordering_key = t.okey
+                                         AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
+                                         AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
+                            THEN 'blocked'::work_state
+                        WHEN t.due <= v_now THEN 'available'::work_state
+                        ELSE 'scheduled'::work_state END,
+                   coalesce(t.prio, 0), coalesce(t.ma, q.max_attempts), t.due,
+                   CASE WHEN q.name IS NULL OR t.p IS NULL OR (t.ra IS NOT NULL AND t.rat IS NOT NULL)
+                             OR t.ra < interval '0' OR t.ma < 1 OR t.ma > 1000
+                             OR length(t.k) NOT BETWEEN 1 AND 128
+                             OR (t.md IS NOT NULL AND jsonb_typeof(t.md) <> 'object')
+                             OR length(t.okey) NOT BETWEEN 1 AND 128
+                        THEN enqueue_work_check(t.i::integer, p_queues, p_payloads, p_run_after, p_run_at,
+                                                p_max_attempts, p_kinds, p_metadata, p_ordering_keys)
+                        ELSE t.p END,
+                   t.ukey, t.k, t.md, t.okey, v_seq[t.i]
+            FROM (
+                SELECT u.*, CASE WHEN u.rat IS NOT NULL THEN u.rat
+                                 WHEN u.ra IS NOT NULL THEN v_now + u.ra
+                                 ELSE v_now END AS due
+                FROM unnest(p_queues, p_payloads, p_priorities, p_run_after, p_run_at, p_unique_keys, p_max_attempts,
+                            p_kinds, p_metadata, p_ordering_keys)
+                     WITH ORDINALITY AS u(q, p, prio, ra, rat, ukey, ma, k, md, okey, i)
+            ) t
+            LEFT JOIN queues q ON q.name = t.q
+            ORDER BY t.i
+            RETURNING id, queue, state
+        )
+        SELECT array_agg(ins.id ORDER BY ins.id),
+               array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'available')
+        INTO v_answer, v_wake
+        FROM ins;
+    END IF;
 
     -- A keyed item inserted blocked behind an earlier item of this batch that a unique key
     -- turned away has no head: hand each such key on (a no-op for a key with a head).

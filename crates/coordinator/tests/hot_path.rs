@@ -1900,3 +1900,55 @@ async fn the_sweep_finds_lapsed_leases_without_a_sequential_scan() {
         tx.commit().await.expect("commit");
     }
 }
+
+/// A batch without unique keys is inserted without `ON CONFLICT`, so none of its rows is a
+/// speculative insertion (a probe of the arbiter index and one more WAL record a row, the
+/// confirmation; docs/performance.md, "Enqueue"). `pg_stat_statements` counts the INSERT's
+/// WAL records: a row writes its heap tuple and an entry in each of `work_pkey` and
+/// `work_claim`, three records; speculative insertion makes it four. The sequence's log
+/// record (one per 32 ids), new pages and page splits add a few per batch.
+#[tokio::test]
+async fn an_enqueue_without_unique_keys_writes_no_speculative_insertion() {
+    let (_db, pool, _c) = migrated().await;
+    let mut conn = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connection");
+    for sql in [
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+        "SET pg_stat_statements.track = 'all'",
+        "SELECT pg_stat_statements_reset()",
+    ] {
+        sqlx::query(sql).execute(&mut conn).await.expect(sql);
+    }
+    const ROWS: i64 = 300;
+    let answered: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM workpump.enqueue_work(
+             array_fill('q'::text, ARRAY[$1]), array_fill('{}'::jsonb, ARRAY[$1]),
+             array_fill(0::smallint, ARRAY[$1]), array_fill(NULL::interval, ARRAY[$1]),
+             array_fill(NULL::timestamptz, ARRAY[$1]), array_fill(NULL::text, ARRAY[$1]),
+             array_fill(NULL::integer, ARRAY[$1]), array_fill(NULL::text, ARRAY[$1]),
+             array_fill(NULL::jsonb, ARRAY[$1]), array_fill(NULL::text, ARRAY[$1]), false)",
+    )
+    .bind(ROWS as i32)
+    .fetch_one(&mut conn)
+    .await
+    .expect("enqueue");
+    assert_eq!(answered, ROWS);
+    let inserts: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 60), wal_records
+         FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND NOT toplevel AND query LIKE '%INSERT INTO work (%'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("pg_stat_statements");
+    let [(_, records)] = inserts[..] else {
+        panic!("one INSERT into work ran (nested, counted): {inserts:?}");
+    };
+    assert!(
+        (3 * ROWS..=3 * ROWS + ROWS / 10).contains(&records),
+        "{ROWS} rows wrote {records} WAL records: three a row and a few more were expected, four \
+         a row is a speculative insertion"
+    );
+}

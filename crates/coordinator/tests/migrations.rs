@@ -83,3 +83,54 @@ fn every_function_is_created_once_and_never_replaced() {
         );
     }
 }
+
+/// `enqueue_work` holds two copies of its INSERT, one with `ON CONFLICT` for batches with
+/// unique keys and one without (a batch without unique keys then writes no speculative
+/// insertion: docs/performance.md, "Enqueue"). They must stay the same statement otherwise:
+/// a check or a column changed in one copy only would hold for half the batches.
+#[test]
+fn enqueue_works_two_inserts_differ_only_in_on_conflict() {
+    let text = migrations()
+        .into_iter()
+        .find(|(name, _)| name.ends_with("_enqueue_work.sql"))
+        .expect("the enqueue_work migration")
+        .1;
+    let body = text
+        .split("CREATE FUNCTION enqueue_work(")
+        .nth(1)
+        .expect("enqueue_work's definition")
+        .split("\n$$;")
+        .next()
+        .expect("its body");
+    // Each copy: from `WITH ins AS (` to the `)` that closes it, whitespace folded.
+    let copies: Vec<String> = body
+        .split("WITH ins AS (")
+        .skip(1)
+        .map(|rest| {
+            let end = rest
+                .find("RETURNING id, queue, state")
+                .expect("the copy's RETURNING");
+            rest[..end].split_whitespace().collect::<Vec<_>>().join(" ")
+        })
+        .collect();
+    assert_eq!(copies.len(), 2, "enqueue_work's INSERT copies: {copies:#?}");
+    let conflict = "ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL AND state IN \
+                    ('available', 'scheduled', 'running', 'blocked') DO NOTHING";
+    let (with, without): (Vec<&String>, Vec<&String>) =
+        copies.iter().partition(|c| c.contains("ON CONFLICT"));
+    assert_eq!(
+        (with.len(), without.len()),
+        (1, 1),
+        "one copy with ON CONFLICT, one without: {copies:#?}"
+    );
+    assert!(
+        with[0].ends_with(conflict),
+        "the copy with ON CONFLICT ends with it: {}",
+        with[0]
+    );
+    assert_eq!(
+        with[0].trim_end_matches(conflict).trim_end(),
+        without[0].as_str(),
+        "the two copies of enqueue_work's INSERT differ in more than ON CONFLICT"
+    );
+}

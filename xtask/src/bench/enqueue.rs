@@ -29,6 +29,9 @@ pub(crate) struct EnqueueRates {
     /// CPU the bench process (the producer, a debug build) spent per item, µs.
     pub(crate) producer_cpu_us_single_1: f64,
     pub(crate) producer_cpu_us_bulk: f64,
+    /// WAL the bulk producer's calls wrote, bytes per item (the whole cluster's WAL over the
+    /// window: nothing else writes meanwhile).
+    pub(crate) bulk_wal_bytes_per_item: f64,
 }
 
 pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
@@ -36,11 +39,14 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
     let db = ctx.create_db("enqueue").await?;
     let coordinator = db.coordinator();
     db.settle().await?;
-    let (single_1, producer_cpu_us_single_1) = producers(&coordinator, 1, 1, window).await?;
+    let (single_1, producer_cpu_us_single_1, _) = producers(&coordinator, 1, 1, window).await?;
     db.settle().await?;
-    let (single_16, _) = producers(&coordinator, 16, 1, window).await?;
+    let (single_16, _, _) = producers(&coordinator, 16, 1, window).await?;
     db.settle().await?;
-    let (bulk, producer_cpu_us_bulk) = producers(&coordinator, 1, BULK_BATCH, window).await?;
+    let wal_before = db.wal_bytes().await?;
+    let (bulk, producer_cpu_us_bulk, bulk_items) =
+        producers(&coordinator, 1, BULK_BATCH, window).await?;
+    let wal_after = db.wal_bytes().await?;
     db.settle().await?;
     let options: PgConnectOptions = db.url().parse()?;
     let no_ping = PgPoolOptions::new()
@@ -48,7 +54,7 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
         .test_before_acquire(false)
         .connect_with(options.disable_statement_logging())
         .await?;
-    let (single_1_no_ping, _) =
+    let (single_1_no_ping, _, _) =
         producers(&PgCoordinator::new(no_ping.clone()), 1, 1, window).await?;
     no_ping.close().await;
     db.drop_now().await?;
@@ -59,17 +65,18 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
         single_1_no_ping,
         producer_cpu_us_single_1,
         producer_cpu_us_bulk,
+        bulk_wal_bytes_per_item: ((wal_after - wal_before) / bulk_items.max(1.0)).round(),
     })
 }
 
 /// `producers` tasks each enqueue batches of `batch` items back to back for `window`;
-/// returns items per second and this process's CPU µs per item.
+/// returns items per second, this process's CPU µs per item and the items enqueued.
 async fn producers(
     coordinator: &PgCoordinator,
     producers: usize,
     batch: usize,
     window: Duration,
-) -> BenchResult<(f64, f64)> {
+) -> BenchResult<(f64, f64, f64)> {
     let cpu_before = setup::cpu_ticks(std::process::id()).unwrap_or(0);
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -109,5 +116,5 @@ async fn producers(
     let items = done.load(Ordering::Relaxed) as f64;
     let cpu = setup::cpu_ticks(std::process::id()).unwrap_or(0) - cpu_before;
     let cpu_us_per_item = cpu as f64 / setup::ticks_per_second() * 1e6 / items.max(1.0);
-    Ok((items / elapsed, cpu_us_per_item.round()))
+    Ok((items / elapsed, cpu_us_per_item.round(), items))
 }

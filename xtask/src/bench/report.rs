@@ -290,6 +290,7 @@ impl Report {
         self.set("enqueue_single_16", r.single_16.round());
         self.set("enqueue_bulk", r.bulk.round());
         self.set("enqueue_single_1_no_ping", r.single_1_no_ping.round());
+        self.set("enqueue_bulk_wal_bytes_per_item", r.bulk_wal_bytes_per_item);
         self.details.insert(
             "enqueue".into(),
             json!({
@@ -745,6 +746,13 @@ impl Report {
             "/s",
             ">= 150 000/s".into(),
             bulk.map(|v| v >= BULK_TARGET),
+        );
+        push(
+            "enqueue_bulk_wal_bytes_per_item",
+            self.num("enqueue_bulk_wal_bytes_per_item"),
+            "B",
+            String::new(),
+            None,
         );
         let p50 = self.num("pickup_p50_ms");
         push(
