@@ -1,4 +1,4 @@
--- claim_work(instance, queues, max_items, lease) -> setof claimed rows
+-- claim_work(instance, queues, max_items, lease[, async_commit]) -> setof claimed rows
 --
 -- Leases up to `max_items` work items of the given queues to `instance` for `lease`:
 --   0. checks that the instance is registered (WP003 otherwise);
@@ -103,6 +103,15 @@
 -- owner's token no longer matches anything.
 -- Clock rule: every comparison and expiry uses the database's now().
 --
+-- async_commit (default false): the claim's transaction commits without waiting for its WAL
+-- flush (synchronous_commit = off for the rest of the transaction: the caller's autocommit
+-- statement, or the caller's own transaction). The claim's reply then does not wait for the
+-- disk (the pickup path's one flush), but a server crash or a failover can lose the last
+-- claims (up to three wal_writer_delay of commits): their rows come back as they were
+-- before, and a peer may claim an item whose first handler still runs. The fence keeps the
+-- outcome once; "one holder while the lease lasts" does not hold across the crash. A queue
+-- opts in (`[queues.<name>] async_commit`, docs/workpump.example.toml; docs/guarantees.md).
+--
 -- Plans are generic (plan_cache_mode = force_generic_plan, set on the function): each
 -- statement is planned once per session, not at every call. Left to choose, PostgreSQL kept
 -- re-planning every statement at every call (a custom plan's estimates beat the generic
@@ -130,7 +139,8 @@ CREATE FUNCTION claim_work(
     p_instance  uuid,
     p_queues    text[],
     p_max_items integer,
-    p_lease     interval
+    p_lease     interval,
+    p_async_commit boolean DEFAULT false
 )
 RETURNS TABLE (
     id           bigint,
@@ -199,6 +209,13 @@ BEGIN
     IF p_lease IS NULL OR p_lease <= interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('claim_work: lease must be positive, got %s', p_lease);
+    END IF;
+    IF p_async_commit IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'claim_work: async_commit must not be null';
+    END IF;
+    IF p_async_commit THEN
+        -- Until the transaction ends (the function's SET clauses do not name it).
+        PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
 
     IF NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = p_instance) THEN

@@ -194,6 +194,12 @@ pub struct QueueSettings {
     pub lease: LeaseSettings,
     /// Retry delays after failures.
     pub backoff: Backoff,
+    /// Commit this queue's claims without waiting for their WAL flush: a sooner pickup, at
+    /// the price that a server crash or failover can lose a claim and let a peer run the item
+    /// beside the first handler (one outcome still lands; see
+    /// [`ClaimWorkParams::async_commit`](workpump_coordinator::ClaimWorkParams::async_commit)).
+    /// **Default: false.**
+    pub async_commit: bool,
 }
 
 impl Default for QueueSettings {
@@ -202,6 +208,7 @@ impl Default for QueueSettings {
             concurrency: 10,
             lease: LeaseSettings::default(),
             backoff: Backoff::default(),
+            async_commit: false,
         }
     }
 }

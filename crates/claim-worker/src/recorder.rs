@@ -314,6 +314,7 @@ mod tests {
                 queues: vec!["q".into()],
                 max_items: 2,
                 lease: Duration::from_secs(60),
+                async_commit: false,
             })
             .await
             .unwrap();

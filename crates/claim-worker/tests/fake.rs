@@ -129,7 +129,11 @@ fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
 async fn start(config: ClaimConfig, concurrency: usize, handler_hold: Option<Duration>) -> Setup {
     let fake = FakeCoordinator::new();
     let identity = registered_identity(&fake).await;
-    start_as(fake, identity, config, concurrency, handler_hold).await
+    let settings = QueueSettings {
+        concurrency,
+        ..QueueSettings::default()
+    };
+    start_as(fake, identity, config, settings, handler_hold).await
 }
 
 /// A running worker claiming as `identity`, registered or not.
@@ -137,17 +141,13 @@ async fn start_as(
     fake: FakeCoordinator,
     identity: Identity,
     config: ClaimConfig,
-    concurrency: usize,
+    settings: QueueSettings,
     handler_hold: Option<Duration>,
 ) -> Setup {
     fake.register_queue(RegisterQueueParams::new("q"))
         .await
         .unwrap();
     let mut handlers = Handlers::new();
-    let settings = QueueSettings {
-        concurrency,
-        ..QueueSettings::default()
-    };
     let ran_as = Arc::new(Mutex::new(Vec::new()));
     let seen = ran_as.clone();
     handlers
@@ -216,6 +216,14 @@ impl Setup {
     }
 }
 
+/// The default queue settings with `n` handlers.
+fn concurrency(n: usize) -> QueueSettings {
+    QueueSettings {
+        concurrency: n,
+        ..QueueSettings::default()
+    }
+}
+
 /// Lets every ready task run without moving the clock much.
 async fn settle() {
     for _ in 0..20 {
@@ -272,7 +280,7 @@ impl Setup {
 async fn the_claim_worker_never_records_a_heartbeat() {
     let fake = FakeCoordinator::new();
     let identity = Identity::new();
-    let s = start_as(fake, identity.clone(), tight(), 10, None).await;
+    let s = start_as(fake, identity.clone(), tight(), concurrency(10), None).await;
     s.enqueue(3).await;
     // Waiting for registration, claiming, an eviction, claiming again: the only beats are
     // the two registrations this test makes in the heartbeat worker's place.
@@ -293,7 +301,7 @@ async fn the_claim_worker_never_records_a_heartbeat() {
 async fn nothing_is_claimed_before_the_heartbeat_registers_the_instance() {
     let fake = FakeCoordinator::new();
     let identity = Identity::new();
-    let s = start_as(fake, identity.clone(), tight(), 10, None).await;
+    let s = start_as(fake, identity.clone(), tight(), concurrency(10), None).await;
     let status = s.worker.status();
     s.enqueue(2).await;
     tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -321,7 +329,7 @@ async fn after_an_eviction_claims_wait_for_the_fresh_id_to_be_registered() {
     let fake = FakeCoordinator::new();
     let identity = registered_identity(&fake).await;
     let old = identity.current();
-    let s = start_as(fake, identity.clone(), tight(), 10, None).await;
+    let s = start_as(fake, identity.clone(), tight(), concurrency(10), None).await;
     let status = s.worker.status();
     s.enqueue(1).await;
     settle().await;
@@ -526,6 +534,42 @@ async fn a_wake_ends_a_ten_second_wait_at_once_and_a_burst_is_one_poll() {
     settle().await;
     assert_eq!(s.fake.calls_of(Method::ClaimWork).len(), before + 1);
     s.stop().await;
+}
+
+/// A queue's `async_commit` rides on each of its claims (the store then commits them
+/// without waiting for the WAL flush); a queue without it claims synchronously.
+#[tokio::test(start_paused = true)]
+async fn a_queue_with_async_commit_claims_with_it_and_one_without_does_not() {
+    for async_commit in [true, false] {
+        let fake = FakeCoordinator::new();
+        let identity = registered_identity(&fake).await;
+        let settings = QueueSettings {
+            async_commit,
+            ..QueueSettings::default()
+        };
+        let s = start_as(fake, identity, tight(), settings, None).await;
+        s.enqueue(3).await;
+        s.worker.waker().wake("q");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let completed = s
+            .fake
+            .work_rows()
+            .iter()
+            .filter(|r| r.state == WorkState::Completed)
+            .count();
+        assert_eq!(completed, 3, "async_commit {async_commit}");
+        let claims: Vec<bool> = s
+            .fake
+            .calls_of(Method::ClaimWork)
+            .iter()
+            .map(|c| c.async_commit)
+            .collect();
+        assert!(
+            !claims.is_empty() && claims.iter().all(|a| *a == async_commit),
+            "async_commit {async_commit}: claims asked {claims:?}"
+        );
+        s.stop().await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -758,7 +802,14 @@ async fn waiting_for_a_registration_is_reported_once_after_ten_seconds() {
             .count()
     };
 
-    let s = start_as(FakeCoordinator::new(), Identity::new(), tight(), 10, None).await;
+    let s = start_as(
+        FakeCoordinator::new(),
+        Identity::new(),
+        tight(),
+        concurrency(10),
+        None,
+    )
+    .await;
     s.enqueue(1).await;
     tokio::time::sleep(Duration::from_millis(9_999)).await;
     assert_eq!(waiting(&logs), 0, "not before 10 s: {}", logs.text());
@@ -793,6 +844,7 @@ async fn claim_calls_are_timed_and_fresh_items_record_their_pickup_lag_but_recla
             queues: vec!["q".into()],
             max_items: 1,
             lease: Duration::from_secs(60),
+            async_commit: false,
         })
         .await
         .unwrap()
@@ -812,7 +864,7 @@ async fn claim_calls_are_timed_and_fresh_items_record_their_pickup_lag_but_recla
     fake.set_run_at(overdue, chrono::Duration::seconds(-90));
     fake.set_latency(Method::ClaimWork, Duration::from_millis(40));
     let identity = registered_identity(&fake).await;
-    let s = start_as(fake, identity, tight(), 10, None).await;
+    let s = start_as(fake, identity, tight(), concurrency(10), None).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Enqueued now, claimed by the poll its wake signal starts: 40 ms later.
     s.enqueue(1).await;
@@ -1421,6 +1473,7 @@ async fn a_dead_letter_a_claim_makes_is_counted_and_logged_as_an_error() {
             queues: vec!["q".into()],
             max_items: 1,
             lease: Duration::from_secs(60),
+            async_commit: false,
         })
         .await
         .unwrap();
@@ -1432,7 +1485,7 @@ async fn a_dead_letter_a_claim_makes_is_counted_and_logged_as_an_error() {
     fake.release_lease(id);
 
     let me = registered_identity(&fake).await;
-    let s = start_as(fake, me, tight(), 1, None).await;
+    let s = start_as(fake, me, tight(), concurrency(1), None).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while s.fake.work_row(id).map(|r| r.state) != Some(WorkState::Dead) {
         assert!(Instant::now() < deadline, "no claim ended the orphan");

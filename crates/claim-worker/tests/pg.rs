@@ -166,6 +166,7 @@ impl Env {
                 queues: vec!["q".into()],
                 max_items: 1,
                 lease: Duration::from_secs(60),
+                async_commit: false,
             })
             .await
             .expect("peer claims");

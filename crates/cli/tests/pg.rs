@@ -163,7 +163,7 @@ async fn grants_are_printed_for_the_role_and_applied_only_to_a_role_that_exists(
     expect_code(&applied, 0);
     let may: bool = sqlx::query_scalar(
         "SELECT has_table_privilege($1, 'workpump.work', 'INSERT')
-            AND has_function_privilege($1, 'workpump.claim_work(uuid, text[], integer, interval)', 'EXECUTE')",
+            AND has_function_privilege($1, 'workpump.claim_work(uuid, text[], integer, interval, boolean)', 'EXECUTE')",
     )
     .bind(&role)
     .fetch_one(&pool)

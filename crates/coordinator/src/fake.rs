@@ -77,6 +77,10 @@ pub struct Call {
     pub at: Instant,
     /// How many items the call carried (leases renewed, items claimed at most, ...).
     pub items: usize,
+    /// A claim that asked to commit without waiting for the WAL flush
+    /// ([`ClaimWorkParams::async_commit`]; the fake has no commit to hurry); false for every
+    /// other call.
+    pub async_commit: bool,
 }
 
 /// An in-memory coordinator; see the module docs. Clones share the same store.
@@ -683,6 +687,11 @@ impl FakeCoordinator {
     }
 
     async fn enter(&self, method: Method, items: usize) -> Result<()> {
+        self.enter_with(method, items, false).await
+    }
+
+    /// [`enter`](Self::enter), recording a claim's `async_commit`.
+    async fn enter_with(&self, method: Method, items: usize, async_commit: bool) -> Result<()> {
         let (hang, latency) = {
             let mut st = self.state();
             let latency = st.latency.get(&method).copied().unwrap_or_default();
@@ -690,6 +699,7 @@ impl FakeCoordinator {
                 method,
                 at: Instant::now(),
                 items,
+                async_commit,
             });
             if st.unreachable {
                 return Err(Error::database(
@@ -1556,8 +1566,12 @@ impl WorkCoordinator for FakeCoordinator {
     }
 
     async fn claim_work(&self, params: ClaimWorkParams) -> Result<ClaimWorkOutcome> {
-        self.enter(Method::ClaimWork, params.max_items as usize)
-            .await?;
+        self.enter_with(
+            Method::ClaimWork,
+            params.max_items as usize,
+            params.async_commit,
+        )
+        .await?;
         validate::validate_claim(&params)?;
         let now = self.now();
         claim(&mut self.state(), now, &params)

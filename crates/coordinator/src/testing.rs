@@ -198,6 +198,7 @@ pub async fn every_state(store: &PgCoordinator) -> EveryState {
                 queues: vec![queue.into()],
                 max_items: n,
                 lease: Duration::from_secs(600),
+                async_commit: false,
             })
             .await
             .expect("claim")
@@ -352,6 +353,7 @@ pub async fn held_key(
             queues: vec![queue.into()],
             max_items: 10,
             lease: Duration::from_secs(600),
+            async_commit: false,
         })
         .await
         .expect("claim")

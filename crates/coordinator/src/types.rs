@@ -469,6 +469,11 @@ pub struct ClaimWorkParams {
     pub max_items: u32,
     /// How long the lease lasts without renewal.
     pub lease: Duration,
+    /// Commit the claim without waiting for its WAL flush (the queue's `async_commit`, off by
+    /// default): the reply comes sooner, but a server crash or failover can lose the claim,
+    /// and a peer may then claim the item while this handler still runs (the fence keeps one
+    /// outcome; docs/guarantees.md). The fake coordinator, which has no commit, ignores it.
+    pub async_commit: bool,
 }
 
 /// One leased item.

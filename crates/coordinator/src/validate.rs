@@ -501,6 +501,7 @@ mod tests {
             queues: vec!["q".into()],
             max_items: 1,
             lease: Duration::from_nanos(999),
+            async_commit: false,
         };
         assert!(validate_claim(&p).is_err());
         p.lease = Duration::from_secs(25 * 3600);

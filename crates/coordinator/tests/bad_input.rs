@@ -224,6 +224,7 @@ impl Store {
                 queues: vec![queue.to_owned()],
                 max_items: MAX_CLAIM_BATCH,
                 lease: LEASE,
+                async_commit: false,
             })
             .await
             .expect("claim")
@@ -714,6 +715,7 @@ async fn queue_names(store: Store, name: String) -> TestCaseResult {
             queues: vec![name.clone()],
             max_items: MAX_CLAIM_BATCH,
             lease: LEASE,
+            async_commit: false,
         })
         .await;
     if valid {
@@ -1041,6 +1043,7 @@ async fn batch_sizes(store: Store) {
             queues,
             max_items,
             lease: LEASE,
+            async_commit: false,
         })
     };
     for bad in [0, MAX_CLAIM_BATCH + 1, u32::MAX] {
@@ -1417,6 +1420,7 @@ async fn priorities(store: Store, (prios, round): (Vec<i16>, u32)) -> TestCaseRe
                     queues: vec![queue.clone()],
                     max_items: round,
                     lease: LEASE,
+                    async_commit: false,
                 })
                 .await,
         )?;
@@ -1546,6 +1550,7 @@ async fn leases(store: Store, lease: Duration) -> TestCaseResult {
             queues: vec![queue.clone()],
             max_items: 1,
             lease,
+            async_commit: false,
         })
         .await;
     if lease_ok(lease) {
@@ -1562,6 +1567,7 @@ async fn leases(store: Store, lease: Duration) -> TestCaseResult {
             queues: vec![queue.clone()],
             max_items: 1,
             lease: LEASE,
+            async_commit: false,
         })
         .await
         .expect("claim")

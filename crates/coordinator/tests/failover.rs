@@ -127,6 +127,7 @@ async fn claim_one(c: &PgCoordinator, me: InstanceId) -> ClaimedWork {
         queues: vec!["q".into()],
         max_items: 1,
         lease: Duration::from_secs(60),
+        async_commit: false,
     })
     .await
     .expect("claim")

@@ -74,6 +74,7 @@ async fn claim(
         queues: vec!["q".into()],
         max_items,
         lease,
+        async_commit: false,
     })
     .await
     .expect("claim")
@@ -292,6 +293,7 @@ async fn renewals_of_an_instance_reaped_while_it_still_held_a_lease_answer_evict
             queues: vec!["q".into()],
             max_items: 1,
             lease: LEASE,
+            async_commit: false,
         })
         .await
         .unwrap_err();
@@ -1795,6 +1797,7 @@ async fn a_renewal_is_a_hot_update() {
             queues: vec!["limited".into()],
             max_items: 100,
             lease: LEASE,
+            async_commit: false,
         })
         .await
         .expect("claim");
@@ -1950,5 +1953,61 @@ async fn an_enqueue_without_unique_keys_writes_no_speculative_insertion() {
         (3 * ROWS..=3 * ROWS + ROWS / 10).contains(&records),
         "{ROWS} rows wrote {records} WAL records: three a row and a few more were expected, four \
          a row is a speculative insertion"
+    );
+}
+
+/// A claim with `async_commit` turns `synchronous_commit` off for the rest of its transaction
+/// (its commit does not wait for the WAL flush), and only then: a claim without it leaves the
+/// session's setting alone, and the next transaction has the session's setting again.
+#[tokio::test]
+async fn a_claim_with_async_commit_commits_without_waiting_for_the_flush() {
+    let (_db, pool, c) = migrated().await;
+    enqueue_n(&c, 2).await;
+    let me = registered(&c).await;
+    let mut conn = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connection");
+    // The test cluster runs with it off: the session turns it on, so that off can be seen.
+    sqlx::query("SET synchronous_commit = on")
+        .execute(&mut conn)
+        .await
+        .expect("set");
+    for async_commit in [true, false] {
+        let mut tx = conn.begin().await.expect("begin");
+        let claimed: i64 = sqlx::query_scalar(
+            "SELECT count(id) FROM workpump.claim_work($1, ARRAY['q'], 1, interval '60 s', $2)",
+        )
+        .bind(me.0)
+        .bind(async_commit)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("claim");
+        assert_eq!(claimed, 1, "async_commit {async_commit}");
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("show");
+        let expected = if async_commit { "off" } else { "on" };
+        assert_eq!(setting, expected, "async_commit {async_commit}");
+        tx.commit().await.expect("commit");
+        let after: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut conn)
+            .await
+            .expect("show");
+        assert_eq!(
+            after, "on",
+            "after a claim with async_commit {async_commit}"
+        );
+    }
+    // The argument is checked like the others.
+    let err =
+        sqlx::query("SELECT * FROM workpump.claim_work($1, ARRAY['q'], 1, interval '60 s', NULL)")
+            .bind(me.0)
+            .execute(&mut conn)
+            .await
+            .expect_err("a NULL async_commit");
+    assert!(
+        err.to_string().contains("async_commit must not be null"),
+        "{err}"
     );
 }

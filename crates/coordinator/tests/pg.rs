@@ -39,6 +39,7 @@ async fn claim_one(c: &PgCoordinator, me: InstanceId) -> ClaimedWork {
             queues: vec!["q".into()],
             max_items: 1,
             lease: Duration::from_secs(60),
+            async_commit: false,
         })
         .await
         .expect("claim");
@@ -743,6 +744,7 @@ async fn an_unreachable_database_gets_an_error_that_says_what_was_being_done() {
             queues: vec!["q".into()],
             max_items: 10,
             lease: Duration::from_secs(60),
+            async_commit: false,
         })
         .await
         .unwrap_err();

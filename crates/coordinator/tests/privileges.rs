@@ -266,6 +266,7 @@ async fn claim(c: &PgCoordinator, me: InstanceId, max_items: u32) -> Vec<Claimed
         queues: vec![QUEUE.into()],
         max_items,
         lease: LEASE,
+        async_commit: false,
     })
     .await
     .expect("claim")
@@ -561,6 +562,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
             queues: vec![QUEUE.into()],
             max_items: 1,
             lease: Duration::from_secs(60),
+            async_commit: false,
         })
         .await
         .expect("claim of a limited queue");

@@ -285,6 +285,7 @@ async fn every_page_loads_a_dead_letter_is_retried_by_clicking_and_a_paused_queu
             queues: vec!["emails".into()],
             max_items: 100,
             lease: Duration::from_secs(60),
+            async_commit: false,
         })
     };
     let waiting: i64 = sqlx::query_scalar(

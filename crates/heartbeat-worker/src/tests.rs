@@ -707,6 +707,7 @@ async fn peer_with_leases(fake: &FakeCoordinator, items: usize) -> InstanceId {
             queues: vec!["q".to_owned()],
             max_items: 100,
             lease: secs(60),
+            async_commit: false,
         })
         .await
         .expect("claim");

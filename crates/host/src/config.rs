@@ -225,6 +225,12 @@ pub struct QueueConfig {
     /// Longest attempt. **Default: `lease.max_duration_ms`.**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::option::deserialize")]
     pub max_duration_ms: Option<u64>,
+    /// Commit this instance's claims of the queue without waiting for their WAL flush: the
+    /// pickup loses a disk flush, and a server crash or failover can lose the last claims,
+    /// after which a peer may run an item beside its first handler (the fence still keeps
+    /// one outcome; docs/guarantees.md, "Asynchronous claims"). Set per instance, not stored.
+    /// **Default: false.**
+    pub async_commit: Option<bool>,
 }
 
 impl QueueConfig {
@@ -456,6 +462,7 @@ impl HostConfig {
                     .map_or(backoff.base, Duration::from_millis),
                 cap: q.backoff_cap_ms.map_or(backoff.cap, Duration::from_millis),
             },
+            async_commit: q.async_commit.unwrap_or(false),
         }
     }
 

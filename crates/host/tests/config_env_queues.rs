@@ -21,6 +21,7 @@ fn noop() -> impl workpump_host::Handler<Payload = serde_json::Value> {
 async fn queue_names_in_variables_keep_their_case_and_an_alias_names_any_queue() {
     std::env::set_var("WORKPUMP_QUEUES__Emails__CONCURRENCY", "4");
     std::env::set_var("WORKPUMP_QUEUES__Emails__LEASE_MS", "90s");
+    std::env::set_var("WORKPUMP_QUEUES__Emails__ASYNC_COMMIT", "true");
     std::env::set_var("WORKPUMP_QUEUES__BILLING__NAME", "billing.emails-v2:eu");
     std::env::set_var("WORKPUMP_QUEUES__BILLING__CONCURRENCY", "7");
     std::env::set_var("WORKPUMP_QUEUES__BILLING__BACKOFF_BASE_MS", "250ms");
@@ -34,9 +35,11 @@ async fn queue_names_in_variables_keep_their_case_and_an_alias_names_any_queue()
     let emails = config.queue_settings("Emails");
     assert_eq!(emails.concurrency, 4);
     assert_eq!(emails.lease.lease, Duration::from_secs(90));
+    assert!(emails.async_commit);
     let billing = config.queue_settings("billing.emails-v2:eu");
     assert_eq!(billing.concurrency, 7);
     assert_eq!(billing.backoff.base, Duration::from_millis(250));
+    assert!(!billing.async_commit, "off unless set");
 
     // The host accepts them for its handlers' queues, and serves them with these settings.
     let seen: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();

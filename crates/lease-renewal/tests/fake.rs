@@ -83,6 +83,7 @@ impl Rig {
                 queues: vec!["q".into()],
                 max_items: n as u32,
                 lease: LEASE,
+                async_commit: false,
             })
             .await
             .expect("claim");
@@ -294,6 +295,7 @@ async fn a_renewal_reported_lost_fires_the_token_within_the_same_flush() {
             queues: vec!["q".into()],
             max_items: 1,
             lease: LEASE,
+            async_commit: false,
         })
         .await
         .expect("reclaim");
@@ -528,6 +530,7 @@ async fn a_late_reply_for_an_old_claim_leaves_the_newer_claim_and_disposed_handl
             queues: vec!["q".into()],
             max_items: 1,
             lease: LEASE,
+            async_commit: false,
         })
         .await
         .expect("reclaim");

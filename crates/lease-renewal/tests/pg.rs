@@ -90,6 +90,7 @@ impl Pg {
                 queues: vec!["q".into()],
                 max_items: 1,
                 lease: LEASE,
+                async_commit: false,
             })
             .await
             .expect("claim")

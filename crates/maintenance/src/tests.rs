@@ -159,6 +159,7 @@ async fn claim(
             queues: vec![q.into()],
             max_items: n,
             lease: secs(60),
+            async_commit: false,
         })
         .await
         .expect("claim");

@@ -98,6 +98,7 @@ impl Store {
                     queues: vec![q.into()],
                     max_items: 10_000,
                     lease: Duration::from_secs(60),
+                    async_commit: false,
                 })
                 .await
                 .expect("claim");

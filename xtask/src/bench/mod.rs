@@ -326,7 +326,7 @@ async fn bench(options: Options) -> BenchResult<ExitCode> {
                 flow::rate(&ctx, workers).await.map(|r| report.rate(r))
             }
             "enqueue" => enqueue::run(&ctx).await.map(|r| report.enqueue(r)),
-            "pickup" => pickup::run(&ctx).await.map(|r| report.pickup(r)),
+            "pickup" => pickup::run(&ctx).await.map(|(d, a)| report.pickup(d, a)),
             "renewal" => renewals(&ctx, &mut report).await,
             "failover" => failovers(&ctx, &mut report).await,
             "idle" => idles(&ctx, &mut report).await,

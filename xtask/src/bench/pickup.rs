@@ -43,20 +43,23 @@ pub(crate) struct Pickup {
     pub(crate) statements: Vec<Statement>,
 }
 
-pub(crate) async fn run(ctx: &Ctx) -> BenchResult<Pickup> {
+/// The pickup at the defaults, then with the queue's claims committed asynchronously
+/// (`queues.<queue>.async_commit`, docs/guarantees.md), each in a fresh database.
+pub(crate) async fn run(ctx: &Ctx) -> BenchResult<(Pickup, Pickup)> {
+    let defaults = run_one(ctx, &Spec::defaults(), "pickup").await?;
+    let async_commit =
+        Spec::defaults().settings(&[(&*format!("queues.{QUEUE}.async_commit"), true)]);
+    let asynchronous = run_one(ctx, &async_commit, "pickup_async").await?;
+    Ok((defaults, asynchronous))
+}
+
+async fn run_one(ctx: &Ctx, spec: &Spec, name: &str) -> BenchResult<Pickup> {
     let samples = ctx.plan.pickup_samples;
     let gap = Duration::from_millis(20);
-    let db = ctx.create_db("pickup").await?;
+    let db = ctx.create_db(name).await?;
     db.settle().await?;
-    let (mut workers, _) = worker::start_all(
-        &ctx.worker_bin,
-        db.url(),
-        &Spec::defaults(),
-        1,
-        &ctx.logs,
-        "pickup",
-    )
-    .await?;
+    let (mut workers, _) =
+        worker::start_all(&ctx.worker_bin, db.url(), spec, 1, &ctx.logs, name).await?;
     // Idle: let the first polls find nothing and the claim loop settle into its wait.
     tokio::time::sleep(Duration::from_secs(2)).await;
 

@@ -300,11 +300,15 @@ impl Report {
         );
     }
 
-    pub(crate) fn pickup(&mut self, p: Pickup) {
+    /// `p` at the defaults; `a` with the queue's claims committed asynchronously.
+    pub(crate) fn pickup(&mut self, p: Pickup, a: Pickup) {
         self.set("pickup_p50_ms", p.p50);
         self.set("pickup_p90_ms", p.p90);
         self.set("pickup_p99_ms", p.p99);
         self.set("pickup_max_ms", p.max);
+        self.set("pickup_async_p50_ms", a.p50);
+        self.set("pickup_async_p99_ms", a.p99);
+        self.set("pickup_async_max_ms", a.max);
         self.details.insert(
             "pickup".into(),
             json!({
@@ -784,6 +788,19 @@ impl Report {
             String::new(),
             None,
         );
+        for figure in [
+            "pickup_async_p50_ms",
+            "pickup_async_p99_ms",
+            "pickup_async_max_ms",
+        ] {
+            push(
+                &format!("{figure} (queues.<q>.async_commit)"),
+                self.num(figure),
+                "ms",
+                String::new(),
+                None,
+            );
+        }
         for r in &self.renewals {
             let suffix = if r.warm_stats { "_warm_stats" } else { "" };
             let interval_s = LEASE_MS as f64 / 3.0 / 1_000.0;

@@ -56,6 +56,7 @@ pub(super) async fn claim_loop(
                 queues: vec![queue.clone()],
                 max_items: want,
                 lease: q.settings.lease.lease,
+                async_commit: q.settings.async_commit,
             })
             .await;
         ::metrics::histogram!(metrics::CLAIM_DURATION, "queue" => queue.clone())

@@ -127,6 +127,7 @@ pub(super) fn claim_params(
         queues: queues.iter().map(|q| q.to_string()).collect(),
         max_items,
         lease: LEASE,
+        async_commit: false,
     }
 }
 

@@ -756,6 +756,7 @@ impl WorkCoordinator for PgCoordinator {
             .bind(&params.queues)
             .bind(params.max_items as i32)
             .bind(interval(params.lease))
+            .bind(params.async_commit)
             .fetch_all(self.control().await?)
             .await
             .map_err(|e| match sqlstate(&e).as_deref() {
