@@ -42,6 +42,27 @@ async fn judge(c: &PgCoordinator, pool: &PgPool) -> (InstanceId, TakeAliveLockOu
     (me, seasoned_judge(c, pool, me).await)
 }
 
+/// A session of its own (a pooled one may have planned or run the statements already) whose
+/// statements `pg_stat_statements` counts, nested ones included, from zero; `settings` are
+/// run first.
+async fn counted_session(pool: &PgPool, settings: &[&str]) -> PgConnection {
+    let mut conn = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connection");
+    let tracking = [
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+        "SET pg_stat_statements.track = 'all'",
+    ];
+    for sql in tracking
+        .iter()
+        .chain(settings)
+        .chain(&["SELECT pg_stat_statements_reset()"])
+    {
+        sqlx::query(sql).execute(&mut conn).await.expect(sql);
+    }
+    conn
+}
+
 async fn registered(c: &PgCoordinator) -> InstanceId {
     let me = InstanceId::new();
     c.record_heartbeat(heartbeat(me)).await.expect("heartbeat");
@@ -1465,29 +1486,20 @@ async fn no_statement_of_the_hot_path_is_jit_compiled() {
     let (_db, pool, c) = migrated().await;
     enqueue_n(&c, 20).await;
     let me = registered(&c).await;
-    let mut conn = pool.acquire().await.expect("connection");
-    for sql in [
-        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
-        "SET pg_stat_statements.track = 'all'",
-        "SET jit = on",
-        "SET jit_above_cost = 0",
-        "SELECT pg_stat_statements_reset()",
-    ] {
-        sqlx::query(sql).execute(&mut *conn).await.expect(sql);
-    }
+    let mut conn = counted_session(&pool, &["SET jit = on", "SET jit_above_cost = 0"]).await;
     let compiled = "SELECT coalesce(sum(jit_functions), 0)::bigint,
                            coalesce(string_agg(left(query, 80), ' | '), '')
                     FROM pg_stat_statements
                     WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                       AND jit_functions > 0 AND toplevel = $1 AND query ILIKE $2";
     sqlx::query("SELECT count(*) FROM generate_series(1, 10) AS jit_control")
-        .execute(&mut *conn)
+        .execute(&mut conn)
         .await
         .expect("control");
     let (control, _): (i64, String) = sqlx::query_as(compiled)
         .bind(true)
         .bind("%jit_control%")
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut conn)
         .await
         .expect("control's JIT");
     assert!(
@@ -1504,7 +1516,7 @@ async fn no_statement_of_the_hot_path_is_jit_compiled() {
             "SELECT id, claim_token FROM workpump.claim_work($1, ARRAY['q'], 5, interval '60 s')",
         )
         .bind(me.0)
-        .fetch_all(&mut *conn)
+        .fetch_all(&mut conn)
         .await
         .expect("claim");
         let (ids, tokens): (Vec<i64>, Vec<i64>) =
@@ -1522,7 +1534,7 @@ async fn no_statement_of_the_hot_path_is_jit_compiled() {
             .bind(me.0)
             .bind(ids)
             .bind(tokens)
-            .execute(&mut *conn)
+            .execute(&mut conn)
             .await
             .expect(call);
     }
@@ -1536,14 +1548,14 @@ async fn no_statement_of_the_hot_path_is_jit_compiled() {
     .bind(me.0)
     .bind(fail_ids)
     .bind(fail_tokens)
-    .execute(&mut *conn)
+    .execute(&mut conn)
     .await
     .expect("fail");
     sqlx::query("SELECT count(*) FROM workpump.release_work($1, $2, $3, false)")
         .bind(me.0)
         .bind(release_ids)
         .bind(release_tokens)
-        .execute(&mut *conn)
+        .execute(&mut conn)
         .await
         .expect("release");
     for (unique_key, ordering_key) in [(Some("u1"), None), (None, Some("k1"))] {
@@ -1555,7 +1567,7 @@ async fn no_statement_of_the_hot_path_is_jit_compiled() {
         )
         .bind(unique_key)
         .bind(ordering_key)
-        .execute(&mut *conn)
+        .execute(&mut conn)
         .await
         .expect("enqueue");
     }
@@ -1564,7 +1576,7 @@ async fn no_statement_of_the_hot_path_is_jit_compiled() {
         // session's settings and may be compiled: that is the caller's choice).
         .bind(false)
         .bind("%")
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut conn)
         .await
         .expect("the functions' JIT");
     assert_eq!(nested, 0, "JIT-compiled inside the hot path: {which}");
@@ -1635,18 +1647,7 @@ async fn claim_and_enqueue_plan_their_statements_once_per_session() {
     let (_db, pool, c) = migrated().await;
     enqueue_n(&c, 100).await;
     let me = registered(&c).await;
-    // A session of its own: a pooled one may have planned the statements already.
-    let mut conn = PgConnection::connect_with(&pool.connect_options())
-        .await
-        .expect("connection");
-    for sql in [
-        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
-        "SET pg_stat_statements.track = 'all'",
-        "SET pg_stat_statements.track_planning = on",
-        "SELECT pg_stat_statements_reset()",
-    ] {
-        sqlx::query(sql).execute(&mut conn).await.expect(sql);
-    }
+    let mut conn = counted_session(&pool, &["SET pg_stat_statements.track_planning = on"]).await;
     const CALLS: i64 = 10;
     for _ in 0..CALLS {
         let claimed: i64 = sqlx::query_scalar(
@@ -1913,16 +1914,7 @@ async fn the_sweep_finds_lapsed_leases_without_a_sequential_scan() {
 #[tokio::test]
 async fn an_enqueue_without_unique_keys_writes_no_speculative_insertion() {
     let (_db, pool, _c) = migrated().await;
-    let mut conn = PgConnection::connect_with(&pool.connect_options())
-        .await
-        .expect("connection");
-    for sql in [
-        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
-        "SET pg_stat_statements.track = 'all'",
-        "SELECT pg_stat_statements_reset()",
-    ] {
-        sqlx::query(sql).execute(&mut conn).await.expect(sql);
-    }
+    let mut conn = counted_session(&pool, &[]).await;
     const ROWS: i64 = 300;
     let answered: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM workpump.enqueue_work(
