@@ -189,6 +189,15 @@ async fn start_as(
 }
 
 impl Setup {
+    /// The store's rows in `state`.
+    fn in_state(&self, state: WorkState) -> usize {
+        self.fake
+            .work_rows()
+            .iter()
+            .filter(|r| r.state == state)
+            .count()
+    }
+
     async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.unwrap().unwrap();
@@ -551,12 +560,7 @@ async fn a_queue_with_async_commit_claims_with_it_and_one_without_does_not() {
         s.enqueue(3).await;
         s.worker.waker().wake("q");
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let completed = s
-            .fake
-            .work_rows()
-            .iter()
-            .filter(|r| r.state == WorkState::Completed)
-            .count();
+        let completed = s.in_state(WorkState::Completed);
         assert_eq!(completed, 3, "async_commit {async_commit}");
         let claims: Vec<bool> = s
             .fake
@@ -585,21 +589,11 @@ async fn claims_never_ask_for_more_than_the_free_slots() {
         .map(|c| c.items)
         .collect();
     assert!(asked.iter().all(|n| *n <= 3), "{asked:?}");
-    let running = s
-        .fake
-        .work_rows()
-        .iter()
-        .filter(|r| r.state == WorkState::Running)
-        .count();
+    let running = s.in_state(WorkState::Running);
     assert_eq!(running, 3);
     // Slots free as handlers finish; everything completes.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let completed = s
-        .fake
-        .work_rows()
-        .iter()
-        .filter(|r| r.state == WorkState::Completed)
-        .count();
+    let completed = s.in_state(WorkState::Completed);
     assert_eq!(completed, 10);
     s.stop().await;
 }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::Connection;
 use tokio::time::Instant;
 use workpump_coordinator::testing::{
@@ -2002,4 +2002,56 @@ async fn a_claim_with_async_commit_commits_without_waiting_for_the_flush() {
         err.to_string().contains("async_commit must not be null"),
         "{err}"
     );
+}
+
+/// `PgCoordinator::claim_work` hands `ClaimWorkParams::async_commit` to the store: a claim
+/// with it runs the statement that turns `synchronous_commit` off, a claim without it does
+/// not (counted by `pg_stat_statements` in the coordinator's own sessions, which track nested
+/// statements).
+#[tokio::test]
+async fn the_coordinator_passes_async_commit_to_the_store() {
+    let (_db, pool, c) = migrated().await;
+    enqueue_n(&c, 3).await;
+    let me = registered(&c).await;
+    let tracked = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            pool.connect_options()
+                .as_ref()
+                .clone()
+                .options([("pg_stat_statements.track", "all")]),
+        )
+        .await
+        .expect("a pool that tracks nested statements");
+    let store = PgCoordinator::new(tracked.clone());
+    // Creates the extension and resets the counts; the session itself is not needed.
+    drop(counted_session(&pool, &[]).await);
+    let turned_off = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND query LIKE '%set_config%'",
+        )
+        .fetch_one(&tracked)
+        .await
+        .expect("pg_stat_statements")
+    };
+    for (async_commit, expected) in [(false, 0), (true, 1), (false, 1)] {
+        let out = store
+            .claim_work(ClaimWorkParams {
+                instance: me,
+                queues: vec!["q".into()],
+                max_items: 1,
+                lease: LEASE,
+                async_commit,
+            })
+            .await
+            .expect("claim");
+        assert_eq!(out.items.len(), 1, "async_commit {async_commit}");
+        assert_eq!(
+            turned_off().await,
+            expected,
+            "set_config calls after a claim with async_commit {async_commit}"
+        );
+    }
 }

@@ -1233,3 +1233,97 @@ async fn claims_of_a_limited_queue_do_not_wait_for_each_other_and_hold_distinct_
         .expect("fourth claim");
     assert!(none.is_empty(), "five run: the limit");
 }
+
+/// What docs/guarantees.md ("Asynchronous claims") says of a claim that a crash loses: its
+/// row comes back as it was before the claim while the handler it started keeps running,
+/// another claim takes the item, and still one outcome is recorded. The crash is simulated by
+/// writing the row back to its pre-claim version (what recovery leaves when the claim's
+/// commit record never reached the disk). Two ways on: a peer claims the item (the first
+/// handler's token matches nothing), or the same instance claims it and the sequence, whose
+/// unflushed WAL was lost too, hands it the same token (the first handler's outcome then
+/// lands for the new claim, whose own handler is fenced out).
+#[tokio::test]
+async fn a_claim_lost_in_a_crash_still_gets_one_outcome() {
+    let (_db, pool, c) = migrated().await;
+    let a = registered(&c).await;
+    let b = registered(&c).await;
+    for peer_claims in [true, false] {
+        let id = c
+            .enqueue_work(EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!({ "peer": peer_claims }))],
+            })
+            .await
+            .expect("enqueue")
+            .items[0]
+            .id;
+        let lost = c
+            .claim_work(ClaimWorkParams {
+                instance: a,
+                queues: vec!["q".into()],
+                max_items: 1,
+                lease: Duration::from_secs(60),
+                async_commit: true,
+            })
+            .await
+            .expect("the asynchronous claim")
+            .items
+            .remove(0);
+        assert_eq!(lost.fence.id, id);
+        // Recovery without the claim's commit: the pre-claim version of the row.
+        sqlx::query(
+            "UPDATE workpump.work SET state = 'available', instance_id = NULL,
+                 lease_expiry = NULL, claim_token = NULL, attempt = attempt - 1, renewals = 0
+             WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&pool)
+        .await
+        .expect("write the row back");
+        let again = claim_one(&c, if peer_claims { b } else { a }).await;
+        assert_eq!(again.fence.id, id);
+        let second = if peer_claims {
+            again.fence
+        } else {
+            // The sequence handed out the lost claim's token again.
+            sqlx::query("UPDATE workpump.work SET claim_token = $2 WHERE id = $1")
+                .bind(id)
+                .bind(lost.fence.token)
+                .execute(&pool)
+                .await
+                .expect("the same token");
+            lost.fence
+        };
+        let complete = |instance, fence| {
+            c.complete_work(CompleteWorkParams {
+                instance,
+                items: vec![fence],
+                hand_off: Vec::new(),
+            })
+        };
+        // The first handler finishes first, then the second.
+        let first = complete(a, lost.fence).await.expect("first outcome");
+        let later = complete(if peer_claims { b } else { a }, second)
+            .await
+            .expect("second outcome");
+        let landed: Vec<bool> = [&first, &later]
+            .iter()
+            .map(|o| !o.items[0].fenced_out())
+            .collect();
+        assert_eq!(
+            landed,
+            if peer_claims {
+                [false, true]
+            } else {
+                [true, false]
+            },
+            "peer claims: {peer_claims}"
+        );
+        let history: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM workpump.work_history WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("history");
+        assert_eq!(history, 1, "one completion, peer claims: {peer_claims}");
+    }
+}
