@@ -33,13 +33,22 @@ async fn registered(c: &PgCoordinator) -> InstanceId {
 }
 
 async fn claim_one(c: &PgCoordinator, me: InstanceId) -> ClaimedWork {
+    claim_one_committing(c, me, false).await
+}
+
+/// [`claim_one`], its commit asynchronous when `async_commit`.
+async fn claim_one_committing(
+    c: &PgCoordinator,
+    me: InstanceId,
+    async_commit: bool,
+) -> ClaimedWork {
     let out = c
         .claim_work(ClaimWorkParams {
             instance: me,
             queues: vec!["q".into()],
             max_items: 1,
             lease: Duration::from_secs(60),
-            async_commit: false,
+            async_commit,
         })
         .await
         .expect("claim");
@@ -1256,18 +1265,7 @@ async fn a_claim_lost_in_a_crash_still_gets_one_outcome() {
             .expect("enqueue")
             .items[0]
             .id;
-        let lost = c
-            .claim_work(ClaimWorkParams {
-                instance: a,
-                queues: vec!["q".into()],
-                max_items: 1,
-                lease: Duration::from_secs(60),
-                async_commit: true,
-            })
-            .await
-            .expect("the asynchronous claim")
-            .items
-            .remove(0);
+        let lost = claim_one_committing(&c, a, true).await;
         assert_eq!(lost.fence.id, id);
         // Recovery without the claim's commit: the pre-claim version of the row.
         sqlx::query(
