@@ -23,6 +23,14 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".work TO :"runtime";
 --                 view of both tables, is read by get_work, list_work and bulk_work.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".work_history TO :"runtime";
 GRANT SELECT ON TABLE :"schema".work_all TO :"runtime";
+--   work_history_default: the partition of completions no partition's window covered;
+--                         prune_finished deletes them past their retention itself (DELETE,
+--                         with FOR UPDATE SKIP LOCKED: UPDATE), and maintenance_due looks.
+GRANT SELECT, UPDATE, DELETE ON TABLE :"schema".work_history_default TO :"runtime";
+--   history_partitions: maintenance_due reads the windows of work_history's partitions.
+--                       Only rotate_history (SECURITY DEFINER: it runs as the owner) creates,
+--                       attaches and drops partitions and writes this table.
+GRANT SELECT ON TABLE :"schema".history_partitions TO :"runtime";
 --   queues: register_queue (INSERT ... ON CONFLICT DO UPDATE); claims read it, and a claim of
 --           a queue with a flow limit locks its row and debits its rate bucket (UPDATE).
 GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".queues TO :"runtime";

@@ -20,8 +20,11 @@
 --                          transaction's now()). A completion moves the row to
 --                          workpump.work_history: recorded as the update it stands for, from
 --                          running to completed (owner and expiry cleared, token and attempt
---                          kept); a completed item deleted from work_history (retention, an
---                          operator's discard) as a delete from state completed.
+--                          kept); a completed item deleted from work_history (retention of
+--                          its default partition, an operator's discard) as a delete from
+--                          state completed. A partition dropped whole past the retention
+--                          fires no trigger: its items vanish unrecorded (the default
+--                          retention, 24 h, is never reached within a run).
 -- workpump_enqueued        the ids the harness enqueued: every one must be there at the end.
 -- workpump_instance_audit  triggers on workpump.instances and workpump.evicted_instances
 --                          record every registration, deletion and eviction tombstone, with
@@ -93,7 +96,8 @@ BEGIN
                                  to_expiry, to_renewals, to_cancel)
         VALUES ('insert', NEW.id, NEW.state::text, NEW.instance_id, NEW.claim_token, NEW.attempt,
                 NEW.lease_expiry, NEW.renewals, NEW.cancel_requested);
-    ELSIF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'work_history' THEN
+    ELSIF TG_OP = 'DELETE' AND TG_TABLE_NAME LIKE 'work\_history%' THEN
+        -- A row trigger of work_history fires on its partition: the table is one of them.
         INSERT INTO workpump_audit (op, item, from_state, from_token, from_attempt, from_renewals,
                                  from_cancel)
         VALUES ('delete', OLD.id, 'completed', OLD.claim_token, OLD.attempt, OLD.renewals,

@@ -261,8 +261,17 @@ CREATE INDEX work_ordering ON work (queue, ordering_key, ordering_seq)
 -- only inserted (complete_work) and deleted (prune_finished, an operator's discard), never
 -- updated, so no CHECK repeats `work`'s (every row passed them there) and the pages are
 -- filled whole. Readers see both tables through the view work_all.
+--
+-- Partitioned by finished_at (docs/store.md, "Retention of completed items"): the maintenance
+-- sweep (rotate_history, under prune_finished) attaches partitions of a window ahead of now()
+-- and drops each one whole once its window is past the retention, so retention costs no
+-- DELETE, no dead rows and no vacuum however many items complete. A row whose finished_at no
+-- partition covers (before the first sweep, or while no instance runs maintenance) lands in
+-- work_history_default, which prune_finished empties row by row as before. No primary key:
+-- PostgreSQL's would have to include finished_at, and an id is found by work_history_id in
+-- each partition (a few dozen of them, docs/store.md).
 CREATE TABLE work_history (
-    id               bigint      PRIMARY KEY,
+    id               bigint      NOT NULL,
     queue            text        NOT NULL,
     priority         smallint    NOT NULL,
     attempt          integer     NOT NULL,
@@ -281,10 +290,24 @@ CREATE TABLE work_history (
     ordering_seq     bigint,
     created_at       timestamptz NOT NULL,
     finished_at      timestamptz NOT NULL
-);
--- retention pruning (oldest first) and the operator's overview (newest first); a completion
--- appends at its right edge.
+) PARTITION BY RANGE (finished_at);
+-- an item by id (get_work, list_work, bulk_work, an operator's discard), in every partition.
+CREATE INDEX work_history_id ON work_history (id);
+-- the operator's overview (newest first) and pruning of the default partition (oldest
+-- first); a completion appends at its partition's right edge.
 CREATE INDEX work_history_finished ON work_history (finished_at);
+-- Completions no partition's window covers.
+CREATE TABLE work_history_default PARTITION OF work_history DEFAULT;
+
+-- The partitions rotate_history attached and has not dropped yet, with their windows
+-- [from_at, to_at): what rotate_history and maintenance_due read instead of the catalog's
+-- partition bounds. Written only by rotate_history, in the transaction of its DDL.
+CREATE TABLE history_partitions (
+    name    text        PRIMARY KEY,
+    from_at timestamptz NOT NULL,
+    to_at   timestamptz NOT NULL,
+    CONSTRAINT history_partitions_window CHECK (from_at < to_at)
+);
 
 -- Every item, finished or not, in `work`'s columns: the rows of `work` and the completed
 -- items of work_history. What reads items by id, lists them or checks them (get_work,

@@ -16,7 +16,8 @@
 --                items in flight: 3 ms for 10 000 running on PostgreSQL 15, warm cache, the
 --                whole call 4 ms (docs/store.md, "Leases that lapse");
 --   scheduled  - a scheduled item is due (promote_scheduled);
---   finished   - a finished item is past its retention (prune_finished);
+--   finished   - a finished item is past its retention, or work_history's partitions are due
+--                a rotation (history_rotation_due): prune_finished;
 --   tombstones - an eviction tombstone is past its retention (prune_evicted_instances).
 -- The flags are hints: a step that runs when its flag was true but finds nothing is harmless.
 --
@@ -56,7 +57,8 @@ BEGIN
             WHERE w.state = 'running' AND w.instance_id IS NOT NULL AND w.lease_expiry < now()
         ),
         EXISTS (SELECT 1 FROM work w WHERE w.state = 'scheduled' AND w.run_at <= now()),
-        EXISTS (SELECT 1 FROM work_history h WHERE h.finished_at < now() - p_completed_retention)
+        history_rotation_due(p_completed_retention)
+            OR EXISTS (SELECT 1 FROM work_history_default h WHERE h.finished_at < now() - p_completed_retention)
             OR EXISTS (SELECT 1 FROM work w WHERE w.state IN ('dead', 'cancelled') AND w.finished_at < now() - p_dead_retention),
         EXISTS (SELECT 1 FROM evicted_instances e WHERE e.evicted_at < now() - p_evicted_retention);
 END;

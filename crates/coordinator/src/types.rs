@@ -1064,6 +1064,17 @@ pub struct PruneFinishedOutcome {
     pub dead: u64,
     /// Cancelled items deleted.
     pub cancelled: u64,
+    /// Partitions of the completed items' history attached ahead of now (the SQL function
+    /// `rotate_history`; docs/store.md, "Retention of completed items"). A store without
+    /// partitions reports 0.
+    pub partitions_created: u64,
+    /// Partitions of the completed items' history dropped whole, their window past the
+    /// retention: their items are gone without being counted in `completed`.
+    pub partitions_dropped: u64,
+    /// A partition could not be dropped or attached because a lock was not had in time (a
+    /// transaction held the history, or another instance was rotating it): the next call
+    /// goes on.
+    pub partitions_busy: bool,
 }
 
 impl PruneFinishedOutcome {

@@ -1254,15 +1254,15 @@ async fn seq_scans_of_work(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> i6
 }
 
 /// The session's row writes in this transaction, as (updates and deletes in `work`, inserts
-/// into `work_history`): compare before and after a call.
+/// into `work_history`'s partitions): compare before and after a call.
 async fn row_writes(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> (i64, i64, i64) {
     sqlx::query_as(
         "SELECT (SELECT n_tup_upd FROM pg_stat_xact_user_tables
                  WHERE schemaname = 'workpump' AND relname = 'work'),
                 (SELECT n_tup_del FROM pg_stat_xact_user_tables
                  WHERE schemaname = 'workpump' AND relname = 'work'),
-                (SELECT n_tup_ins FROM pg_stat_xact_user_tables
-                 WHERE schemaname = 'workpump' AND relname = 'work_history')",
+                (SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_xact_user_tables
+                 WHERE schemaname = 'workpump' AND relname LIKE 'work\\_history%')",
     )
     .fetch_one(&mut **tx)
     .await

@@ -865,11 +865,12 @@ async fn list_work_reads_by_primary_key_and_stops_after_its_scan_budget() {
 
     // In one transaction, before and after: pg_stat_xact_user_tables counts this backend's
     // reads not yet reported (earlier transactions' too), so the difference is this call's.
-    // The items are in `work` and (the completed ones) `work_history`: both count.
+    // The items are in `work` and (the completed ones) `work_history`'s partitions: all count.
     let mut tx = pool.begin().await.expect("begin");
     let stats = "SELECT sum(seq_scan)::int8, sum(coalesce(idx_tup_fetch, 0))::int8
                  FROM pg_stat_xact_user_tables
-                 WHERE schemaname = 'workpump' AND relname IN ('work', 'work_history')";
+                 WHERE schemaname = 'workpump'
+                   AND (relname = 'work' OR relname LIKE 'work\\_history%')";
     let (seq_before, fetched_before): (i64, i64) = sqlx::query_as(stats)
         .fetch_one(&mut *tx)
         .await

@@ -198,6 +198,15 @@ async fn run(admin: PgPool, options: PgConnectOptions, db_name: &str, roles: &Ro
         ("alter a table", "ALTER TABLE workpump.work ADD COLUMN x int"),
         ("create a table in the schema", "CREATE TABLE workpump.evil (i int)"),
         (
+            "drop a partition of the history",
+            "DROP TABLE workpump.work_history_default",
+        ),
+        (
+            "attach a partition to the history",
+            "CREATE TABLE workpump.work_history_evil PARTITION OF workpump.work_history
+             FOR VALUES FROM ('2100-01-01') TO ('2100-01-02')",
+        ),
+        (
             "create a function in the schema",
             "CREATE FUNCTION workpump.evil() RETURNS int LANGUAGE sql AS 'SELECT 1'",
         ),
@@ -627,6 +636,43 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("prune_finished");
     assert!(pruned.pruned() >= 3, "{pruned:?}");
+    // The runtime role rotates the history's partitions through the definer function: the
+    // first prune attached them (created as the migrator), and one listed as past the
+    // retention (its window moved back by hand) is dropped by the next.
+    assert!(pruned.partitions_created >= 3, "{pruned:?}");
+    let oldest: String =
+        sqlx::query_scalar("SELECT name FROM workpump.history_partitions ORDER BY from_at LIMIT 1")
+            .fetch_one(runtime)
+            .await
+            .expect("the runtime role reads history_partitions");
+    sqlx::query(
+        "UPDATE workpump.history_partitions
+         SET from_at = from_at - interval '10 days', to_at = to_at - interval '10 days'
+         WHERE name = $1",
+    )
+    .bind(&oldest)
+    .execute(admin)
+    .await
+    .expect("move the oldest window back");
+    let rotated = c
+        .prune_finished(PruneFinishedParams {
+            completed_retention: Duration::from_secs(86_400),
+            dead_retention: Duration::from_secs(86_400),
+            limit: 100,
+        })
+        .await
+        .expect("prune_finished drops a partition");
+    assert_eq!(
+        (rotated.partitions_dropped, rotated.partitions_busy),
+        (1, false),
+        "{rotated:?}"
+    );
+    let gone: bool = sqlx::query_scalar("SELECT to_regclass('workpump.' || $1) IS NULL")
+        .bind(&oldest)
+        .fetch_one(admin)
+        .await
+        .expect("to_regclass");
+    assert!(gone, "{oldest} was dropped");
 
     let peer = InstanceId::new();
     c.record_heartbeat(heartbeat(peer))

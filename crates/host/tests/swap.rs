@@ -460,16 +460,31 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
 #[tokio::test]
 async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
     let (db, pool) = database().await;
-    // The peer keeps completed items for a day: only the swapped host's sweep prunes.
+    // The peer keeps dead letters for 7 days: only the swapped host's sweep prunes them.
+    // (Dead letters, not completed items: those go a partition window at a time, up to a
+    // window after their retention; docs/store.md, "Retention of completed items".)
     let peer = peer(db.url()).await;
     let mut config = config();
-    config.maintenance.completed_retention_ms = 1_000;
+    config.maintenance.dead_retention_ms = 1_000;
     let runs = Arc::new(AtomicU32::new(0));
     let handled: Runs = Arc::default();
+    let dead_letters = {
+        let handled = handled.clone();
+        handler_fn(move |job: Job<serde_json::Value>| {
+            let handled = handled.clone();
+            async move {
+                handled
+                    .lock()
+                    .expect("runs")
+                    .push((job.id(), job.attempt(), job.instance().0));
+                Err::<(), _>(JobError::dead_letter("kept for a second"))
+            }
+        })
+    };
     let host = Host::builder()
         .config(config)
         .database_url(db.url())
-        .handler("work", recording(&handled))
+        .handler("work", dead_letters)
         .maintenance_worker({
             let runs = runs.clone();
             move |ctx: &WorkerContext| {
@@ -488,15 +503,17 @@ async fn a_replaced_maintenance_worker_sweeps_as_the_host_beside_the_others() {
     wait_ready(&host).await;
     let items = (0..20).map(|n| NewWork::new("work", json!({ "n": n })));
     host.enqueue_many(items).await.expect("enqueue");
-    wait_until(Duration::from_secs(15), "20 items completed", || async {
-        count_state(&pool, "completed").await == 20
-    })
+    wait_until(
+        Duration::from_secs(15),
+        "20 items dead-lettered",
+        || async { count_state(&pool, "dead").await == 20 },
+    )
     .await;
 
     stays_registered(&pool, &host).await;
     wait_until(
         Duration::from_secs(10),
-        "the replacement's sweep pruned the completed items past their 1 s retention",
+        "the replacement's sweep pruned the dead letters past their 1 s retention",
         || async {
             sqlx::query_scalar::<_, i64>("SELECT count(*) FROM workpump.work_all")
                 .fetch_one(&pool)

@@ -61,7 +61,12 @@
 //!    fleet there are none), waking their claimers, then ends the orphans that must not run
 //!    again;
 //! 3. `promote_scheduled`, which NOTIFYs each queue it made work available in;
-//! 4. `prune_finished(completed_retention_ms, dead_retention_ms)`;
+//! 4. `prune_finished(completed_retention_ms, dead_retention_ms)`: it first rotates the
+//!    completed items' history, which is partitioned by finish time (docs/store.md,
+//!    "Retention of completed items"): drops each partition whose window ended a retention
+//!    ago, whole, and attaches the next ones ahead (counted in
+//!    `workpump_maintenance_history_partitions_total{action}`), then deletes finished items
+//!    one by one: completed ones that no partition covered, dead letters and cancelled items;
 //! 5. `prune_evicted_instances(evicted_retention_ms)`;
 //! 6. `server_status` and `queue_depth`, when the last sample is at least
 //!    `depth_sample_interval_ms` old. The server's NOTIFY queue usage goes to the gauge
@@ -83,7 +88,7 @@
 //! | --- | --- | --- |
 //! | `enabled` | `true` | the killswitch |
 //! | `interval_ms` | 2 000 | sweep start to sweep start |
-//! | `completed_retention_ms` | 86 400 000 (24 h) | completed items are deleted after this |
+//! | `completed_retention_ms` | 86 400 000 (24 h) | completed items are deleted after this, and at most one partition window later (an eighth of it or less: 1 h for 24 h) |
 //! | `dead_retention_ms` | 604 800 000 (7 days) | dead letters and cancelled items are deleted after this |
 //! | `evicted_retention_ms` | 604 800 000 (7 days) | eviction tombstones are deleted after this; at least `liveness.dead_after_ms` |
 //! | `batch_limit` | 1 000 | rows per statement |

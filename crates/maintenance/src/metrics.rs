@@ -46,6 +46,16 @@ pub const CANCELLED_ITEMS_TOTAL: &str = "workpump_maintenance_cancelled_items_to
 /// `cancelled`.
 pub const PRUNED_ITEMS_TOTAL: &str = "workpump_maintenance_pruned_items_total";
 
+/// The completed items' history rotated by partition (docs/store.md, "Retention of completed
+/// items"); label [`ACTION`]: `created` (a partition attached ahead of now), `dropped` (one
+/// dropped whole, its window past the retention: its items are not counted in
+/// [`PRUNED_ITEMS_TOTAL`]) or `busy` (a rotation that did not get a lock in time and goes on
+/// at the next sweep; a steady rise means something holds the history for long).
+pub const HISTORY_PARTITIONS_TOTAL: &str = "workpump_maintenance_history_partitions_total";
+
+/// Label of [`HISTORY_PARTITIONS_TOTAL`]: `created`, `dropped` or `busy`.
+pub const ACTION: &str = "action";
+
 /// Eviction tombstones deleted past their retention.
 pub const PRUNED_TOMBSTONES_TOTAL: &str = "workpump_maintenance_pruned_tombstones_total";
 
@@ -147,6 +157,11 @@ pub fn describe() {
         PRUNED_ITEMS_TOTAL,
         Unit::Count,
         "Finished items deleted past their retention, by state"
+    );
+    describe_counter!(
+        HISTORY_PARTITIONS_TOTAL,
+        Unit::Count,
+        "Partitions of the completed items' history created ahead, dropped past the retention, or busy (a lock not had in time)"
     );
     describe_counter!(
         PRUNED_TOMBSTONES_TOTAL,

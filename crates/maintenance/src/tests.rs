@@ -464,6 +464,8 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
             pruned_completed: 1,
             pruned_dead: 0,
             pruned_cancelled: 0,
+            history_partitions_created: 0,
+            history_partitions_dropped: 0,
             pruned_tombstones: 0,
             ordering_repairs: 0,
             depth: report.depth.clone(),

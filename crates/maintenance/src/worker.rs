@@ -343,6 +343,10 @@ pub struct SweepReport {
     pub pruned_dead: u64,
     /// Cancelled items deleted.
     pub pruned_cancelled: u64,
+    /// Partitions of the completed items' history attached ahead of now.
+    pub history_partitions_created: u64,
+    /// Partitions of the completed items' history dropped whole (past the retention).
+    pub history_partitions_dropped: u64,
     /// Eviction tombstones deleted.
     pub pruned_tombstones: u64,
     /// The queue depth, when this sweep sampled it.
@@ -793,6 +797,16 @@ impl MaintenanceWorker {
                                 .increment(n);
                         }
                     }
+                    for (action, n) in [
+                        ("created", out.partitions_created),
+                        ("dropped", out.partitions_dropped),
+                        ("busy", u64::from(out.partitions_busy)),
+                    ] {
+                        if n > 0 {
+                            metrics::counter!(m::HISTORY_PARTITIONS_TOTAL, m::ACTION => action)
+                                .increment(n);
+                        }
+                    }
                     Ok((out, out.pruned()))
                 }
             })
@@ -801,6 +815,8 @@ impl MaintenanceWorker {
             report.pruned_completed += out.completed;
             report.pruned_dead += out.dead;
             report.pruned_cancelled += out.cancelled;
+            report.history_partitions_created += out.partitions_created;
+            report.history_partitions_dropped += out.partitions_dropped;
         }
         failures.extend(result.failure);
     }

@@ -217,12 +217,22 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
             pruned_completed: 3,
             pruned_dead: 0,
             pruned_cancelled: 0,
+            // A fresh store's first sweep attaches the history's partitions: now()'s window
+            // (24 h retention: 1 h) and those up to 3 windows ahead.
+            history_partitions_created: s
+                .count("SELECT count(*) FROM workpump.history_partitions")
+                .await as u64,
+            history_partitions_dropped: 0,
             pruned_tombstones: 0,
             ordering_repairs: 0,
             depth: Some(depth.clone()),
             notification_queue_usage: report.notification_queue_usage,
             dead_peer_pending: false,
         }
+    );
+    assert!(
+        report.history_partitions_created >= 3,
+        "partitions up to 3 windows ahead: {report:?}"
     );
     let states = s.states().await;
     assert_eq!(

@@ -1098,6 +1098,21 @@ impl WorkCoordinator for PgCoordinator {
         let mut outcome = PruneFinishedOutcome::default();
         for (state, n) in rows {
             let n = n as u64;
+            match state.as_str() {
+                "partitions_created" => {
+                    outcome.partitions_created += n;
+                    continue;
+                }
+                "partitions_dropped" => {
+                    outcome.partitions_dropped += n;
+                    continue;
+                }
+                "partitions_busy" => {
+                    outcome.partitions_busy = n > 0;
+                    continue;
+                }
+                _ => {}
+            }
             match parse_state(&state, &ctx())? {
                 WorkState::Completed => outcome.completed += n,
                 WorkState::Dead => outcome.dead += n,
