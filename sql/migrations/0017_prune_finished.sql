@@ -144,9 +144,10 @@ $$;
 
 -- prune_finished(completed_retention, dead_retention, limit) -> setof (state, pruned)
 --
--- Retention of finished items. First rotates work_history's partitions (rotate_history: drops
--- those past completed_retention whole, attaches those ahead), then deletes up to `limit`
--- finished items past their retention: completed items in the default partition
+-- Retention of finished items. Deletes up to `limit` finished items past their retention,
+-- then rotates work_history's partitions (rotate_history: drops those past
+-- completed_retention whole, attaches those ahead; last, so that a drop's ACCESS EXCLUSIVE
+-- lock is held only until the commit). The items: completed items in the default partition
 -- (work_history_default: those no partition covered) whose finished_at is older than
 -- `completed_retention`, then, with what is left of `limit`, dead letters and cancelled items
 -- older than `dead_retention` (kept longer by default: they are what an operator inspects,
@@ -204,14 +205,6 @@ BEGIN
             MESSAGE = format('prune_finished: limit must be between 1 and 10000, got %s', p_limit);
     END IF;
 
-    SELECT r.created, r.dropped, r.busy INTO v_rotated FROM rotate_history(p_completed_retention) r;
-    RETURN QUERY
-    SELECT x.what, x.n
-    FROM (VALUES ('partitions_created', v_rotated.created),
-                 ('partitions_dropped', v_rotated.dropped),
-                 ('partitions_busy', CASE WHEN v_rotated.busy THEN 1 ELSE 0 END)) AS x(what, n)
-    WHERE x.n > 0;
-
     WITH old AS (
         SELECT f.id FROM work_history_default f
         WHERE f.finished_at < v_now - p_completed_retention
@@ -227,15 +220,12 @@ BEGIN
     IF v_completed > 0 THEN
         RETURN QUERY SELECT 'completed'::text, v_completed;
     END IF;
-    IF v_completed >= p_limit THEN
-        RETURN;
-    END IF;
 
     -- No ORDER BY: two index ranges, and any order is fine for rows that all go.
     WITH old AS (
         SELECT f.id FROM work f
         WHERE f.state IN ('dead', 'cancelled') AND f.finished_at < v_now - p_dead_retention
-        LIMIT p_limit - v_completed
+        LIMIT greatest(p_limit - v_completed, 0)
         FOR UPDATE SKIP LOCKED
     ), gone AS (
         DELETE FROM work w USING old WHERE w.id = old.id
@@ -254,5 +244,14 @@ BEGIN
 
     RETURN QUERY
     SELECT g.state::text, count(*)::integer FROM unnest(v_states) AS g(state) GROUP BY g.state ORDER BY g.state;
+
+    -- Last, so that a drop's lock on work_history is held only until the commit.
+    SELECT r.created, r.dropped, r.busy INTO v_rotated FROM rotate_history(p_completed_retention) r;
+    RETURN QUERY
+    SELECT x.what, x.n
+    FROM (VALUES ('partitions_created', v_rotated.created),
+                 ('partitions_dropped', v_rotated.dropped),
+                 ('partitions_busy', CASE WHEN v_rotated.busy THEN 1 ELSE 0 END)) AS x(what, n)
+    WHERE x.n > 0;
 END;
 $$;

@@ -61,12 +61,12 @@
 //!    fleet there are none), waking their claimers, then ends the orphans that must not run
 //!    again;
 //! 3. `promote_scheduled`, which NOTIFYs each queue it made work available in;
-//! 4. `prune_finished(completed_retention_ms, dead_retention_ms)`: it first rotates the
-//!    completed items' history, which is partitioned by finish time (docs/store.md,
-//!    "Retention of completed items"): drops each partition whose window ended a retention
-//!    ago, whole, and attaches the next ones ahead (counted in
-//!    `workpump_maintenance_history_partitions_total{action}`), then deletes finished items
-//!    one by one: completed ones that no partition covered, dead letters and cancelled items;
+//! 4. `prune_finished(completed_retention_ms, dead_retention_ms)`: deletes finished items
+//!    one by one (completed ones that no partition covered, dead letters and cancelled
+//!    items), then rotates the completed items' history, which is partitioned by finish time
+//!    (docs/store.md, "Retention of completed items"): drops each partition whose window
+//!    ended a retention ago, whole, and attaches the next ones ahead (counted in
+//!    `workpump_maintenance_history_partitions_total{action}`);
 //! 5. `prune_evicted_instances(evicted_retention_ms)`;
 //! 6. `server_status` and `queue_depth`, when the last sample is at least
 //!    `depth_sample_interval_ms` old. The server's NOTIFY queue usage goes to the gauge
