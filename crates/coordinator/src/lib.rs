@@ -85,8 +85,8 @@ pub use periodic::{
 };
 pub use pg::{
     grants_sql, migrate, migrate_with, migration_status, DatabaseUrl, FencedTransaction,
-    MigrateOptions, MigrationState, MigrationStatus, PgCoordinator, TargetSessionAttrs,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIGRATE_LOCK_TIMEOUT, DEFAULT_SCHEMA,
+    MigrateOptions, MigrationState, MigrationStatus, PendingWake, PgCoordinator,
+    TargetSessionAttrs, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIGRATE_LOCK_TIMEOUT, DEFAULT_SCHEMA,
 };
 #[cfg(feature = "testing")]
 pub use recorded_metrics::RecordedMetrics;

@@ -2055,3 +2055,110 @@ async fn the_coordinator_passes_async_commit_to_the_store() {
         );
     }
 }
+
+/// An enqueue in a caller's transaction through `enqueue_deferring_wake` does not notify (its
+/// commit takes no notification lock, docs/store.md "Wake signals"), and owes a wake for the
+/// queues given due work only; `wake`, after the commit, sends it. `enqueue_with`, in
+/// contrast, notifies inside the transaction: the count that stays 0 for the first moves for
+/// the second.
+#[tokio::test]
+async fn an_enqueue_deferring_its_wake_notifies_only_after_the_commit() {
+    let (_db, pool, _c) = migrated().await;
+    let tracked = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            pool.connect_options()
+                .as_ref()
+                .clone()
+                .options([("pg_stat_statements.track", "all")]),
+        )
+        .await
+        .expect("a pool that tracks nested statements");
+    let store = PgCoordinator::new(tracked.clone());
+    // Creates the extension and resets the counts; the session itself is not needed.
+    drop(counted_session(&pool, &[]).await);
+    let notified_in_enqueue = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND query LIKE '%pg_notify(current_schema()%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("pg_stat_statements")
+    };
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .expect("a listener");
+    listener.listen("workpump.wake").await.expect("listen");
+
+    let items = || EnqueueWorkParams {
+        items: vec![
+            NewWork::new("q", json!(1)),
+            NewWork::new("q", json!(2)).run_after(Duration::from_secs(3600)),
+        ],
+    };
+    let mut tx = store.begin_transaction().await.expect("begin");
+    let (out, pending) = store
+        .enqueue_deferring_wake(&mut tx, items())
+        .await
+        .expect("enqueue");
+    assert_eq!(out.items.len(), 2);
+    assert_eq!(pending.queues(), ["q".to_string()]);
+    store.commit_transaction(tx).await.expect("commit");
+    assert_eq!(
+        notified_in_enqueue().await,
+        0,
+        "no NOTIFY in the transaction"
+    );
+    store.wake(pending).await;
+    let woken = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a wake within 10 s")
+        .expect("the notification");
+    assert_eq!(woken.payload(), "q");
+
+    let mut tx = tracked.begin().await.expect("begin");
+    store.enqueue_with(&mut tx, items()).await.expect("enqueue");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        notified_in_enqueue().await,
+        1,
+        "enqueue_with notifies in the transaction"
+    );
+}
+
+/// Wake signals owed by several enqueues of one transaction merge: each queue once, sorted;
+/// an enqueue of only later work owes none.
+#[tokio::test]
+async fn pending_wakes_merge_into_one_per_queue() {
+    let (_db, _pool, c) = migrated().await;
+    c.register_queue(RegisterQueueParams::new("a"))
+        .await
+        .expect("register a");
+    let mut tx = c.begin_transaction().await.expect("begin");
+    let mut owed = PendingWake::default();
+    for items in [
+        vec![NewWork::new("q", json!(1)), NewWork::new("a", json!(2))],
+        vec![NewWork::new("q", json!(3))],
+        vec![NewWork::new("a", json!(4)).run_after(Duration::from_secs(60))],
+    ] {
+        let (_, pending) = c
+            .enqueue_deferring_wake(&mut tx, EnqueueWorkParams { items })
+            .await
+            .expect("enqueue");
+        owed.merge(pending);
+    }
+    assert_eq!(owed.queues(), ["a".to_string(), "q".to_string()]);
+    let (_, later) = c
+        .enqueue_deferring_wake(
+            &mut tx,
+            EnqueueWorkParams {
+                items: vec![NewWork::new("q", json!(5)).run_after(Duration::from_secs(60))],
+            },
+        )
+        .await
+        .expect("enqueue later work");
+    assert!(later.queues().is_empty());
+    tx.rollback().await.expect("rollback");
+}

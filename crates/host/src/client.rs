@@ -8,6 +8,8 @@ use workpump_coordinator::{
     WorkCoordinator, DEFAULT_SCHEMA,
 };
 
+use crate::Transaction;
+
 /// Enqueues work, typed ([`JobArgs`](crate::JobArgs)) or not ([`NewWork`]), alone, in bulk or
 /// inside the caller's transaction — and nothing else: it registers no queue, claims nothing
 /// and runs no worker, so a service that only produces (a web front end, a script) uses one
@@ -120,15 +122,38 @@ impl Client {
         I: IntoIterator,
         I::Item: IntoWork,
     {
-        let pg = self.pg.as_ref().ok_or_else(|| {
+        let pg = self.pg_store()?;
+        let items = prepare(items)?;
+        pg.enqueue_with(conn, EnqueueWorkParams { items }).await
+    }
+
+    /// Begins a [`Transaction`] on the store's pool: the caller's writes and enqueues commit
+    /// together, and the claimers are woken after the commit, not in it (so that many
+    /// producers' transactions commit side by side; see [`Transaction`]). Needs the
+    /// PostgreSQL store.
+    pub async fn begin(&self) -> Result<Transaction<'static>, Error> {
+        let pg = self.pg_store()?;
+        Ok(Transaction::new(pg.begin_transaction().await?, pg.clone()))
+    }
+
+    /// Wraps a transaction of the caller's (of any pool on the store's database) as a
+    /// [`Transaction`], whose enqueues wake the claimers after its
+    /// [`commit`](Transaction::commit). Needs the PostgreSQL store.
+    pub fn transaction<'c>(
+        &self,
+        tx: sqlx::Transaction<'c, sqlx::Postgres>,
+    ) -> Result<Transaction<'c>, Error> {
+        Ok(Transaction::new(tx, self.pg_store()?.clone()))
+    }
+
+    fn pg_store(&self) -> Result<&PgCoordinator, Error> {
+        self.pg.as_ref().ok_or_else(|| {
             Error::InvalidArgument(
                 "enqueueing in the caller's transaction needs the PostgreSQL store; this client \
                  runs on another coordinator"
                     .into(),
             )
-        })?;
-        let items = prepare(items)?;
-        pg.enqueue_with(conn, EnqueueWorkParams { items }).await
+        })
     }
 
     /// The coordinator it enqueues through.
@@ -143,7 +168,7 @@ impl Client {
 }
 
 /// The items to send: each converted, with the trace context attached (see [`Client`]).
-fn prepare<I>(items: I) -> Result<Vec<NewWork>, Error>
+pub(crate) fn prepare<I>(items: I) -> Result<Vec<NewWork>, Error>
 where
     I: IntoIterator,
     I::Item: IntoWork,

@@ -1114,6 +1114,28 @@ impl HostHandle {
         self.inner.client.enqueue_many_in(conn, items).await
     }
 
+    /// Begins a [`Transaction`](crate::Transaction) on the store's pool: the caller's writes
+    /// and enqueues commit together, and at the commit this host's claim loops are woken at
+    /// once and the others by a NOTIFY sent after it (so that many producers' transactions
+    /// commit side by side; see [`Transaction`](crate::Transaction)). Waits for the schema
+    /// gate like [`enqueue`](Self::enqueue). Needs the PostgreSQL store.
+    pub async fn begin(&self) -> Result<crate::Transaction<'static>, workpump_coordinator::Error> {
+        self.schema_gate().await;
+        let tx = self.inner.client.begin().await?;
+        Ok(tx.waking_locally(self.inner.wake.clone()))
+    }
+
+    /// Wraps a transaction of the caller's as a [`Transaction`](crate::Transaction) (see
+    /// [`begin`](Self::begin)). Waits for the schema gate. Needs the PostgreSQL store.
+    pub async fn transaction<'c>(
+        &self,
+        tx: sqlx::Transaction<'c, sqlx::Postgres>,
+    ) -> Result<crate::Transaction<'c>, workpump_coordinator::Error> {
+        self.schema_gate().await;
+        let tx = self.inner.client.transaction(tx)?;
+        Ok(tx.waking_locally(self.inner.wake.clone()))
+    }
+
     /// A [`Client`] of this host's store: enqueues only, for code that needs no handle.
     pub fn client(&self) -> Client {
         self.inner.client.clone()

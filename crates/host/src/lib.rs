@@ -126,6 +126,7 @@ mod host;
 pub mod metrics;
 mod supervise;
 mod trace;
+mod transaction;
 
 use std::fmt;
 
@@ -134,6 +135,7 @@ pub use config::{HealthConfig, HostConfig, MetricsConfig, QueueConfig};
 pub use context::WorkerContext;
 pub use host::{Host, HostBuilder, HostHandle};
 pub use supervise::{GaveUp, SupervisionConfig};
+pub use transaction::Transaction;
 
 pub use workpump_claim_worker::{
     handler_fn, service_handler, Attempt, AttemptService, Backoff, BoxError, ClaimConfig, Ending,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use workpump_coordinator::testing::Logs;
-use workpump_coordinator::{Error, GetWorkParams, Operations, WorkState};
+use workpump_coordinator::{Error, GetWorkParams, Operations, WorkCoordinator, WorkState};
 use workpump_host::{
     handler_fn, Client, Host, HostError, HostHandle, Job, JobArgs, JobError, NewWork, QueueConfig,
 };
@@ -520,6 +520,142 @@ async fn an_item_a_client_enqueues_wakes_a_host_that_never_polls_after_its_commi
 
     host.shutdown();
     host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+/// A `Client`'s transaction commits the caller's writes and its items together; the items
+/// are invisible until the commit, and the wake sent after it starts them on a host that
+/// never polls on a timer (a `Client` wakes no local loop). A caller's own transaction,
+/// wrapped by the host, does the same.
+#[tokio::test]
+async fn a_transaction_commits_writes_and_items_together_and_wakes_the_claimers_after() {
+    let (db, pool) = database().await;
+    sqlx::query("CREATE TABLE orders (id int PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .expect("a business table");
+    let ran = Ran::default();
+    let host = start_unpolled(db.url(), &ran).await;
+    host.ready().await.expect("ready");
+    wait_until(Duration::from_secs(10), "LISTEN is healthy", || async {
+        host.health().listener_healthy
+    })
+    .await;
+    let client = Client::connect(db.url()).expect("a client");
+
+    let mut tx = client.begin().await.expect("begin");
+    sqlx::query("INSERT INTO orders VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .expect("the order");
+    let item = tx
+        .enqueue(NewWork::new("watched", json!({ "n": 8 })))
+        .await
+        .expect("enqueue");
+    assert_eq!(tx.queues_to_wake(), ["watched".to_string()]);
+    let visible: i64 = sqlx::query_scalar("SELECT count(*) FROM workpump.work WHERE id = $1")
+        .bind(item.id)
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(visible, 0, "not visible before the commit");
+    tx.commit().await.expect("commit");
+    wait_until(Duration::from_secs(10), "the item ran", || async {
+        count_state(&pool, "completed").await == 1
+    })
+    .await;
+    assert_eq!(*ran.lock().expect("ran"), ["8"]);
+
+    let mut tx = host
+        .transaction(pool.begin().await.expect("begin"))
+        .await
+        .expect("wrap");
+    sqlx::query("INSERT INTO orders VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .expect("the order");
+    tx.enqueue(NewWork::new("watched", json!({ "n": 9 })))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    wait_until(Duration::from_secs(10), "the second item ran", || async {
+        count_state(&pool, "completed").await == 2
+    })
+    .await;
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&pool)
+        .await
+        .expect("orders");
+    assert_eq!(orders, 2);
+
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
+/// A transaction rolled back, or dropped, leaves neither the caller's writes nor its items,
+/// and wakes nobody: the next wake on the channel is a later enqueue's, to another queue.
+#[tokio::test]
+async fn a_transaction_rolled_back_or_dropped_leaves_nothing_and_wakes_nobody() {
+    let (db, pool) = database().await;
+    sqlx::query("CREATE TABLE orders (id int PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .expect("a business table");
+    let client = Client::connect(db.url()).expect("a client");
+    let pg = client.pg().expect("the PostgreSQL store").clone();
+    for q in ["first", "marker"] {
+        pg.register_queue(workpump_coordinator::RegisterQueueParams::new(q))
+            .await
+            .expect("register");
+    }
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .expect("a listener");
+    listener.listen("workpump.wake").await.expect("listen");
+
+    let mut rolled_back = client.begin().await.expect("begin");
+    sqlx::query("INSERT INTO orders VALUES (1)")
+        .execute(&mut *rolled_back)
+        .await
+        .expect("the order");
+    rolled_back
+        .enqueue(NewWork::new("first", json!(1)))
+        .await
+        .expect("enqueue");
+    rolled_back.rollback().await.expect("rollback");
+    let mut dropped = client.begin().await.expect("begin");
+    dropped
+        .enqueue(NewWork::new("first", json!(2)))
+        .await
+        .expect("enqueue");
+    drop(dropped);
+
+    client
+        .enqueue(NewWork::new("marker", json!(3)))
+        .await
+        .expect("the marker");
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a wake within 10 s")
+        .expect("the notification");
+    assert_eq!(first.payload(), "marker", "no wake before the marker's");
+    let left: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM workpump.work_all
+                                                 WHERE queue = 'first')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(
+        left, 0,
+        "no order and no item of the rolled-back transactions"
+    );
+
+    drop(listener);
+    pg.pool().close().await;
     pool.close().await;
     db.drop_database().await.expect("drop");
 }

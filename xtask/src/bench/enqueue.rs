@@ -1,5 +1,7 @@
 //! Enqueue: single items (`PgCoordinator::enqueue_work` with one item, one transaction each)
-//! from 1 and from 16 concurrent producers, and bulk batches of 1 000 from one producer.
+//! from 1 and from 16 concurrent producers, bulk batches of 1 000 from one producer, and
+//! single items in 16 producers' own transactions, the wake in the commit
+//! (`PgCoordinator::enqueue_with`) and after it (`enqueue_deferring_wake`, then `wake`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,6 +34,22 @@ pub(crate) struct EnqueueRates {
     /// WAL the bulk producer's calls wrote, bytes per item (the whole cluster's WAL over the
     /// window: nothing else writes meanwhile).
     pub(crate) bulk_wal_bytes_per_item: f64,
+    /// Single items from 16 producers, each in a transaction of the producer's that the
+    /// enqueue notifies in (`enqueue_with`: the commit takes the notification lock).
+    pub(crate) tx_16_notify: f64,
+    /// The same, the wake sent after the commit (`enqueue_deferring_wake`, then `wake`).
+    pub(crate) tx_16_deferred: f64,
+}
+
+/// How a producer enqueues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    /// `enqueue_work`: a transaction of its own, the wake after its commit.
+    Pool,
+    /// In the producer's transaction, notifying in it (`enqueue_with`).
+    TxNotify,
+    /// In the producer's transaction, the wake after its commit.
+    TxDeferred,
 }
 
 pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
@@ -39,13 +57,18 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
     let db = ctx.create_db("enqueue").await?;
     let coordinator = db.coordinator();
     db.settle().await?;
-    let (single_1, producer_cpu_us_single_1, _) = producers(&coordinator, 1, 1, window).await?;
+    let (single_1, producer_cpu_us_single_1, _) =
+        producers(&coordinator, 1, 1, Way::Pool, window).await?;
     db.settle().await?;
-    let (single_16, _, _) = producers(&coordinator, 16, 1, window).await?;
+    let (single_16, _, _) = producers(&coordinator, 16, 1, Way::Pool, window).await?;
+    db.settle().await?;
+    let (tx_16_notify, _, _) = producers(&coordinator, 16, 1, Way::TxNotify, window).await?;
+    db.settle().await?;
+    let (tx_16_deferred, _, _) = producers(&coordinator, 16, 1, Way::TxDeferred, window).await?;
     db.settle().await?;
     let wal_before = db.wal_bytes().await?;
     let (bulk, producer_cpu_us_bulk, bulk_items) =
-        producers(&coordinator, 1, BULK_BATCH, window).await?;
+        producers(&coordinator, 1, BULK_BATCH, Way::Pool, window).await?;
     let wal_after = db.wal_bytes().await?;
     db.settle().await?;
     let options: PgConnectOptions = db.url().parse()?;
@@ -54,8 +77,14 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
         .test_before_acquire(false)
         .connect_with(options.disable_statement_logging())
         .await?;
-    let (single_1_no_ping, _, _) =
-        producers(&PgCoordinator::new(no_ping.clone()), 1, 1, window).await?;
+    let (single_1_no_ping, _, _) = producers(
+        &PgCoordinator::new(no_ping.clone()),
+        1,
+        1,
+        Way::Pool,
+        window,
+    )
+    .await?;
     no_ping.close().await;
     db.drop_now().await?;
     Ok(EnqueueRates {
@@ -66,15 +95,19 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
         producer_cpu_us_single_1,
         producer_cpu_us_bulk,
         bulk_wal_bytes_per_item: ((wal_after - wal_before) / bulk_items.max(1.0)).round(),
+        tx_16_notify,
+        tx_16_deferred,
     })
 }
 
-/// `producers` tasks each enqueue batches of `batch` items back to back for `window`;
-/// returns items per second, this process's CPU µs per item and the items enqueued.
+/// `producers` tasks each enqueue batches of `batch` items back to back for `window`, the
+/// `way` given; returns items per second, this process's CPU µs per item and the items
+/// enqueued.
 async fn producers(
     coordinator: &PgCoordinator,
     producers: usize,
     batch: usize,
+    way: Way,
     window: Duration,
 ) -> BenchResult<(f64, f64, f64)> {
     let cpu_before = setup::cpu_ticks(std::process::id()).unwrap_or(0);
@@ -90,9 +123,23 @@ async fn producers(
                 let items = (0..batch)
                     .map(|_| NewWork::new(QUEUE, json!({ "kind": "noop" })))
                     .collect();
-                coordinator
-                    .enqueue_work(EnqueueWorkParams { items })
-                    .await?;
+                let params = EnqueueWorkParams { items };
+                match way {
+                    Way::Pool => {
+                        coordinator.enqueue_work(params).await?;
+                    }
+                    Way::TxNotify => {
+                        let mut tx = coordinator.begin_transaction().await?;
+                        coordinator.enqueue_with(&mut tx, params).await?;
+                        coordinator.commit_transaction(tx).await?;
+                    }
+                    Way::TxDeferred => {
+                        let mut tx = coordinator.begin_transaction().await?;
+                        let (_, wake) = coordinator.enqueue_deferring_wake(&mut tx, params).await?;
+                        coordinator.commit_transaction(tx).await?;
+                        coordinator.wake(wake).await;
+                    }
+                }
                 done.fetch_add(batch as u64, Ordering::Relaxed);
             }
             Ok::<_, workpump_coordinator::Error>(())

@@ -291,6 +291,8 @@ impl Report {
         self.set("enqueue_bulk", r.bulk.round());
         self.set("enqueue_single_1_no_ping", r.single_1_no_ping.round());
         self.set("enqueue_bulk_wal_bytes_per_item", r.bulk_wal_bytes_per_item);
+        self.set("enqueue_tx_16_notify", r.tx_16_notify.round());
+        self.set("enqueue_tx_16_deferred", r.tx_16_deferred.round());
         self.details.insert(
             "enqueue".into(),
             json!({
@@ -709,6 +711,20 @@ impl Report {
         push(
             "enqueue_single_16",
             self.num("enqueue_single_16"),
+            "/s",
+            String::new(),
+            None,
+        );
+        push(
+            "enqueue_tx_16_notify (16 producers' transactions, wake in the commit)",
+            self.num("enqueue_tx_16_notify"),
+            "/s",
+            String::new(),
+            None,
+        );
+        push(
+            "enqueue_tx_16_deferred (the same, wake after the commit)",
+            self.num("enqueue_tx_16_deferred"),
             "/s",
             String::new(),
             None,

@@ -452,6 +452,64 @@ impl PgCoordinator {
         self.enqueue_on(conn, params, true).await
     }
 
+    /// [`enqueue_with`](Self::enqueue_with) without the wake in the caller's commit: the
+    /// answer comes with the wake signals owed, which [`wake`](Self::wake) sends once the
+    /// caller's transaction has committed (and nobody sends when it rolls back). A notifying
+    /// commit holds PostgreSQL's notification-queue lock through its WAL flush, so callers'
+    /// transactions that notify commit one at a time; these commit side by side, and the
+    /// wake costs one more statement after the commit (docs/store.md, "Wake signals").
+    /// Until the wake, claimers find the items at their next poll.
+    pub async fn enqueue_deferring_wake(
+        &self,
+        conn: &mut PgConnection,
+        params: EnqueueWorkParams,
+    ) -> Result<(EnqueueWorkOutcome, PendingWake)> {
+        let queues = due_queues(&params);
+        let out = self.enqueue_on(conn, params, false).await?;
+        Ok((out, PendingWake { queues }))
+    }
+
+    /// A transaction on the main pool, on the server the URL routes to now, for a producer's
+    /// own writes and [`enqueue_deferring_wake`](Self::enqueue_deferring_wake).
+    pub async fn begin_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+        self.begin(|| "beginning a transaction".to_string()).await
+    }
+
+    /// Commits `tx`, mapping a failure as the store's other calls do (a server gone or read
+    /// only is noted for the failover watch).
+    pub async fn commit_transaction(
+        &self,
+        tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    ) -> Result<()> {
+        tx.commit()
+            .await
+            .map_err(|e| self.db_error("committing a transaction with enqueued items", e))
+    }
+
+    /// Sends the wake signals of items enqueued by
+    /// [`enqueue_deferring_wake`](Self::enqueue_deferring_wake) in a transaction that has
+    /// committed: one notification per queue given work that is due, in a transaction of its
+    /// own on the main pool whose commit does not wait for its WAL flush. A failure is
+    /// logged, not returned: the items are committed, and claimers find them at their next
+    /// poll.
+    pub async fn wake(&self, pending: PendingWake) {
+        if pending.queues.is_empty() {
+            return;
+        }
+        if let Err(e) = sqlx::query(&self.stmts.wake_queues)
+            .bind(self.wake_channel())
+            .bind(&pending.queues)
+            .execute(&self.pool)
+            .await
+        {
+            tracing::warn!(
+                "waking the claimers of {:?} after a transaction's enqueue failed; they find \
+                 the items at their next poll: {e}",
+                pending.queues
+            );
+        }
+    }
+
     /// `enqueue_work` on `conn`; `notify`: whether the statement's transaction sends the wake
     /// signals itself (at its commit).
     async fn enqueue_on(
@@ -2034,6 +2092,30 @@ pub(crate) fn db_error(context: impl Into<String>, e: sqlx::Error) -> Error {
 /// items due at once, and items at a business time (which may be past: whether it is, only
 /// the database's clock says, so they are woken for; a wake for nothing costs one empty
 /// claim). An item delayed by `run_after` is scheduled: promotion wakes its queue when due.
+/// The wake signals owed for items enqueued in a caller's transaction that did not notify
+/// ([`PgCoordinator::enqueue_deferring_wake`]): send them with [`PgCoordinator::wake`] after
+/// the transaction commits; drop them when it rolls back. Several merge into one
+/// ([`merge`](Self::merge)), one signal per queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[must_use = "the claimers are not woken until this is passed to PgCoordinator::wake after the commit"]
+pub struct PendingWake {
+    queues: Vec<String>,
+}
+
+impl PendingWake {
+    /// The queues to wake, sorted, each once.
+    pub fn queues(&self) -> &[String] {
+        &self.queues
+    }
+
+    /// Adds `other`'s queues to these.
+    pub fn merge(&mut self, other: PendingWake) {
+        self.queues.extend(other.queues);
+        self.queues.sort_unstable();
+        self.queues.dedup();
+    }
+}
+
 fn due_queues(params: &EnqueueWorkParams) -> Vec<String> {
     let mut queues: Vec<String> = params
         .items
