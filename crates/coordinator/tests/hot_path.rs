@@ -2004,15 +2004,9 @@ async fn a_claim_with_async_commit_commits_without_waiting_for_the_flush() {
     );
 }
 
-/// `PgCoordinator::claim_work` hands `ClaimWorkParams::async_commit` to the store: a claim
-/// with it runs the statement that turns `synchronous_commit` off, a claim without it does
-/// not (counted by `pg_stat_statements` in the coordinator's own sessions, which track nested
-/// statements).
-#[tokio::test]
-async fn the_coordinator_passes_async_commit_to_the_store() {
-    let (_db, pool, c) = migrated().await;
-    enqueue_n(&c, 3).await;
-    let me = registered(&c).await;
+/// A store on a one-connection pool whose sessions count nested statements in
+/// pg_stat_statements (the extension created and its counts reset through `pool`).
+async fn tracked_store(pool: &PgPool) -> (PgPool, PgCoordinator) {
     let tracked = PgPoolOptions::new()
         .max_connections(1)
         .connect_with(
@@ -2023,9 +2017,21 @@ async fn the_coordinator_passes_async_commit_to_the_store() {
         )
         .await
         .expect("a pool that tracks nested statements");
-    let store = PgCoordinator::new(tracked.clone());
     // Creates the extension and resets the counts; the session itself is not needed.
-    drop(counted_session(&pool, &[]).await);
+    drop(counted_session(pool, &[]).await);
+    (tracked.clone(), PgCoordinator::new(tracked))
+}
+
+/// `PgCoordinator::claim_work` hands `ClaimWorkParams::async_commit` to the store: a claim
+/// with it runs the statement that turns `synchronous_commit` off, a claim without it does
+/// not (counted by `pg_stat_statements` in the coordinator's own sessions, which track nested
+/// statements).
+#[tokio::test]
+async fn the_coordinator_passes_async_commit_to_the_store() {
+    let (_db, pool, c) = migrated().await;
+    enqueue_n(&c, 3).await;
+    let me = registered(&c).await;
+    let (tracked, store) = tracked_store(&pool).await;
     let turned_off = || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
@@ -2064,19 +2070,7 @@ async fn the_coordinator_passes_async_commit_to_the_store() {
 #[tokio::test]
 async fn an_enqueue_deferring_its_wake_notifies_only_after_the_commit() {
     let (_db, pool, _c) = migrated().await;
-    let tracked = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(
-            pool.connect_options()
-                .as_ref()
-                .clone()
-                .options([("pg_stat_statements.track", "all")]),
-        )
-        .await
-        .expect("a pool that tracks nested statements");
-    let store = PgCoordinator::new(tracked.clone());
-    // Creates the extension and resets the counts; the session itself is not needed.
-    drop(counted_session(&pool, &[]).await);
+    let (tracked, store) = tracked_store(&pool).await;
     let notified_in_enqueue = || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements

@@ -180,10 +180,7 @@ async fn kinds_share_their_queue_and_its_concurrency_and_each_runs_its_own_handl
     assert_eq!((resize.priority, resize.max_attempts), (-5, 2));
     assert_eq!(resize.payload, json!({ "image": "0.png", "width": 100 }));
 
-    host.shutdown();
-    host.stopped().await.expect("drained");
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    stop(host, pool, db).await;
 }
 
 #[tokio::test]
@@ -295,10 +292,7 @@ async fn an_item_of_a_kind_nobody_handles_fails_naming_the_kind_and_dead_letters
         1
     );
 
-    host.shutdown();
-    host.stopped().await.expect("drained");
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    stop(host, pool, db).await;
 }
 
 #[tokio::test]
@@ -387,10 +381,7 @@ async fn enqueue_in_the_callers_transaction_commits_or_rolls_back_with_it_and_a_
         .expect("queues");
     assert_eq!(queues, ["flaky", "mixed"], "the client declared no queue");
 
-    host.shutdown();
-    host.stopped().await.expect("drained");
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    stop(host, pool, db).await;
 }
 
 #[tokio::test]
@@ -420,6 +411,25 @@ async fn two_handlers_for_one_kind_are_refused_at_start() {
 
 /// A host whose claim loops never poll on a timer: with LISTEN healthy, only a wake signal
 /// makes them claim. Its one queue, `watched`, runs until the item's token fires.
+/// [`start_unpolled`], ready and listening (LISTEN healthy): only a wake starts a claim.
+async fn start_listening(url: &str, ran: &Ran) -> HostHandle {
+    let host = start_unpolled(url, ran).await;
+    host.ready().await.expect("ready");
+    wait_until(Duration::from_secs(10), "LISTEN is healthy", || async {
+        host.health().listener_healthy
+    })
+    .await;
+    host
+}
+
+/// Stops `host` (drained), closes `pool` and drops the database.
+async fn stop(host: HostHandle, pool: sqlx::PgPool, db: workpump_testdb::TestDatabase) {
+    host.shutdown();
+    host.stopped().await.expect("drained");
+    pool.close().await;
+    db.drop_database().await.expect("drop");
+}
+
 async fn start_unpolled(url: &str, ran: &Ran) -> HostHandle {
     let mut config = fast_config();
     config.claim.safety_net_poll = false;
@@ -460,12 +470,7 @@ async fn start_unpolled(url: &str, ran: &Ran) -> HostHandle {
 async fn an_item_enqueued_in_the_callers_transaction_wakes_the_claimers_at_its_commit() {
     let (db, pool) = database().await;
     let ran = Ran::default();
-    let host = start_unpolled(db.url(), &ran).await;
-    host.ready().await.expect("ready");
-    wait_until(Duration::from_secs(10), "LISTEN is healthy", || async {
-        host.health().listener_healthy
-    })
-    .await;
+    let host = start_listening(db.url(), &ran).await;
 
     let mut tx = pool.begin().await.expect("begin");
     let out = host
@@ -485,10 +490,7 @@ async fn an_item_enqueued_in_the_callers_transaction_wakes_the_claimers_at_its_c
     assert_eq!(*ran.lock().expect("ran"), ["1"]);
     assert!(out.inserted);
 
-    host.shutdown();
-    host.stopped().await.expect("drained");
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    stop(host, pool, db).await;
 }
 
 /// `enqueue_work` commits without notifying and sends the wake right after its commit: a
@@ -499,12 +501,7 @@ async fn an_item_enqueued_in_the_callers_transaction_wakes_the_claimers_at_its_c
 async fn an_item_a_client_enqueues_wakes_a_host_that_never_polls_after_its_commit() {
     let (db, pool) = database().await;
     let ran = Ran::default();
-    let host = start_unpolled(db.url(), &ran).await;
-    host.ready().await.expect("ready");
-    wait_until(Duration::from_secs(10), "LISTEN is healthy", || async {
-        host.health().listener_healthy
-    })
-    .await;
+    let host = start_listening(db.url(), &ran).await;
     let client = Client::connect(db.url()).expect("a client");
     let out = client
         .enqueue(NewWork::new("watched", json!({ "n": 7 })))
@@ -518,10 +515,7 @@ async fn an_item_a_client_enqueues_wakes_a_host_that_never_polls_after_its_commi
     .await;
     assert_eq!(*ran.lock().expect("ran"), ["7"]);
 
-    host.shutdown();
-    host.stopped().await.expect("drained");
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    stop(host, pool, db).await;
 }
 
 /// A `Client`'s transaction commits the caller's writes and its items together; the items
@@ -536,12 +530,7 @@ async fn a_transaction_commits_writes_and_items_together_and_wakes_the_claimers_
         .await
         .expect("a business table");
     let ran = Ran::default();
-    let host = start_unpolled(db.url(), &ran).await;
-    host.ready().await.expect("ready");
-    wait_until(Duration::from_secs(10), "LISTEN is healthy", || async {
-        host.health().listener_healthy
-    })
-    .await;
+    let host = start_listening(db.url(), &ran).await;
     let client = Client::connect(db.url()).expect("a client");
 
     let mut tx = client.begin().await.expect("begin");
@@ -589,10 +578,7 @@ async fn a_transaction_commits_writes_and_items_together_and_wakes_the_claimers_
         .expect("orders");
     assert_eq!(orders, 2);
 
-    host.shutdown();
-    host.stopped().await.expect("drained");
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    stop(host, pool, db).await;
 }
 
 /// A transaction rolled back, or dropped, leaves neither the caller's writes nor its items,
@@ -703,10 +689,7 @@ async fn an_operators_cancel_of_a_running_item_is_logged_at_info_with_the_handle
     assert!(line.contains("INFO"), "{line}");
     assert!(!text.contains("WARN") && !text.contains("ERROR"), "{text}");
 
-    host.shutdown();
-    host.stopped().await.expect("drained");
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    stop(host, pool, db).await;
 }
 
 /// Hooks that write every call into one list, with the item's kind.
@@ -823,8 +806,5 @@ async fn the_hosts_hooks_and_layers_see_every_attempt_and_a_kinds_timeout_fails_
     );
     // The global layer saw all three attempts.
     assert_eq!(layered.load(Ordering::SeqCst), 3);
-    host.shutdown();
-    host.stopped().await.expect("drained");
-    pool.close().await;
-    db.drop_database().await.expect("drop");
+    stop(host, pool, db).await;
 }
