@@ -2004,6 +2004,20 @@ async fn a_claim_with_async_commit_commits_without_waiting_for_the_flush() {
     );
 }
 
+/// The calls pg_stat_statements counted, in this database, of statements whose text is
+/// `LIKE` `pattern`.
+async fn calls_like(pool: &PgPool, pattern: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query LIKE $1",
+    )
+    .bind(pattern)
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_statements")
+}
+
 /// A store on a one-connection pool whose sessions count nested statements in
 /// pg_stat_statements (the extension created and its counts reset through `pool`).
 async fn tracked_store(pool: &PgPool) -> (PgPool, PgCoordinator) {
@@ -2032,16 +2046,7 @@ async fn the_coordinator_passes_async_commit_to_the_store() {
     enqueue_n(&c, 3).await;
     let me = registered(&c).await;
     let (tracked, store) = tracked_store(&pool).await;
-    let turned_off = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
-             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND query LIKE '%set_config%'",
-        )
-        .fetch_one(&tracked)
-        .await
-        .expect("pg_stat_statements")
-    };
+    let turned_off = || calls_like(&tracked, "%set_config%");
     for (async_commit, expected) in [(false, 0), (true, 1), (false, 1)] {
         let out = store
             .claim_work(ClaimWorkParams {
@@ -2071,16 +2076,7 @@ async fn the_coordinator_passes_async_commit_to_the_store() {
 async fn an_enqueue_deferring_its_wake_notifies_only_after_the_commit() {
     let (_db, pool, _c) = migrated().await;
     let (tracked, store) = tracked_store(&pool).await;
-    let notified_in_enqueue = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
-             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND query LIKE '%pg_notify(current_schema()%'",
-        )
-        .fetch_one(&pool)
-        .await
-        .expect("pg_stat_statements")
-    };
+    let notified_in_enqueue = || calls_like(&pool, "%pg_notify(current_schema()%");
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
         .await
         .expect("a listener");

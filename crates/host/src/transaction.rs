@@ -41,8 +41,8 @@ use crate::context::Wake;
 /// [`Client::transaction`]: crate::Client::transaction
 /// [`Client::enqueue_in`]: crate::Client::enqueue_in
 /// [`Host`]: crate::Host
-/// [`Host::begin`]: crate::Host::begin
-/// [`Host::transaction`]: crate::Host::transaction
+/// [`Host::begin`]: crate::HostHandle::begin
+/// [`Host::transaction`]: crate::HostHandle::transaction
 pub struct Transaction<'c> {
     tx: sqlx::Transaction<'c, Postgres>,
     pg: PgCoordinator,
