@@ -70,6 +70,26 @@ pub async fn fresh_store_with_queue(queue: &str) -> (TestDatabase, PgPool, PgCoo
     (db, pool, coordinator)
 }
 
+/// A new instance registered in `store` by a heartbeat (host "test", the default cutoffs:
+/// stale after 30 s, dead after 5 min).
+pub async fn registered_instance(store: &PgCoordinator) -> InstanceId {
+    let me = InstanceId::new();
+    store
+        .record_heartbeat(RecordHeartbeatParams {
+            instance: me,
+            host: "test".into(),
+            metadata: json!({}),
+            stale_after: Duration::from_secs(30),
+            dead_after: Some(Duration::from_secs(300)),
+            lock_grace: None,
+            alive_lock: AliveLockReport::Unreported,
+            registering: true,
+        })
+        .await
+        .expect("heartbeat");
+    me
+}
+
 /// Makes the registered `instance` a judge that may apply every liveness rule at once (see
 /// the SQL function `cleanup_stale_instances`): takes its alive-lock through `coordinator`
 /// (keep the returned session: dropping it ends the lock) and moves the start of its watch an

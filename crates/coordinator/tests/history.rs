@@ -7,27 +7,10 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::postgres::PgPool;
 use sqlx::Connection;
-use workpump_coordinator::testing::fresh_store_with_queue;
+use workpump_coordinator::testing::{fresh_store_with_queue, registered_instance};
 use workpump_coordinator::*;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
-
-async fn registered(c: &PgCoordinator) -> InstanceId {
-    let me = InstanceId::new();
-    c.record_heartbeat(RecordHeartbeatParams {
-        instance: me,
-        host: "test".into(),
-        metadata: json!({}),
-        stale_after: Duration::from_secs(30),
-        dead_after: Some(Duration::from_secs(300)),
-        lock_grace: None,
-        alive_lock: AliveLockReport::Unreported,
-        registering: true,
-    })
-    .await
-    .expect("heartbeat");
-    me
-}
 
 /// Enqueues, claims and completes `n` items of "q"; their ids.
 async fn complete_n(c: &PgCoordinator, me: InstanceId, n: usize) -> Vec<i64> {
@@ -162,7 +145,7 @@ async fn due(c: &PgCoordinator) -> bool {
 #[tokio::test]
 async fn completions_land_in_partitions_and_a_partition_past_the_retention_goes_whole() {
     let (_db, pool, c) = fresh_store_with_queue("q").await;
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     assert!(
         due(&c).await,
         "a store without partitions is due a rotation"
@@ -309,7 +292,7 @@ async fn a_rotation_that_cannot_lock_the_history_says_busy_and_goes_on_next_time
 #[tokio::test]
 async fn a_window_with_completions_in_the_default_partition_is_skipped() {
     let (_db, pool, c) = fresh_store_with_queue("q").await;
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     let ids = complete_n(&c, me, 3).await;
     assert_eq!(
         partitions_of(&pool, &ids).await,
@@ -333,4 +316,36 @@ async fn a_window_with_completions_in_the_default_partition_is_skipped() {
         vec!["workpump.work_history_default".to_string()]
     );
     assert!(!due(&c).await);
+}
+
+/// The window of the partitions for a retention: the widest of the ladder at most an eighth of
+/// it (docs/store.md, "Retention of completed items"), 1 min below the ladder.
+#[tokio::test]
+async fn the_window_is_the_widest_step_within_an_eighth_of_the_retention() {
+    let (_db, pool, _c) = fresh_store_with_queue("q").await;
+    let windows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT r::text, workpump.history_window(r)::text
+         FROM unnest(ARRAY['1 second', '10 minutes', '1 hour', '24 hours', '7 days', '30 days',
+                           '100 days', '3650 days']::interval[]) AS r",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("history_window");
+    let got: Vec<(&str, &str)> = windows
+        .iter()
+        .map(|(r, w)| (r.as_str(), w.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("00:00:01", "00:01:00"),
+            ("00:10:00", "00:01:00"),
+            ("01:00:00", "00:05:00"),
+            ("24:00:00", "01:00:00"),
+            ("7 days", "06:00:00"),
+            ("30 days", "1 day"),
+            ("100 days", "7 days"),
+            ("3650 days", "365 days"),
+        ]
+    );
 }

@@ -7,29 +7,14 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Connection;
-use workpump_coordinator::testing::{fresh_database as fresh, fresh_store_with_queue};
+use workpump_coordinator::testing::{
+    fresh_database as fresh, fresh_store_with_queue, registered_instance,
+};
 use workpump_coordinator::*;
 use workpump_testdb::TestDatabase;
 
 async fn migrated() -> (TestDatabase, PgPool, PgCoordinator) {
     fresh_store_with_queue("q").await
-}
-
-async fn registered(c: &PgCoordinator) -> InstanceId {
-    let me = InstanceId::new();
-    c.record_heartbeat(RecordHeartbeatParams {
-        instance: me,
-        host: "test".into(),
-        metadata: json!({}),
-        stale_after: Duration::from_secs(30),
-        dead_after: Some(Duration::from_secs(300)),
-        lock_grace: None,
-        alive_lock: AliveLockReport::Unreported,
-        registering: true,
-    })
-    .await
-    .expect("heartbeat");
-    me
 }
 
 async fn claim_one(c: &PgCoordinator, me: InstanceId) -> ClaimedWork {
@@ -127,7 +112,7 @@ async fn an_older_build_migrates_nothing_against_a_schema_a_newer_build_migrated
 #[tokio::test]
 async fn constraints_make_impossible_states_impossible() {
     let (_db, pool, c) = migrated().await;
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     c.enqueue_work(EnqueueWorkParams {
         items: vec![NewWork::new("q", json!(1))],
     })
@@ -498,7 +483,7 @@ async fn a_fenced_transaction_commits_the_business_write_with_the_completion() {
         .execute(&pool)
         .await
         .expect("table");
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     c.enqueue_work(EnqueueWorkParams {
         items: vec![NewWork::new("q", json!(1))],
     })
@@ -543,7 +528,7 @@ async fn a_fenced_transaction_commits_the_business_write_with_the_completion() {
 #[tokio::test]
 async fn a_completed_item_leaves_work_and_reads_as_it_ran() {
     let (_db, pool, c) = migrated().await;
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     let ids = c
         .enqueue_work(EnqueueWorkParams {
             items: vec![NewWork::new("q", json!({"to": "a@example.com"}))
@@ -649,8 +634,8 @@ async fn a_completed_item_leaves_work_and_reads_as_it_ran() {
 #[tokio::test]
 async fn a_fenced_transaction_on_a_lost_lease_is_refused_and_writes_nothing() {
     let (_db, pool, c) = migrated().await;
-    let zombie = registered(&c).await;
-    let peer = registered(&c).await;
+    let zombie = registered_instance(&c).await;
+    let peer = registered_instance(&c).await;
     c.enqueue_work(EnqueueWorkParams {
         items: vec![NewWork::new("q", json!(1))],
     })
@@ -788,7 +773,7 @@ async fn an_unreachable_database_gets_an_error_that_says_what_was_being_done() {
 #[tokio::test]
 async fn the_alive_lock_session_reports_its_loss_at_once() {
     let (_db, pool, c) = migrated().await;
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     let mut lock = c
         .take_alive_lock(TakeAliveLockParams { instance: me })
         .await
@@ -837,7 +822,7 @@ async fn completed_rows(pool: &PgPool, q: &str, n: i64, spread: &str) {
 #[tokio::test]
 async fn list_work_reads_by_primary_key_and_stops_after_its_scan_budget() {
     let (_db, pool, c) = migrated().await;
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     // The oldest item is a dead letter with a rare error; 60 000 completed items are newer
     // (so many that reading 10 000 of them by index is the planner's choice, as on any store
     // where the budget matters).
@@ -993,7 +978,7 @@ async fn queue_overview_bounds_finished_counts_past_its_sample_and_says_which_ra
 #[tokio::test]
 async fn fail_work_counts_failures_per_minute_and_forgets_buckets_past_two_hours() {
     let (_db, pool, c) = migrated().await;
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     sqlx::query(
         "INSERT INTO workpump.queue_failures (queue, minute, failed)
          VALUES ('q', date_trunc('minute', now() - interval '3 hours'), 7),
@@ -1052,7 +1037,7 @@ async fn fail_work_counts_failures_per_minute_and_forgets_buckets_past_two_hours
 #[tokio::test]
 async fn list_instances_sees_the_alive_locks_of_its_own_database_only() {
     let (_db, pool, c) = migrated().await;
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     let key: i64 = sqlx::query_scalar("SELECT workpump.alive_lock_key($1)")
         .bind(me.0)
         .fetch_one(&pool)
@@ -1180,7 +1165,7 @@ async fn claims_of_a_limited_queue_do_not_wait_for_each_other_and_hold_distinct_
     })
     .await
     .expect("limit");
-    let me = registered(&c).await;
+    let me = registered_instance(&c).await;
     c.enqueue_work(EnqueueWorkParams {
         items: (0..10).map(|i| NewWork::new("q", json!(i))).collect(),
     })
@@ -1255,8 +1240,8 @@ async fn claims_of_a_limited_queue_do_not_wait_for_each_other_and_hold_distinct_
 #[tokio::test]
 async fn a_claim_lost_in_a_crash_still_gets_one_outcome() {
     let (_db, pool, c) = migrated().await;
-    let a = registered(&c).await;
-    let b = registered(&c).await;
+    let a = registered_instance(&c).await;
+    let b = registered_instance(&c).await;
     for peer_claims in [true, false] {
         let id = c
             .enqueue_work(EnqueueWorkParams {

@@ -22,7 +22,9 @@ use crate::context::Wake;
 /// with many producers committing at once that lock is their ceiling (docs/store.md, "Wake
 /// signals"). Here the enqueue does not notify; [`commit`](Self::commit) commits, then sends
 /// one wake per queue given due work, in a statement of its own (and, from a [`Host`], wakes
-/// its own claim loops at once). The cost is that statement after the commit; until it
+/// its own claim loops at once). The cost is that statement after the commit, on a connection
+/// of the pool (whose check of the connection makes two round trips: the transaction's own
+/// connection went back to the pool with the commit); until it
 /// arrives, claimers would find the items at their next poll, and if it fails (logged) they
 /// do. Dropped or [`rollback`](Self::rollback)ed, it rolls back and wakes nobody.
 ///

@@ -16,7 +16,7 @@ use workpump_host::{
     handler_fn, Client, Host, HostError, HostHandle, Job, JobArgs, JobError, NewWork, QueueConfig,
 };
 
-use support::{count_state, database, fast_config, wait_until};
+use support::{count_state, database, fast_config, holds_for, wait_until};
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 struct SendEmail {
@@ -431,8 +431,18 @@ async fn stop(host: HostHandle, pool: sqlx::PgPool, db: workpump_testdb::TestDat
 }
 
 async fn start_unpolled(url: &str, ran: &Ran) -> HostHandle {
+    start_unpolled_with(url, ran, |_| {}).await
+}
+
+/// [`start_unpolled`], its configuration changed by `tweak` first.
+async fn start_unpolled_with(
+    url: &str,
+    ran: &Ran,
+    tweak: impl FnOnce(&mut workpump_host::HostConfig),
+) -> HostHandle {
     let mut config = fast_config();
     config.claim.safety_net_poll = false;
+    tweak(&mut config);
     config.queues.insert(
         "watched".into(),
         QueueConfig {
@@ -578,6 +588,57 @@ async fn a_transaction_commits_writes_and_items_together_and_wakes_the_claimers_
         .expect("orders");
     assert_eq!(orders, 2);
 
+    stop(host, pool, db).await;
+}
+
+/// A host's `Transaction` wakes the host's own claim loop at its commit, without NOTIFY: on a
+/// host that does not LISTEN and polls once an hour, an item a `Client`'s transaction commits
+/// (its wake is a NOTIFY nobody hears) stays waiting, and the host's own transaction's item
+/// starts the loop, which then takes both.
+#[tokio::test]
+async fn a_hosts_transaction_wakes_its_own_claim_loop_at_the_commit() {
+    let (db, pool) = database().await;
+    let ran = Ran::default();
+    let host = start_unpolled_with(db.url(), &ran, |c| {
+        c.claim.listen = false;
+        c.claim.poll_base_ms = 3_600_000;
+        c.claim.poll_max_ms = 3_600_000;
+    })
+    .await;
+    host.ready().await.expect("ready");
+
+    let client = Client::connect(db.url()).expect("a client");
+    let mut tx = client.begin().await.expect("begin");
+    tx.enqueue(NewWork::new("watched", json!({ "n": 1 })))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    holds_for(
+        Duration::from_secs(1),
+        "the client's item waits (nobody listens, no poll due)",
+        || async {
+            match count_state(&pool, "available").await {
+                1 => Ok(()),
+                n => Err(format!("{n} available")),
+            }
+        },
+    )
+    .await;
+
+    let mut tx = host.begin().await.expect("begin");
+    tx.enqueue(NewWork::new("watched", json!({ "n": 2 })))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    wait_until(Duration::from_secs(10), "both items ran", || async {
+        count_state(&pool, "completed").await == 2
+    })
+    .await;
+    let mut ran = ran.lock().expect("ran").clone();
+    ran.sort();
+    assert_eq!(ran, ["1", "2"]);
+
+    client.pg().expect("pg").pool().close().await;
     stop(host, pool, db).await;
 }
 

@@ -430,3 +430,52 @@ async fn run_starts_sweeps_stops_and_starts_again_many_times() {
         20
     );
 }
+
+/// The sweep counts the history's rotation in
+/// `workpump_maintenance_history_partitions_total{action}`: the partitions a fresh store's
+/// first sweep attaches (`created`), a rotation that could not lock the history's bookkeeping
+/// while another held it (`busy`), and a partition past the retention dropped whole the next
+/// time (`dropped`), at the default retention (24 h).
+#[tokio::test]
+async fn a_sweep_counts_the_history_partitions_it_attaches_drops_and_cannot_lock() {
+    use workpump_coordinator::RecordedMetrics;
+    use workpump_maintenance::metrics as m;
+    let recorder = RecordedMetrics::default();
+    let _guard = recorder.set_local();
+    let s = store().await;
+    let (judge, _lock) = s.judge().await;
+    let w = MaintenanceWorker::new(s.coordinator.clone(), config(), Liveness::default())
+        .with_judge(Identity::with_instance(judge));
+    let counted =
+        |action: &str| recorder.counter(m::HISTORY_PARTITIONS_TOTAL, &[(m::ACTION, action)]);
+
+    let first = w.run_once().await.expect("sweep");
+    assert!(first.history_partitions_created >= 3, "{first:?}");
+    assert_eq!(counted("created"), first.history_partitions_created);
+
+    // A partition whose window ended two days ago, attached as rotate_history would have.
+    sqlx::raw_sql(
+        "CREATE TABLE workpump.work_history_old (LIKE workpump.work_history);
+         ALTER TABLE workpump.work_history ATTACH PARTITION workpump.work_history_old
+             FOR VALUES FROM (now() - interval '3 days') TO (now() - interval '2 days');
+         INSERT INTO workpump.history_partitions (name, from_at, to_at)
+             VALUES ('work_history_old', now() - interval '3 days', now() - interval '2 days');",
+    )
+    .execute(&s.pool)
+    .await
+    .expect("a partition past the retention");
+    let mut rotating = s.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE workpump.history_partitions IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *rotating)
+        .await
+        .expect("another instance's rotation");
+    let blocked = w.run_once().await.expect("sweep");
+    assert_eq!(blocked.history_partitions_dropped, 0);
+    assert_eq!(counted("busy"), 1);
+    rotating.rollback().await.expect("rollback");
+
+    let then = w.run_once().await.expect("sweep");
+    assert_eq!(then.history_partitions_dropped, 1);
+    assert_eq!(counted("dropped"), 1);
+    assert_eq!(counted("busy"), 1);
+}

@@ -457,7 +457,8 @@ impl PgCoordinator {
     /// caller's transaction has committed (and nobody sends when it rolls back). A notifying
     /// commit holds PostgreSQL's notification-queue lock through its WAL flush, so callers'
     /// transactions that notify commit one at a time; these commit side by side, and the
-    /// wake costs one more statement after the commit (docs/store.md, "Wake signals").
+    /// wake costs a statement after the commit on a connection of the pool (with the pool's
+    /// check of the connection, two round trips; docs/store.md, "Wake signals").
     /// Until the wake, claimers find the items at their next poll.
     pub async fn enqueue_deferring_wake(
         &self,
