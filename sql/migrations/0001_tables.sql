@@ -220,7 +220,13 @@ CREATE TABLE work (
 -- saves heap_update a second row-lock WAL record and keeps a row's versions together for
 -- pruning (docs/performance.md, "Where the time goes"). A renewal changes no indexed column:
 -- with room on the page it is a HOT update (no index entry).
-WITH (fillfactor = 70);
+-- Autovacuum sooner than PostgreSQL's default for a table this busy (20 000 dead row versions
+-- plus 5 % of the rows, against 50 plus 20 %): every claim's scan of work_claim walks the
+-- entries of rows claimed since the table's last vacuum, so the claims slow as that head
+-- grows (docs/store.md, "Vacuuming the work table"). The maintenance sweep vacuums by the
+-- same rule (work_vacuum_due, 0023) every few seconds instead of autovacuum's minute; an
+-- operator may change both with ALTER TABLE ... SET (autovacuum_vacuum_threshold = ...).
+WITH (fillfactor = 70, autovacuum_vacuum_threshold = 20000, autovacuum_vacuum_scale_factor = 0.05);
 
 -- claim_work, available rows: one queue's due rows in claim order (priority, then age).
 CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'available';

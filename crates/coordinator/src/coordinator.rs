@@ -154,6 +154,23 @@ pub trait WorkCoordinator: Send + Sync + 'static {
             method: "ordering_repair",
         })
     }
+
+    /// Vacuums the work table when the SQL function `work_vacuum_due` says it is due: its
+    /// dead row versions passed autovacuum's threshold for it, no vacuum of it runs, and this
+    /// role may vacuum it. Every claim scans the claim index past the entries of the rows
+    /// claimed since the table's last vacuum, so claims slow down between vacuums; the
+    /// maintenance sweep calls this every few seconds where autovacuum looks once a minute
+    /// (docs/store.md, "Vacuuming the work table").
+    ///
+    /// Added after the trait's first methods: the default body answers
+    /// [`crate::Error::Unsupported`], and the maintenance worker then leaves the table to
+    /// autovacuum.
+    async fn vacuum_work(&self, params: VacuumWorkParams) -> Result<VacuumWorkOutcome> {
+        let _ = params;
+        Err(crate::Error::Unsupported {
+            method: "vacuum_work",
+        })
+    }
 }
 
 /// A dedicated session that holds an instance's alive-lock. Dropping it ends the session,

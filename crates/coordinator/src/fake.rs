@@ -66,6 +66,7 @@ pub enum Method {
     FirePeriodic,
     OrderingRepair,
     ListHeldKeys,
+    VacuumWork,
 }
 
 /// One call the fake received.
@@ -131,6 +132,9 @@ struct State {
     floor: Floor,
     /// What `server_status` reports.
     notification_queue_usage: f64,
+    /// The fake keeps no row versions: whether the work table "is due a vacuum" is a test's
+    /// setting ([`FakeCoordinator::set_vacuum_due`]); a vacuum clears it.
+    vacuum_due: bool,
     /// Attempts recorded failed or rejected by `fail_work`: queue and minute (as
     /// `queue_failures`, one entry per attempt), for `queue_overview`.
     failures: Vec<(String, DateTime<Utc>)>,
@@ -634,6 +638,12 @@ impl FakeCoordinator {
     /// Sets what `server_status` reports as the NOTIFY queue's usage.
     pub fn set_notification_queue_usage(&self, usage: f64) {
         self.state().notification_queue_usage = usage;
+    }
+
+    /// Sets whether the work table is due a vacuum (`maintenance_due`'s `vacuum` flag, what
+    /// `vacuum_work` acts on); the next `vacuum_work` clears it, as a vacuum does.
+    pub fn set_vacuum_due(&self, due: bool) {
+        self.state().vacuum_due = due;
     }
 
     /// Moves the first observation of an instance's lost alive-lock `by` into the past.
@@ -2119,7 +2129,14 @@ impl WorkCoordinator for FakeCoordinator {
             scheduled,
             finished,
             tombstones,
+            vacuum: st.vacuum_due,
         })
+    }
+
+    async fn vacuum_work(&self, _params: VacuumWorkParams) -> Result<VacuumWorkOutcome> {
+        self.enter(Method::VacuumWork, 0).await?;
+        let vacuumed = std::mem::take(&mut self.state().vacuum_due);
+        Ok(VacuumWorkOutcome { vacuumed })
     }
 
     async fn server_status(&self, _params: ServerStatusParams) -> Result<ServerStatusOutcome> {

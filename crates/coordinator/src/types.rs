@@ -1014,6 +1014,9 @@ pub struct MaintenanceDueOutcome {
     pub finished: bool,
     /// `prune_evicted_instances`: a tombstone is past its retention.
     pub tombstones: bool,
+    /// `vacuum_work`: the work table is due a vacuum this role may run (the SQL function
+    /// `work_vacuum_due`).
+    pub vacuum: bool,
 }
 
 /// Deletes finished items past their retention.
@@ -1160,6 +1163,20 @@ pub struct ServerStatusOutcome {
     /// (`pg_notification_queue_usage()`). One LISTEN session anywhere on the server that stops
     /// reading pins the queue; when it is full every enqueue fails at commit.
     pub notification_queue_usage: f64,
+}
+
+/// Vacuums the work table when it is due (see [`VacuumWorkOutcome`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VacuumWorkParams {}
+
+/// The result of `vacuum_work`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VacuumWorkOutcome {
+    /// A `VACUUM` of the work table ran (or found the table locked by another vacuum, which
+    /// does the same, and skipped it). `false`: the SQL function `work_vacuum_due` said no —
+    /// the table's dead rows are below autovacuum's threshold for it, a vacuum of it is
+    /// running, or this role may not vacuum it.
+    pub vacuumed: bool,
 }
 
 // ---------------------------------------------------------------------------------------------

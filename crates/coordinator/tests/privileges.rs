@@ -674,6 +674,40 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .expect("to_regclass");
     assert!(gone, "{oldest} was dropped");
 
+    // The work table's vacuum needs its owner's privileges: the runtime role is never due one
+    // (nor warned about one it may not run), the migrator is, for the same dead rows.
+    sqlx::query(
+        "ALTER TABLE workpump.work SET (autovacuum_enabled = false,
+             autovacuum_vacuum_threshold = 0, autovacuum_vacuum_scale_factor = 0)",
+    )
+    .execute(admin)
+    .await
+    .expect("lower the vacuum thresholds");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while sqlx::query_scalar::<_, i64>("SELECT pg_stat_get_dead_tuples('workpump.work'::regclass)")
+        .fetch_one(admin)
+        .await
+        .expect("dead rows")
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claims' dead rows never reached the statistics"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let vacuumed = c
+        .vacuum_work(VacuumWorkParams {})
+        .await
+        .expect("vacuum_work as the runtime role");
+    assert!(!vacuumed.vacuumed, "the runtime role may not vacuum work");
+    let owner = PgCoordinator::new(admin.clone());
+    let vacuumed = owner
+        .vacuum_work(VacuumWorkParams {})
+        .await
+        .expect("vacuum_work as the migrator");
+    assert!(vacuumed.vacuumed, "the table's owner vacuums it");
+
     let peer = InstanceId::new();
     c.record_heartbeat(heartbeat(peer))
         .await

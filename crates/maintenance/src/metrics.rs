@@ -56,6 +56,11 @@ pub const HISTORY_PARTITIONS_TOTAL: &str = "workpump_maintenance_history_partiti
 /// Label of [`HISTORY_PARTITIONS_TOTAL`]: `created`, `dropped` or `busy`.
 pub const ACTION: &str = "action";
 
+/// `VACUUM`s of the work table the sweep ran (`vacuum_work`: its dead rows passed
+/// autovacuum's threshold for it, and the role may vacuum it; docs/store.md, "Vacuuming the
+/// work table"). One that found the table held by another vacuum, and skipped it, counts too.
+pub const WORK_VACUUMS_TOTAL: &str = "workpump_maintenance_work_vacuums_total";
+
 /// Eviction tombstones deleted past their retention.
 pub const PRUNED_TOMBSTONES_TOTAL: &str = "workpump_maintenance_pruned_tombstones_total";
 
@@ -162,6 +167,11 @@ pub fn describe() {
         HISTORY_PARTITIONS_TOTAL,
         Unit::Count,
         "Partitions of the completed items' history created ahead, dropped past the retention, or busy (a lock not had in time)"
+    );
+    describe_counter!(
+        WORK_VACUUMS_TOTAL,
+        Unit::Count,
+        "VACUUMs of the work table run by the maintenance sweep (its dead rows past autovacuum's threshold for it)"
     );
     describe_counter!(
         PRUNED_TOMBSTONES_TOTAL,

@@ -467,6 +467,7 @@ async fn a_sweep_promotes_ends_orphans_prunes_and_reaps() {
             history_partitions_created: 0,
             history_partitions_dropped: 0,
             pruned_tombstones: 0,
+            vacuumed_work: false,
             ordering_repairs: 0,
             depth: report.depth.clone(),
             notification_queue_usage: Some(0.0),
@@ -778,6 +779,8 @@ fn the_defaults_are_the_documented_ones() {
     assert_eq!(c.depth_sample_interval_ms, 15_000);
     assert_eq!(c.ordering_repair_interval_ms, 60_000);
     assert_eq!(c.call_timeout_ms, 30_000);
+    assert!(c.vacuum_work);
+    assert!(c.skip_idle_steps);
     assert!(c
         .validate("maintenance", &Liveness::default(), "liveness")
         .is_empty());
@@ -796,6 +799,7 @@ fn validation_names_every_refused_setting() {
         depth_sample_interval_ms: MAX_INTERVAL_MS + 1,
         ordering_repair_interval_ms: MAX_INTERVAL_MS + 1,
         call_timeout_ms: 0,
+        vacuum_work: true,
         skip_idle_steps: true,
     };
     let liveness = Liveness {
@@ -928,6 +932,51 @@ async fn the_probe_runs_only_the_steps_that_have_work() {
     let err = w.run_once().await.unwrap_err();
     assert_eq!(err.failures[0].step, Step::MaintenanceDue);
     assert_eq!(fake.calls_of(Method::PromoteScheduled).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_work_table_is_vacuumed_when_the_store_says_it_is_due_and_counted() {
+    let recorder = RecordedMetrics::default();
+    let _guard = recorder.set_local();
+    let fake = store();
+    let w = probing_worker(&fake, five_seconds());
+    // Not due: the probe alone.
+    assert!(!w.run_once().await.expect("sweep").vacuumed_work);
+    assert!(fake.calls_of(Method::VacuumWork).is_empty());
+    // Due: one vacuum, counted; the next sweep finds nothing due.
+    fake.set_vacuum_due(true);
+    assert!(w.run_once().await.expect("sweep").vacuumed_work);
+    assert!(!w.run_once().await.expect("sweep").vacuumed_work);
+    assert_eq!(fake.calls_of(Method::VacuumWork).len(), 1);
+    assert_eq!(recorder.counter(m::WORK_VACUUMS_TOTAL, &[]), 1);
+    // A failed vacuum is a failed step, named.
+    fake.set_vacuum_due(true);
+    fake.fail_next(Method::VacuumWork, 1);
+    let err = w.run_once().await.unwrap_err();
+    assert_eq!(err.failures[0].step, Step::VacuumWork);
+    assert_eq!(
+        recorder.counter(m::STEP_FAILURES_TOTAL, &[(m::STEP, "vacuum_work")]),
+        1
+    );
+
+    // Switched off, the sweep leaves the table to autovacuum even when it is due.
+    let off = probing_worker(
+        &fake,
+        MaintenanceConfig {
+            vacuum_work: false,
+            ..five_seconds()
+        },
+    );
+    fake.set_vacuum_due(true);
+    let calls = fake.calls_of(Method::VacuumWork).len();
+    assert!(!off.run_once().await.expect("sweep").vacuumed_work);
+    assert_eq!(fake.calls_of(Method::VacuumWork).len(), calls);
+    // Without the probe, every sweep asks the store, which vacuums only when due.
+    let blind = worker(&fake, five_seconds());
+    assert!(blind.run_once().await.expect("sweep").vacuumed_work);
+    assert!(!blind.run_once().await.expect("sweep").vacuumed_work);
+    assert_eq!(fake.calls_of(Method::VacuumWork).len(), calls + 2);
+    assert_eq!(recorder.counter(m::WORK_VACUUMS_TOTAL, &[]), 2);
 }
 
 #[tokio::test(start_paused = true)]

@@ -16,8 +16,8 @@ use workpump_coordinator::{
     CleanupStaleInstancesParams, ConfigProblem, DeadLetterExpiredOutcome, DeadLetterExpiredParams,
     Error, HealthReporter, Identity, Liveness, MaintenanceDueOutcome, MaintenanceDueParams,
     OrderingRepairParams, PromoteScheduledParams, PruneEvictedInstancesParams, PruneFinishedParams,
-    QueueDepth, QueueDepthParams, ServerStatusParams, WorkCoordinator, WorkState, Worker,
-    WorkerError, MAX_SWEEP_BATCH,
+    QueueDepth, QueueDepthParams, ServerStatusParams, VacuumWorkParams, WorkCoordinator, WorkState,
+    Worker, WorkerError, MAX_SWEEP_BATCH,
 };
 
 use crate::metrics as m;
@@ -114,6 +114,14 @@ pub struct MaintenanceConfig {
     /// failed; the sweep goes on with the next step. **Default: 30 000 ms (30 s).**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub call_timeout_ms: u64,
+    /// Vacuum the work table when its dead row versions pass autovacuum's own threshold for
+    /// it (`vacuum_work`, checked every sweep where autovacuum looks once a minute) and the
+    /// role may vacuum it: its owner's, the database owner's or a superuser's privileges (or
+    /// MAINTAIN on PostgreSQL 17+). Every claim scans the claim index past the rows claimed
+    /// since the last vacuum, so without it claims slow down as a backlog drains
+    /// (docs/store.md, "Vacuuming the work table"). `false` leaves the table to autovacuum.
+    /// **Default: true.**
+    pub vacuum_work: bool,
     /// Ask first (`maintenance_due`, one statement) which steps have work, and run only those:
     /// an idle sweep costs one round trip instead of five. `false` runs every step every
     /// sweep. **Default: true.**
@@ -133,6 +141,7 @@ impl Default for MaintenanceConfig {
             depth_sample_interval_ms: DEFAULT_DEPTH_SAMPLE_INTERVAL_MS,
             ordering_repair_interval_ms: DEFAULT_ORDERING_REPAIR_INTERVAL_MS,
             call_timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
+            vacuum_work: true,
             skip_idle_steps: true,
         }
     }
@@ -296,6 +305,8 @@ pub enum Step {
     ServerStatus,
     /// `ordering_repair`: give ordering keys left without a head their next item.
     OrderingRepair,
+    /// `vacuum_work`: vacuum the work table when it is due.
+    VacuumWork,
 }
 
 impl Step {
@@ -312,6 +323,7 @@ impl Step {
             Step::MaintenanceDue => "maintenance_due",
             Step::ServerStatus => "server_status",
             Step::OrderingRepair => "ordering_repair",
+            Step::VacuumWork => "vacuum_work",
         }
     }
 }
@@ -349,6 +361,8 @@ pub struct SweepReport {
     pub history_partitions_dropped: u64,
     /// Eviction tombstones deleted.
     pub pruned_tombstones: u64,
+    /// The work table was vacuumed.
+    pub vacuumed_work: bool,
     /// The queue depth, when this sweep sampled it.
     pub depth: Option<Vec<QueueDepth>>,
     /// Ordering keys found without a head and given their next item (must stay 0).
@@ -607,6 +621,8 @@ impl MaintenanceWorker {
                 scheduled: true,
                 finished: true,
                 tombstones: true,
+                // `vacuum_work` asks the store itself whether it is due.
+                vacuum: true,
             })
         };
         match due {
@@ -629,6 +645,10 @@ impl MaintenanceWorker {
                 }
                 if due.tombstones {
                     self.prune_tombstones(&mut report, &mut failures).await;
+                }
+                // Last of the row steps: the prunes above leave dead rows too.
+                if due.vacuum && self.config.vacuum_work {
+                    self.vacuum_work(&mut report, &mut failures).await;
                 }
             }
             Err(error) => failures.push(StepFailure {
@@ -838,6 +858,25 @@ impl MaintenanceWorker {
             .await;
         report.pruned_tombstones += result.done.iter().sum::<u64>();
         failures.extend(result.failure);
+    }
+
+    /// Vacuums the work table when the store says it is due. A store without the call
+    /// ([`Error::Unsupported`]) is skipped quietly.
+    async fn vacuum_work(&self, report: &mut SweepReport, failures: &mut Vec<StepFailure>) {
+        let step = Step::VacuumWork;
+        match self
+            .call(step, self.coordinator.vacuum_work(VacuumWorkParams {}))
+            .await
+        {
+            Ok(out) => {
+                if out.vacuumed {
+                    metrics::counter!(m::WORK_VACUUMS_TOTAL).increment(1);
+                    report.vacuumed_work = true;
+                }
+            }
+            Err(Error::Unsupported { .. }) => {}
+            Err(error) => failures.push(StepFailure { step, error }),
+        }
     }
 
     /// Samples the server's NOTIFY queue usage and the queue depth when sampling is on and

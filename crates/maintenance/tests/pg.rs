@@ -224,6 +224,8 @@ async fn a_sweep_promotes_dead_letters_prunes_and_samples_on_a_real_server() {
                 .await as u64,
             history_partitions_dropped: 0,
             pruned_tombstones: 0,
+            // A few dead rows, far below the work table's vacuum threshold.
+            vacuumed_work: false,
             ordering_repairs: 0,
             depth: Some(depth.clone()),
             notification_queue_usage: report.notification_queue_usage,
@@ -478,4 +480,69 @@ async fn a_sweep_counts_the_history_partitions_it_attaches_drops_and_cannot_lock
     assert_eq!(then.history_partitions_dropped, 1);
     assert_eq!(counted("dropped"), 1);
     assert_eq!(counted("busy"), 1);
+}
+
+#[tokio::test]
+async fn a_sweep_vacuums_the_work_table_past_its_threshold_and_skips_a_held_one_quietly() {
+    let logs = workpump_coordinator::testing::Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let s = store().await;
+    // A threshold of 100 dead rows instead of a fresh store's 20 000; autovacuum of the table
+    // off, so that only the sweeps vacuum it.
+    sqlx::query(
+        "ALTER TABLE workpump.work SET (autovacuum_enabled = false,
+             autovacuum_vacuum_threshold = 100, autovacuum_vacuum_scale_factor = 0)",
+    )
+    .execute(&s.pool)
+    .await
+    .expect("lower the threshold");
+    let dead = || s.count("SELECT pg_stat_get_dead_tuples('workpump.work'::regclass)");
+    let vacuums = || {
+        s.count(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'workpump.work'::regclass",
+        )
+    };
+    s.queue("jobs", 1).await;
+    s.enqueue("jobs", 50).await;
+    s.claim_all("jobs").await;
+    let w = MaintenanceWorker::new(s.coordinator.clone(), config(), Liveness::default());
+    // 50 dead row versions (the claimed items' available ones): not due.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while dead().await < 50 {
+        assert!(std::time::Instant::now() < deadline, "dead rows unreported");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!w.run_once().await.expect("sweep").vacuumed_work);
+    s.enqueue("jobs", 100).await;
+    s.claim_all("jobs").await;
+    while dead().await < 150 {
+        assert!(std::time::Instant::now() < deadline, "dead rows unreported");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Another vacuum holds the table (here: its lock): the sweep's VACUUM skips it at once,
+    // without the WARNING PostgreSQL sends about it reaching the log.
+    let mut holder = s.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE workpump.work IN SHARE UPDATE EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .expect("lock");
+    assert!(w.run_once().await.expect("sweep").vacuumed_work);
+    assert_eq!(vacuums().await, 0, "skipped");
+    holder.rollback().await.expect("rollback");
+    assert!(w.run_once().await.expect("sweep").vacuumed_work);
+    assert_eq!(vacuums().await, 1);
+    assert!(dead().await < 100, "the vacuum removed the dead rows");
+    assert!(
+        !w.run_once().await.expect("sweep").vacuumed_work,
+        "not due again"
+    );
+    let text = logs.text();
+    assert!(!text.contains("skipping vacuum"), "{text}");
+    assert!(!text.contains("WARN"), "{text}");
 }

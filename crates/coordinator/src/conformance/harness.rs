@@ -117,6 +117,11 @@ pub trait Harness: Send + Sync {
     /// Deletes an item behind the store's back (no store function runs): what a stray
     /// manual write does, leaving its ordering key without a head.
     async fn delete_behind_the_stores_back(&self, id: WorkId);
+    /// Makes the work table due a vacuum (`work_vacuum_due`) once it has a dead row version
+    /// (a claimed item's): PostgreSQL's thresholds for the table lowered to none, with
+    /// autovacuum of it off so that only the calls under test vacuum it, and back once the
+    /// statistics show the dead row.
+    async fn make_vacuum_due(&self);
     /// Moves the eviction tombstone of a reaped instance `by` into the past.
     async fn age_eviction(&self, instance: InstanceId, by: Duration);
     /// Moves the first observation of an instance's lost alive-lock `by` into the past.

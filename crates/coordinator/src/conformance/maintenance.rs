@@ -1,5 +1,5 @@
 //! The maintenance steps: `maintenance_due`, `promote_scheduled`, `dead_letter_expired`,
-//! `prune_finished`, `prune_evicted_instances`, `queue_depth`, `server_status`.
+//! `prune_finished`, `prune_evicted_instances`, `queue_depth`, `server_status`, `vacuum_work`.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -92,12 +92,57 @@ pub async fn maintenance_due_flags_exactly_the_steps_that_have_work(h: &dyn Harn
             scheduled: false,
             finished: true,
             tombstones: false,
+            vacuum: false,
         }
     );
     assert_eq!(cleanup(h, Some(DEAD)).await.reaped.len(), 1);
     h.age_eviction(peer, Duration::from_secs(7201)).await;
     assert!(due().await.tombstones);
     assert!(!due().await.instances);
+}
+
+/// The work table is vacuumed only when it is due, and a vacuum leaves it not due.
+pub async fn the_work_table_is_vacuumed_only_when_due(h: &dyn Harness) {
+    let params = MaintenanceDueParams {
+        judge: None,
+        stale_after: STALE,
+        dead_after: Some(DEAD),
+        lock_grace: Some(GRACE),
+        completed_retention: Duration::from_secs(3600),
+        dead_retention: Duration::from_secs(7200),
+        evicted_retention: Duration::from_secs(7200),
+    };
+    let due = || async {
+        h.coordinator()
+            .maintenance_due(params)
+            .await
+            .expect("due")
+            .vacuum
+    };
+    let vacuum = || async {
+        h.coordinator()
+            .vacuum_work(VacuumWorkParams {})
+            .await
+            .expect("vacuum_work")
+            .vacuumed
+    };
+    queue(h, "q", 1).await;
+    let me = instance(h).await;
+    enqueue(
+        h,
+        vec![NewWork::new("q", json!(1)), NewWork::new("q", json!(2))],
+    )
+    .await;
+    // A claim leaves the available row versions dead: fewer than a fresh store's threshold.
+    claim(h, me, &["q"], 2).await;
+    assert!(!due().await, "two dead rows are not due a vacuum");
+    assert!(!vacuum().await, "a vacuum that is not due does not run");
+
+    h.make_vacuum_due().await;
+    assert!(due().await, "due once the dead rows pass the threshold");
+    assert!(vacuum().await, "a due vacuum runs");
+    assert!(!due().await, "a vacuum leaves nothing due");
+    assert!(!vacuum().await, "nor a second vacuum to run");
 }
 
 /// Due scheduled items (delays and retries) become available, in every queue; items not yet

@@ -220,6 +220,8 @@ struct Statements {
     set_queue_settings: String,
     fire_periodic: String,
     ordering_repair: String,
+    work_vacuum_due: String,
+    vacuum_work: String,
     list_held_keys: String,
     migrate_lock: String,
     migrate_lock_timeout: String,
@@ -279,6 +281,8 @@ impl Statements {
             set_queue_settings: s(query_file!("set_queue_settings")),
             fire_periodic: s(query_file!("fire_periodic")),
             ordering_repair: s(query_file!("ordering_repair")),
+            work_vacuum_due: s(query_file!("work_vacuum_due")),
+            vacuum_work: s(query_file!("vacuum_work")),
             list_held_keys: s(query_file!("list_held_keys")),
             migrate_lock: s(query_file!("migrate_lock")),
             migrate_lock_timeout: s(query_file!("migrate_lock_timeout")),
@@ -1201,6 +1205,28 @@ impl WorkCoordinator for PgCoordinator {
         })
     }
 
+    async fn vacuum_work(&self, _params: VacuumWorkParams) -> Result<VacuumWorkOutcome> {
+        let ctx = "vacuuming the work table";
+        let pool = self.control().await?;
+        let due: bool = sqlx::query_scalar(&self.stmts.work_vacuum_due)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| self.db_error("asking whether the work table is due a vacuum", e))?;
+        if !due {
+            return Ok(VacuumWorkOutcome { vacuumed: false });
+        }
+        let mut conn = pool.acquire().await.map_err(|e| self.db_error(ctx, e))?;
+        let vacuumed = vacuum_quietly(&mut conn, &self.stmts.vacuum_work).await;
+        match vacuumed {
+            Ok(_) => Ok(VacuumWorkOutcome { vacuumed: true }),
+            Err(e) => {
+                // The session may still have the setting: it does not go back to the pool.
+                let _ = conn.detach().close().await;
+                Err(self.db_error(ctx, e))
+            }
+        }
+    }
+
     async fn prune_evicted_instances(
         &self,
         params: PruneEvictedInstancesParams,
@@ -1224,24 +1250,31 @@ impl WorkCoordinator for PgCoordinator {
 
     async fn maintenance_due(&self, params: MaintenanceDueParams) -> Result<MaintenanceDueOutcome> {
         params.validate()?;
-        let (instances, orphans, scheduled, finished, tombstones): (bool, bool, bool, bool, bool) =
-            sqlx::query_as(&self.stmts.maintenance_due)
-                .bind(params.judge.map(|i| i.0))
-                .bind(interval(params.stale_after))
-                .bind(params.dead_after.map(interval))
-                .bind(params.lock_grace.map(interval))
-                .bind(interval(params.completed_retention))
-                .bind(interval(params.dead_retention))
-                .bind(interval(params.evicted_retention))
-                .fetch_one(self.control().await?)
-                .await
-                .map_err(|e| self.db_error("asking which maintenance steps have work", e))?;
+        let (instances, orphans, scheduled, finished, tombstones, vacuum): (
+            bool,
+            bool,
+            bool,
+            bool,
+            bool,
+            bool,
+        ) = sqlx::query_as(&self.stmts.maintenance_due)
+            .bind(params.judge.map(|i| i.0))
+            .bind(interval(params.stale_after))
+            .bind(params.dead_after.map(interval))
+            .bind(params.lock_grace.map(interval))
+            .bind(interval(params.completed_retention))
+            .bind(interval(params.dead_retention))
+            .bind(interval(params.evicted_retention))
+            .fetch_one(self.control().await?)
+            .await
+            .map_err(|e| self.db_error("asking which maintenance steps have work", e))?;
         Ok(MaintenanceDueOutcome {
             instances,
             orphans,
             scheduled,
             finished,
             tombstones,
+            vacuum,
         })
     }
 
@@ -2017,6 +2050,23 @@ fn parse_state(s: &str, ctx: &str) -> Result<WorkState> {
 /// value, which the store never returns, reads as zero.
 fn seconds(secs: f64) -> Duration {
     Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)
+}
+
+/// Runs `vacuum` (a `VACUUM` statement) on `conn` with `client_min_messages = error`, then
+/// resets it. Each statement goes alone, by the simple protocol: VACUUM cannot run in a
+/// transaction (nor as a prepared statement in a pipeline). When `SKIP_LOCKED` skips the table
+/// (a peer's or autovacuum's vacuum holds it), PostgreSQL says so in a WARNING that sqlx would
+/// log as one; the setting keeps it quiet.
+async fn vacuum_quietly(
+    conn: &mut PgConnection,
+    vacuum: &str,
+) -> std::result::Result<(), sqlx::Error> {
+    use sqlx::Executor as _;
+    // A plain &str binds nothing and goes by the simple protocol.
+    conn.execute("SET client_min_messages = error").await?;
+    conn.execute(vacuum).await?;
+    conn.execute("RESET client_min_messages").await?;
+    Ok(())
 }
 
 /// A duration as a PostgreSQL interval, at its microsecond resolution.
