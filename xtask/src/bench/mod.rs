@@ -4,7 +4,8 @@
 //! figures against the project's targets. `docs/performance.md` describes every method.
 //!
 //! Scenarios (each on a fresh database, each process stopped by pid also on errors):
-//! `ceiling` (pgbench, minimal queue cycle), `drain`, `keyed` (ordering keys: a keyed drain
+//! `ceiling` (pgbench, minimal queue cycle), `drain`, `small-claims` (a deep backlog drained
+//! by 2 workers of 16 handlers, by tenths), `keyed` (ordering keys: a keyed drain
 //! paired with the plain one, one hot key), `fleet-limit` (a fleet-wide `max_running` of 50:
 //! the sampled running count, and the limited drain paired with the plain one), `rate` (a rate
 //! limit of 1 000/s held over 30 s), `enqueue`, `pickup`, `renewal` (with memory),
@@ -35,9 +36,10 @@ use crate::Outcome;
 pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// What `--only` can pick, in the order they run.
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "ceiling",
     "drain",
+    "small-claims",
     "keyed",
     "fleet-limit",
     "rate",
@@ -54,6 +56,12 @@ const SCENARIOS: [&str; 12] = [
 /// default `claim.max_items_per_claim`, so a worker claims its next batch while the last one
 /// completes (1 000 drains about 15 % slower, 3 000 no faster).
 const DEFAULT_DRAIN_CONCURRENCY: usize = 2_000;
+
+/// Handlers per worker in the small-claims drain: each claim asks for the few handlers that
+/// just freed (about a dozen items), as with handlers that do real work; the claims, not the
+/// completions, are then most of the database's work, each scanning the claim index from its
+/// head.
+const SMALL_CLAIMS_CONCURRENCY: usize = 16;
 
 /// Command-line options.
 #[derive(Clone, Debug)]
@@ -79,6 +87,8 @@ pub(crate) struct Plan {
     pub(crate) drain_workers: Vec<usize>,
     /// The "deep queue" drain (full mode only).
     pub(crate) drain_deep_items: Option<usize>,
+    /// The small-claims drain's items (2 workers of [`SMALL_CLAIMS_CONCURRENCY`] handlers).
+    pub(crate) small_claims_items: usize,
     pub(crate) enqueue_window: Duration,
     pub(crate) pickup_samples: usize,
     pub(crate) renewal_items: usize,
@@ -117,6 +127,7 @@ impl Plan {
             drain_runs: 3,
             drain_workers: vec![1, 2, 4],
             drain_deep_items: Some(1_000_000),
+            small_claims_items: 300_000,
             enqueue_window: Duration::from_secs(5),
             pickup_samples: 1_000,
             renewal_items: 10_000,
@@ -146,6 +157,7 @@ impl Plan {
             drain_runs: 1,
             drain_workers: vec![1, 2, 4],
             drain_deep_items: None,
+            small_claims_items: 150_000,
             enqueue_window: Duration::from_millis(1_500),
             pickup_samples: 200,
             renewal_items: 10_000,
@@ -311,6 +323,18 @@ async fn bench(options: Options) -> BenchResult<ExitCode> {
         let outcome = match scenario {
             "ceiling" => ceiling::run(&ctx).await.map(|runs| report.ceiling(runs)),
             "drain" => drains(&ctx, &mut report).await,
+            "small-claims" => {
+                let shape = drain::Shape::plain(2, ctx.plan.small_claims_items)
+                    .concurrency(SMALL_CLAIMS_CONCURRENCY)
+                    .deciles();
+                drain::run_once(&ctx, &shape).await.map(|run| {
+                    eprintln!(
+                        "bench: small-claims drain, {} items: {:.0} items/s",
+                        run.items, run.rate
+                    );
+                    report.small_claims(run)
+                })
+            }
             "keyed" => {
                 let workers = report.best_drain_workers().unwrap_or(2);
                 keyed::run(&ctx, workers).await.map(|k| report.keyed(k))

@@ -18,6 +18,7 @@ use super::ops::{DashboardCost, OpsTimings};
 use super::pickup::Pickup;
 use super::renewal::{Renewal, LEASE_MS};
 use super::setup;
+use super::SMALL_CLAIMS_CONCURRENCY;
 use super::{BenchResult, Ctx};
 
 /// Drain target: items per second.
@@ -55,6 +56,9 @@ const FLEET_LIMIT_RATIO_TARGET: f64 = 0.90;
 const FLEET_LIMIT_FREE_SHARE: f64 = 0.90;
 /// The rate limit's starts per second may deviate this much over the window.
 const RATE_DEVIATION_TARGET: f64 = 0.02;
+/// The small-claims drain's late tenths (8–10) must go at least this fast against its early
+/// ones (2–4): the queue does not slow as it drains.
+const SMALL_CLAIMS_FLAT_TARGET: f64 = 0.90;
 
 pub(crate) struct Report {
     figures: Map<String, Value>,
@@ -62,6 +66,7 @@ pub(crate) struct Report {
     errors: Vec<(String, String)>,
     drains: Vec<(usize, Vec<DrainRun>)>,
     drain_deep: Option<DrainRun>,
+    small_claims: Option<DrainRun>,
     keyed: Option<Keyed>,
     fleet_limit: Option<FleetLimit>,
     rate: Option<Rate>,
@@ -112,6 +117,7 @@ impl Report {
             errors: Vec::new(),
             drains: Vec::new(),
             drain_deep: None,
+            small_claims: None,
             keyed: None,
             fleet_limit: None,
             rate: None,
@@ -199,6 +205,45 @@ impl Report {
         }
         self.details.insert("drain_1m_run".into(), run.to_json());
         self.drain_deep = Some(run);
+    }
+
+    /// The small-claims drain: its rate, how its late tenths went against its early ones, and
+    /// the claims' size and database time.
+    pub(crate) fn small_claims(&mut self, run: DrainRun) {
+        self.set("small_claims_drain", run.rate.round());
+        if let Some(rates) = &run.decile_rates {
+            // The rate over tenths `from..=to` (1-based): a tenth of the items each, so the
+            // harmonic mean of their rates.
+            let span = |from: usize, to: usize| {
+                let tenths = &rates[from - 1..to];
+                tenths.len() as f64 / tenths.iter().map(|r| 1.0 / r.max(1e-9)).sum::<f64>()
+            };
+            if rates.len() == 10 {
+                self.set(
+                    "small_claims_late_over_early",
+                    round3(span(8, 10) / span(2, 4)),
+                );
+            }
+        }
+        if let Some(claim) = run
+            .statements
+            .iter()
+            .find(|st| st.query.contains("claim_work("))
+        {
+            if claim.calls > 0 {
+                self.set(
+                    "small_claims_items_per_claim",
+                    (claim.rows as f64 / claim.calls as f64 * 10.0).round() / 10.0,
+                );
+                self.set(
+                    "small_claims_claim_ms",
+                    round3(claim.total_ms / claim.calls as f64),
+                );
+            }
+        }
+        self.details
+            .insert("small_claims_run".into(), run.to_json());
+        self.small_claims = Some(run);
     }
 
     pub(crate) fn keyed(&mut self, k: Keyed) {
@@ -702,6 +747,40 @@ impl Report {
             deep.map(|v| v >= DRAIN_TARGET),
         );
         push(
+            &format!(
+                "small_claims_drain (2 workers × {SMALL_CLAIMS_CONCURRENCY} handlers, {} items)",
+                self.small_claims
+                    .as_ref()
+                    .map_or(String::new(), |r| group(r.items as f64))
+            ),
+            self.num("small_claims_drain"),
+            "/s",
+            String::new(),
+            None,
+        );
+        let flat = self.num("small_claims_late_over_early");
+        push(
+            "small_claims_late_over_early (tenths 8–10 / 2–4)",
+            flat,
+            "",
+            ">= 0.90 (no slowdown)".into(),
+            flat.map(|r| r >= SMALL_CLAIMS_FLAT_TARGET),
+        );
+        push(
+            "small_claims_items_per_claim",
+            self.num("small_claims_items_per_claim"),
+            "",
+            String::new(),
+            None,
+        );
+        push(
+            "small_claims_claim_ms (claim_work's database time a call)",
+            self.num("small_claims_claim_ms"),
+            "ms",
+            String::new(),
+            None,
+        );
+        push(
             "enqueue_single_1",
             self.num("enqueue_single_1"),
             "/s",
@@ -936,13 +1015,14 @@ impl Report {
     }
 
     fn details_text(&self, out: &mut String) {
-        if !self.drains.is_empty() || self.drain_deep.is_some() {
+        if !self.drains.is_empty() || self.drain_deep.is_some() || self.small_claims.is_some() {
             let _ = writeln!(out, "\ndrain runs");
             let all = self
                 .drains
                 .iter()
                 .flat_map(|(_, runs)| runs.iter())
                 .chain(self.drain_deep.iter())
+                .chain(self.small_claims.iter())
                 .map(|r| (r.workers.to_string(), r));
             drain_runs_table(out, "workers", all);
             if let Some(rates) = self
@@ -954,6 +1034,18 @@ impl Report {
                 let _ = writeln!(
                     out,
                     "  1M drain, items/s per tenth of the items: {}",
+                    shown.join(", ")
+                );
+            }
+            if let Some(rates) = self
+                .small_claims
+                .as_ref()
+                .and_then(|r| r.decile_rates.clone())
+            {
+                let shown: Vec<String> = rates.iter().map(|r| group(*r)).collect();
+                let _ = writeln!(
+                    out,
+                    "  small-claims drain, items/s per tenth of the items: {}",
                     shown.join(", ")
                 );
             }
