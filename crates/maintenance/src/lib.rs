@@ -5,7 +5,8 @@
 //! next claim; orphans with no attempts left become dead letters; cancel-requested orphans end
 //! cancelled), `promote_scheduled` (due delays and retries become
 //! available, and their claimers are woken), `prune_finished` and `prune_evicted_instances`
-//! (retention), at most every 15 s, `queue_depth` for the `workpump_queue_depth` gauge, and at
+//! (retention), `vacuum_work` (the work table, when its dead rows call for it), at most every
+//! 15 s, `queue_depth` for the `workpump_queue_depth` gauge, and at
 //! most every 60 s `ordering_repair` (ordering keys left without a head; must find none).
 //!
 //! It deliberately does not claim, renew, complete or cancel anything, and it is not the
@@ -68,7 +69,16 @@
 //!    ended a retention ago, whole, and attaches the next ones ahead (counted in
 //!    `workpump_maintenance_history_partitions_total{action}`);
 //! 5. `prune_evicted_instances(evicted_retention_ms)`;
-//! 6. `server_status` and `queue_depth`, when the last sample is at least
+//! 6. `vacuum_work`, when `maintenance_due` says the work table is due a vacuum (or, without
+//!    the probe, every sweep, the store deciding): its dead row versions passed autovacuum's
+//!    own threshold for it, no vacuum of it runs, and the role may vacuum it (its owner's,
+//!    the database owner's or a superuser's privileges; `MAINTAIN` on PostgreSQL 17+). Then
+//!    `VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON)` of the table, counted in
+//!    `workpump_maintenance_work_vacuums_total`. Every claim scans the claim index past the
+//!    rows claimed since the last vacuum, and autovacuum looks once a minute: without this,
+//!    small claims over a deep backlog slow down as it drains (docs/store.md, "Vacuuming the
+//!    work table"). A store without the call (`Error::Unsupported`) is skipped;
+//! 7. `server_status` and `queue_depth`, when the last sample is at least
 //!    `depth_sample_interval_ms` old. The server's NOTIFY queue usage goes to the gauge
 //!    `workpump_notification_queue_usage_ratio` and [`MaintenanceStatus`] (a warning is
 //!    logged from [`NOTIFICATION_QUEUE_WARN`], 50 %). The depth's cost
@@ -76,7 +86,7 @@
 //!    on PostgreSQL 15; see the SQL function `queue_depth`), paid by every instance
 //!    once per interval; 0 turns it off. A (queue, state) that disappears from the result is
 //!    set back to 0;
-//! 7. `ordering_repair`, when the last check is at least `ordering_repair_interval_ms` old:
+//! 8. `ordering_repair`, when the last check is at least `ordering_repair_interval_ms` old:
 //!    ordering keys with blocked items but no head get their next item, counted in
 //!    `workpump_ordering_repairs_total` and logged as a warning. It must find none (every
 //!    transition that ends a head promotes the next in its own transaction; docs/ordering.md).
@@ -96,6 +106,7 @@
 //! | `depth_sample_interval_ms` | 15 000 | shortest time between queue-depth samples; 0 = off |
 //! | `ordering_repair_interval_ms` | 60 000 | shortest time between ordering-key repair checks; 0 = off |
 //! | `call_timeout_ms` | 30 000 | a store call is abandoned after this |
+//! | `vacuum_work` | `true` | vacuum the work table when its dead rows pass autovacuum's threshold for it (step 6); `false` leaves it to autovacuum |
 //! | `skip_idle_steps` | `true` | probe first (`maintenance_due`) and run only the steps with work |
 //!
 //! The cutoffs the sweep judges by are not `[maintenance]` settings: they are the host's
@@ -107,8 +118,8 @@
 //!
 //! See [`metrics`]: sweeps by result, failed steps, sweep duration, instances reaped and
 //! leases released, items promoted / dead-lettered / cancelled per queue, items pruned per
-//! state, tombstones pruned, the `workpump_queue_depth{queue,state}` gauge and the server's
-//! NOTIFY queue usage.
+//! state, tombstones pruned, vacuums of the work table, the `workpump_queue_depth{queue,state}`
+//! gauge and the server's NOTIFY queue usage.
 
 mod worker;
 
