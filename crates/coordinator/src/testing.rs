@@ -90,6 +90,41 @@ pub async fn registered_instance(store: &PgCoordinator) -> InstanceId {
     me
 }
 
+/// Sets the `workpump.work` table's vacuum threshold to `threshold` dead row versions (no
+/// share of its rows) and turns autovacuum of it off, so that only the calls under test vacuum
+/// it (the SQL function `work_vacuum_due`, docs/store.md "Vacuuming the work table"). `pool`
+/// must connect as the table's owner.
+pub async fn lower_vacuum_threshold(pool: &PgPool, threshold: u32) {
+    sqlx::query(&format!(
+        "ALTER TABLE workpump.work SET (autovacuum_enabled = false,
+             autovacuum_vacuum_threshold = {threshold}, autovacuum_vacuum_scale_factor = 0)"
+    ))
+    .execute(pool)
+    .await
+    .expect("lower the work table's vacuum threshold");
+}
+
+/// Waits until the statistics count at least `at_least` dead row versions of `workpump.work`
+/// (a session reports its own within a second of going idle); panics after 30 s.
+pub async fn wait_for_dead_rows(pool: &PgPool, at_least: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let dead: i64 =
+            sqlx::query_scalar("SELECT pg_stat_get_dead_tuples('workpump.work'::regclass)")
+                .fetch_one(pool)
+                .await
+                .expect("read the work table's dead rows");
+        if dead >= at_least {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{dead} dead row versions of work in the statistics after 30 s, waiting for {at_least}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Makes the registered `instance` a judge that may apply every liveness rule at once (see
 /// the SQL function `cleanup_stale_instances`): takes its alive-lock through `coordinator`
 /// (keep the returned session: dropping it ends the lock) and moves the start of its watch an

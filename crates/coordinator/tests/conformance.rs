@@ -270,30 +270,8 @@ impl Harness for PgHarness {
     }
 
     async fn make_vacuum_due(&self) {
-        sqlx::query(
-            "ALTER TABLE workpump.work SET (autovacuum_enabled = false,
-                 autovacuum_vacuum_threshold = 0, autovacuum_vacuum_scale_factor = 0)",
-        )
-        .execute(&self.pool)
-        .await
-        .expect("lower the work table's vacuum thresholds");
-        // A session reports its dead rows to the statistics within a second of going idle.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let dead: i64 =
-                sqlx::query_scalar("SELECT pg_stat_get_dead_tuples('workpump.work'::regclass)")
-                    .fetch_one(&self.pool)
-                    .await
-                    .expect("read the work table's dead rows");
-            if dead > 0 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no dead row version of work reached the statistics within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        workpump_coordinator::testing::lower_vacuum_threshold(&self.pool, 0).await;
+        workpump_coordinator::testing::wait_for_dead_rows(&self.pool, 1).await;
     }
 
     async fn age_eviction(&self, instance: InstanceId, by: Duration) {

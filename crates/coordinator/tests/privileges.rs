@@ -676,26 +676,8 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
 
     // The work table's vacuum needs its owner's privileges: the runtime role is never due one
     // (nor warned about one it may not run), the migrator is, for the same dead rows.
-    sqlx::query(
-        "ALTER TABLE workpump.work SET (autovacuum_enabled = false,
-             autovacuum_vacuum_threshold = 0, autovacuum_vacuum_scale_factor = 0)",
-    )
-    .execute(admin)
-    .await
-    .expect("lower the vacuum thresholds");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while sqlx::query_scalar::<_, i64>("SELECT pg_stat_get_dead_tuples('workpump.work'::regclass)")
-        .fetch_one(admin)
-        .await
-        .expect("dead rows")
-        == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the claims' dead rows never reached the statistics"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    workpump_coordinator::testing::lower_vacuum_threshold(admin, 0).await;
+    workpump_coordinator::testing::wait_for_dead_rows(admin, 1).await;
     let vacuumed = c
         .vacuum_work(VacuumWorkParams {})
         .await

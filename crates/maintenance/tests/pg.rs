@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::postgres::PgPool;
 use tokio_util::sync::CancellationToken;
-use workpump_coordinator::testing::{fresh_store, seasoned_judge, FreshStore};
+use workpump_coordinator::testing::{
+    fresh_store, lower_vacuum_threshold, seasoned_judge, wait_for_dead_rows, FreshStore,
+};
 use workpump_coordinator::{
     AliveLockReport, ClaimWorkParams, EnqueueWorkParams, Identity, InstanceId, Liveness, NewWork,
     PgCoordinator, RecordHeartbeatParams, RegisterQueueParams, TakeAliveLockOutcome,
@@ -495,13 +497,7 @@ async fn a_sweep_vacuums_the_work_table_past_its_threshold_and_skips_a_held_one_
     let s = store().await;
     // A threshold of 100 dead rows instead of a fresh store's 20 000; autovacuum of the table
     // off, so that only the sweeps vacuum it.
-    sqlx::query(
-        "ALTER TABLE workpump.work SET (autovacuum_enabled = false,
-             autovacuum_vacuum_threshold = 100, autovacuum_vacuum_scale_factor = 0)",
-    )
-    .execute(&s.pool)
-    .await
-    .expect("lower the threshold");
+    lower_vacuum_threshold(&s.pool, 100).await;
     let dead = || s.count("SELECT pg_stat_get_dead_tuples('workpump.work'::regclass)");
     let vacuums = || {
         s.count(
@@ -513,18 +509,11 @@ async fn a_sweep_vacuums_the_work_table_past_its_threshold_and_skips_a_held_one_
     s.claim_all("jobs").await;
     let w = MaintenanceWorker::new(s.coordinator.clone(), config(), Liveness::default());
     // 50 dead row versions (the claimed items' available ones): not due.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while dead().await < 50 {
-        assert!(std::time::Instant::now() < deadline, "dead rows unreported");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_dead_rows(&s.pool, 50).await;
     assert!(!w.run_once().await.expect("sweep").vacuumed_work);
     s.enqueue("jobs", 100).await;
     s.claim_all("jobs").await;
-    while dead().await < 150 {
-        assert!(std::time::Instant::now() < deadline, "dead rows unreported");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_dead_rows(&s.pool, 150).await;
     // Another vacuum holds the table (here: its lock): the sweep's VACUUM skips it at once,
     // without the WARNING PostgreSQL sends about it reaching the log.
     let mut holder = s.pool.begin().await.expect("begin");

@@ -24,18 +24,22 @@ pub async fn server_status_reports_the_notification_queue_usage(h: &dyn Harness)
     );
 }
 
-/// The one-statement probe behind an idle sweep: each flag turns on with its kind of work.
-pub async fn maintenance_due_flags_exactly_the_steps_that_have_work(h: &dyn Harness) {
-    let judge = judge(h).await;
-    let params = MaintenanceDueParams {
-        judge: Some(judge),
+/// The probe's arguments the cases below use: completed items kept an hour, the rest two.
+fn due_params(judge: Option<InstanceId>) -> MaintenanceDueParams {
+    MaintenanceDueParams {
+        judge,
         stale_after: STALE,
         dead_after: Some(DEAD),
         lock_grace: Some(GRACE),
         completed_retention: Duration::from_secs(3600),
         dead_retention: Duration::from_secs(7200),
         evicted_retention: Duration::from_secs(7200),
-    };
+    }
+}
+
+/// The one-statement probe behind an idle sweep: each flag turns on with its kind of work.
+pub async fn maintenance_due_flags_exactly_the_steps_that_have_work(h: &dyn Harness) {
+    let params = due_params(Some(judge(h).await));
     let due = || async { h.coordinator().maintenance_due(params).await.expect("due") };
     // A store swept once at these retentions: PostgreSQL's first prune attaches the history's
     // partitions (until then it is due); the fake has none to attach.
@@ -103,15 +107,7 @@ pub async fn maintenance_due_flags_exactly_the_steps_that_have_work(h: &dyn Harn
 
 /// The work table is vacuumed only when it is due, and a vacuum leaves it not due.
 pub async fn the_work_table_is_vacuumed_only_when_due(h: &dyn Harness) {
-    let params = MaintenanceDueParams {
-        judge: None,
-        stale_after: STALE,
-        dead_after: Some(DEAD),
-        lock_grace: Some(GRACE),
-        completed_retention: Duration::from_secs(3600),
-        dead_retention: Duration::from_secs(7200),
-        evicted_retention: Duration::from_secs(7200),
-    };
+    let params = due_params(None);
     let due = || async {
         h.coordinator()
             .maintenance_due(params)
