@@ -534,4 +534,17 @@ async fn a_sweep_vacuums_the_work_table_past_its_threshold_and_skips_a_held_one_
     let text = logs.text();
     assert!(!text.contains("skipping vacuum"), "{text}");
     assert!(!text.contains("WARN"), "{text}");
+    // The vacuums' sessions were closed, not pooled again with their quiet setting: every
+    // session of the pool (all held at once) hears warnings.
+    let mut held = Vec::new();
+    for _ in 0..s.pool.size() {
+        held.push(s.pool.acquire().await.expect("acquire"));
+    }
+    for conn in &mut held {
+        let level: String = sqlx::query_scalar("SHOW client_min_messages")
+            .fetch_one(&mut **conn)
+            .await
+            .expect("show");
+        assert_eq!(level, "notice");
+    }
 }

@@ -1215,16 +1215,19 @@ impl WorkCoordinator for PgCoordinator {
         if !due {
             return Ok(VacuumWorkOutcome { vacuumed: false });
         }
-        let mut conn = pool.acquire().await.map_err(|e| self.db_error(ctx, e))?;
+        // Detached: the session leaves the pool and is closed after the vacuum, so neither the
+        // setting vacuum_quietly makes nor a vacuum abandoned at the sweep's call timeout
+        // (its future dropped mid-statement) comes back to the pool with it.
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(|e| self.db_error(ctx, e))?
+            .detach();
         let vacuumed = vacuum_quietly(&mut conn, &self.stmts.vacuum_work).await;
-        match vacuumed {
-            Ok(_) => Ok(VacuumWorkOutcome { vacuumed: true }),
-            Err(e) => {
-                // The session may still have the setting: it does not go back to the pool.
-                let _ = conn.detach().close().await;
-                Err(self.db_error(ctx, e))
-            }
-        }
+        let _ = conn.close().await;
+        vacuumed
+            .map(|()| VacuumWorkOutcome { vacuumed: true })
+            .map_err(|e| self.db_error(ctx, e))
     }
 
     async fn prune_evicted_instances(
@@ -2052,11 +2055,11 @@ fn seconds(secs: f64) -> Duration {
     Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)
 }
 
-/// Runs `vacuum` (a `VACUUM` statement) on `conn` with `client_min_messages = error`, then
-/// resets it. Each statement goes alone, by the simple protocol: VACUUM cannot run in a
-/// transaction (nor as a prepared statement in a pipeline). When `SKIP_LOCKED` skips the table
-/// (a peer's or autovacuum's vacuum holds it), PostgreSQL says so in a WARNING that sqlx would
-/// log as one; the setting keeps it quiet.
+/// Runs `vacuum` (a `VACUUM` statement) on `conn` with `client_min_messages = error`, which it
+/// leaves set (the caller closes the session). Each statement goes alone, by the simple
+/// protocol: VACUUM cannot run in a transaction (nor as a prepared statement in a pipeline).
+/// When `SKIP_LOCKED` skips the table (a peer's or autovacuum's vacuum holds it), PostgreSQL
+/// says so in a WARNING that sqlx would log as one; the setting keeps it quiet.
 async fn vacuum_quietly(
     conn: &mut PgConnection,
     vacuum: &str,
@@ -2065,7 +2068,6 @@ async fn vacuum_quietly(
     // A plain &str binds nothing and goes by the simple protocol.
     conn.execute("SET client_min_messages = error").await?;
     conn.execute(vacuum).await?;
-    conn.execute("RESET client_min_messages").await?;
     Ok(())
 }
 
