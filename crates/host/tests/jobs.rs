@@ -255,7 +255,14 @@ async fn an_item_of_a_kind_nobody_handles_fails_naming_the_kind_and_dead_letters
     assert_eq!(history(flaky.id).await.len(), 2);
 
     // Every failed attempt is a warning and every dead letter an error, with the error and
-    // inside the attempt's span.
+    // inside the attempt's span. The worker logs an outcome once the store took it: moments
+    // after the row says so.
+    wait_until(
+        Duration::from_secs(10),
+        "the dead letters are logged",
+        || async { logs.text().matches("is a dead letter").count() >= 3 },
+    )
+    .await;
     let text = logs.text();
     let lines = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
     assert_eq!(
@@ -737,15 +744,19 @@ async fn an_operators_cancel_of_a_running_item_is_logged_at_info_with_the_handle
         count_state(&pool, "cancelled").await == 1
     })
     .await;
+    // The worker logs the outcome once the store took it: moments after the row says so.
+    let wanted = format!(
+        "item {} of queue \"watched\" was cancelled: stopped on request",
+        item.id
+    );
+    wait_until(Duration::from_secs(10), "the cancel is logged", || async {
+        logs.text().contains(&wanted)
+    })
+    .await;
     let text = logs.text();
     let line = text
         .lines()
-        .find(|l| {
-            l.contains(&format!(
-                "item {} of queue \"watched\" was cancelled: stopped on request",
-                item.id
-            ))
-        })
+        .find(|l| l.contains(&wanted))
         .unwrap_or_else(|| panic!("no cancel line: {text}"));
     assert!(line.contains("INFO"), "{line}");
     assert!(!text.contains("WARN") && !text.contains("ERROR"), "{text}");
