@@ -59,7 +59,7 @@ use workpump_coordinator::{
     HealthReporter, Identity, LeaseTracker, Liveness, PgCoordinator, WorkCoordinator, Worker,
 };
 use workpump_heartbeat_worker::{HeartbeatStatus, HeartbeatWorker};
-use workpump_lease_renewal::LeaseRenewalWorker;
+use workpump_lease_renewal::{LeaseConfig, LeaseRenewalWorker};
 use workpump_maintenance::{MaintenanceStatus, MaintenanceWorker};
 use workpump_scheduler::{PeriodicJob, SchedulerWorker};
 
@@ -200,6 +200,25 @@ impl WorkerContext {
         }
     }
 
+    /// The lease-renewal worker's configuration: `[lease]` with a renewal channel that holds a
+    /// request for every handler slot of the host (the sum of its queues' `concurrency`, up to
+    /// [`MAX_CHANNEL_CAPACITY`](workpump_lease_renewal::MAX_CHANNEL_CAPACITY)) when
+    /// `channel_capacity` is smaller, as the default lease factory builds it. A lease has at
+    /// most one request pending, so the host's own leases never find that channel full.
+    pub fn lease_config(&self) -> LeaseConfig {
+        let slots = self
+            .handlers
+            .queues()
+            .fold(0usize, |n, (_, s)| n.saturating_add(s.concurrency));
+        let lease = &self.config.lease;
+        LeaseConfig {
+            channel_capacity: lease
+                .channel_capacity
+                .max(slots.min(workpump_lease_renewal::MAX_CHANNEL_CAPACITY)),
+            ..lease.clone()
+        }
+    }
+
     /// The health reporter of the slot this factory fills: what
     /// [`HostHandle::health`](crate::HostHandle::health) shows as this worker's condition
     /// ([`WorkerHealth::condition`](crate::WorkerHealth::condition)), its parts and its
@@ -316,8 +335,8 @@ pub(crate) struct Reports {
 
 /// The lease slot's default: the lease-renewal worker and its tracker.
 pub(crate) fn default_lease(ctx: &WorkerContext) -> (Arc<dyn Worker>, Arc<dyn LeaseTracker>) {
-    let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone())
-        .with_health(ctx.health());
+    let worker =
+        LeaseRenewalWorker::new(ctx.coordinator(), ctx.lease_config()).with_health(ctx.health());
     let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
     (Arc::new(worker), tracker)
 }

@@ -382,7 +382,7 @@ impl HostBuilder {
     /// use workpump_lease_renewal::LeaseRenewalWorker;
     ///
     /// let builder = Host::builder().lease_worker(|ctx| {
-    ///     let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone());
+    ///     let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.lease_config());
     ///     let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
     ///     (Arc::new(worker) as Arc<dyn Worker>, tracker)
     /// });

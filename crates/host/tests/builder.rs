@@ -172,7 +172,7 @@ async fn every_factory_is_handed_one_context_and_the_lease_slot_supplies_its_tra
                 seen_by.lock().expect("seen").push(seen("lease", ctx));
                 let worker = workpump_lease_renewal::LeaseRenewalWorker::new(
                     ctx.coordinator(),
-                    ctx.config().lease.clone(),
+                    ctx.lease_config(),
                 );
                 let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
                 *lease_tracker.lock().expect("tracker") = Some(address(&tracker));

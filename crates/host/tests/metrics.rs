@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use workpump_host::{handler_fn, Host, Job, JobError, NewWork, QueueConfig};
 
-use support::{count_state, database, fast_config, wait_until};
+use support::{count_state, database, fast_config, metric_sum as sum, wait_until};
 
 /// `GET /metrics` over a plain connection; the body.
 async fn scrape(addr: SocketAddr) -> String {
@@ -35,19 +35,6 @@ async fn scrape(addr: SocketAddr) -> String {
         "{head}"
     );
     body.to_owned()
-}
-
-/// The sum of a metric's samples whose labels contain `label`.
-fn sum(body: &str, name: &str, label: &str) -> f64 {
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (key, value) = l.rsplit_once(' ')?;
-            (key.split('{').next()? == name && key.contains(label))
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
 }
 
 /// Whether the store shows the item's lease renewed at least once.

@@ -409,7 +409,7 @@ async fn a_replaced_lease_worker_keeps_a_long_handler_s_lease_for_several_leases
                     ctx.lease_tracker().is_none(),
                     "the lease slot supplies the tracker"
                 );
-                let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.config().lease.clone());
+                let worker = LeaseRenewalWorker::new(ctx.coordinator(), ctx.lease_config());
                 let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
                 (Replaced::wrap(worker, &runs), tracker)
             }

@@ -25,7 +25,7 @@
 //! | `max_batch` | 200 | the most leases in one `renew_leases` call |
 //! | `window_ms` | 200 | the first pending request waits at most this long for company |
 //! | `flush_at` | 100 | this many pending requests are sent at once |
-//! | `channel_capacity` | 5 000 | renewal requests queued before a request is refused (`channel_full`) |
+//! | `channel_capacity` | 5 000 | renewal requests queued before a request is refused (`channel_full`); a host raises it to its handler slots |
 //!
 //! Refused at start ([`LeaseConfig::validate`], [`LeaseSettings::validate`]), naming the
 //! setting: any zero bound, `renewal_interval >= lease`, `grace >= lease − renewal_interval`,

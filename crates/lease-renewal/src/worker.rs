@@ -81,7 +81,9 @@ pub struct LeaseConfig {
     /// **Default: 100.**
     pub flush_at: usize,
     /// Renewal requests the channel holds; a request that finds it full is dropped (logged,
-    /// counted as `channel_full`) and the next tick retries. **Default: 5 000.**
+    /// counted as `channel_full`) and the next tick retries. A host raises it to its handler
+    /// slots (the sum of its queues' `concurrency`; `WorkerContext::lease_config` in
+    /// workpump-host), so that its own leases never find it full. **Default: 5 000.**
     pub channel_capacity: usize,
 }
 

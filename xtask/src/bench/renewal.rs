@@ -27,7 +27,11 @@ pub(crate) struct Renewal {
     pub(crate) heartbeat_statements_per_min: f64,
     /// Every statement the worker sent, per minute.
     pub(crate) all_statements_per_min: f64,
-    /// Items whose handler was stopped and failed (lease fence fired) or released, per minute.
+    /// Items that lost the lease of their first claim in the window, per minute: every item
+    /// runs at its first attempt when the window opens and sleeps past its end, so an item
+    /// that is no longer running or runs a later attempt when it closes lost a lease (its
+    /// handler's fence fired and it failed or was released, or the maintenance sweep
+    /// released the lapsed lease), whether or not it was claimed again.
     pub(crate) failed_items_per_min: f64,
     /// The same counts from pg_stat_user_functions (they lag up to about a second).
     pub(crate) renew_function_calls_per_min: f64,
@@ -119,6 +123,11 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
         "{} SELECT coalesce(sum(renewals), 0)::int8 FROM {SCHEMA}.work_all",
         setup::MARK
     );
+    let lost = format!(
+        "{} SELECT count(*) FROM {SCHEMA}.work_all WHERE state <> 'running' OR attempt > 1",
+        setup::MARK
+    );
+    let lost_before: i64 = sqlx::query_scalar(&lost).fetch_one(db.pool()).await?;
     let stmts_before = db.statements().await?;
     let funcs_before = db.function_calls().await?;
     let renewals_before: i64 = sqlx::query_scalar(&renewals).fetch_one(db.pool()).await?;
@@ -128,6 +137,7 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
     tokio::time::sleep(window).await;
     let stmts_after = db.statements().await?;
     let renewals_after: i64 = sqlx::query_scalar(&renewals).fetch_one(db.pool()).await?;
+    let lost_after: i64 = sqlx::query_scalar(&lost).fetch_one(db.pool()).await?;
     let wal_after = db.wal_bytes().await?;
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_after = workers.cpu_ticks();
@@ -152,8 +162,6 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
     let (renew_calls, _, _) = setup::sum_matching(&stmts, ".renew_leases(");
     let (heartbeat_calls, _, _) = setup::sum_matching(&stmts, ".record_heartbeat(");
     let all: i64 = stmts.iter().map(|s| s.calls).sum();
-    let (_, failed, _) = setup::sum_matching(&stmts, ".fail_work(");
-    let (_, released, _) = setup::sum_matching(&stmts, ".release_work(");
     let (renew_calls, heartbeat_calls) = if db.has_statements() {
         (renew_calls as f64, heartbeat_calls as f64)
     } else {
@@ -162,7 +170,7 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
     Ok(Renewal {
         warm_stats,
         in_flight: items,
-        failed_items_per_min: per_min((failed + released) as f64),
+        failed_items_per_min: per_min((lost_after - lost_before) as f64),
         window_s: elapsed,
         renew_statements_per_min: per_min(renew_calls),
         renew_rows_per_min: per_min((renewals_after - renewals_before) as f64),

@@ -223,3 +223,17 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (code, body)
 }
+
+/// The sum of the samples of metric `name` in a Prometheus text body whose labels contain
+/// `label` (`""`: every sample).
+pub fn metric_sum(body: &str, name: &str, label: &str) -> f64 {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            (key.split('{').next()? == name && key.contains(label))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
