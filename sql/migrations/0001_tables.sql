@@ -217,20 +217,16 @@ CREATE TABLE work (
 )
 -- A claim writes a row version that cannot be HOT (it changes state and owner, both
 -- indexed); with room left on the page the new version stays on the old one's page, which
--- saves heap_update a second row-lock WAL record, keeps the update's prefix/suffix
--- compression and keeps a row's versions together for pruning. A large claim takes every row
--- of a page in one transaction, before any old version can be pruned, so the page must hold
--- both versions of each of its rows: at fillfactor 40 it does for the smallest item (whose
--- claimed version is about 1.3 times its size), at 70 most moved (docs/performance.md, "A
--- fill factor of 40"). A renewal changes no indexed column: with room on the page it is a HOT
--- update (no index entry).
+-- saves heap_update a second row-lock WAL record and keeps a row's versions together for
+-- pruning (docs/performance.md, "Where the time goes"). A renewal changes no indexed column:
+-- with room on the page it is a HOT update (no index entry).
 -- Autovacuum sooner than PostgreSQL's default for a table this busy (20 000 dead row versions
 -- plus 5 % of the rows, against 50 plus 20 %): every claim's scan of work_claim walks the
 -- entries of rows claimed since the table's last vacuum, so the claims slow as that head
 -- grows (docs/store.md, "Vacuuming the work table"). The maintenance sweep vacuums by the
 -- same rule (work_vacuum_due, 0023) every few seconds instead of autovacuum's minute; an
 -- operator may change both with ALTER TABLE ... SET (autovacuum_vacuum_threshold = ...).
-WITH (fillfactor = 40, autovacuum_vacuum_threshold = 20000, autovacuum_vacuum_scale_factor = 0.05);
+WITH (fillfactor = 70, autovacuum_vacuum_threshold = 20000, autovacuum_vacuum_scale_factor = 0.05);
 
 -- claim_work, available rows: one queue's due rows in claim order (priority, then age).
 CREATE INDEX work_claim ON work (queue, priority, run_at, id) WHERE state = 'available';

@@ -1856,59 +1856,6 @@ async fn a_renewal_is_a_hot_update() {
     );
 }
 
-/// A large claim takes every row of a page in one transaction, before any of their old
-/// versions can be pruned, so the page must hold both versions of each row; where it cannot,
-/// the later new versions move to another page, each costing a row-lock WAL record and the
-/// update's prefix/suffix compression (docs/performance.md, "A fill factor of 40"). `work`'s
-/// fillfactor leaves that room for the smallest item (a claimed version is about 1.3 times
-/// its size) and for a larger one: a claim of 300 items leaves every row on the page it was
-/// enqueued on. At fillfactor 70, 198 of the 300 small items' rows moved.
-#[tokio::test]
-async fn a_large_claim_leaves_every_claimed_row_on_its_page() {
-    let (_db, pool, c) = migrated().await;
-    let me = registered(&c).await;
-    let pages = "SELECT w.id, (w.ctid::text::point)[0]::bigint FROM workpump.work w
-                 WHERE w.id = ANY ($1) ORDER BY w.id";
-    for payload in [json!(0), json!({ "body": "x".repeat(600) })] {
-        let ids: Vec<i64> = enqueue(
-            &c,
-            (0..300)
-                .map(|_| NewWork::new("q", payload.clone()))
-                .collect(),
-        )
-        .await
-        .iter()
-        .map(|e| e.id)
-        .collect();
-        let before: Vec<(i64, i64)> = sqlx::query_as(pages)
-            .bind(&ids)
-            .fetch_all(&pool)
-            .await
-            .expect("pages");
-        let blocks: std::collections::BTreeSet<i64> = before.iter().map(|r| r.1).collect();
-        assert!(
-            blocks.len() >= 5 && before.len() >= 3 * blocks.len(),
-            "{} rows on {} pages: the claim must take several full pages",
-            before.len(),
-            blocks.len()
-        );
-        assert_eq!(claim(&c, me, 300, LEASE).await.items.len(), 300);
-        let after: Vec<(i64, i64)> = sqlx::query_as(pages)
-            .bind(&ids)
-            .fetch_all(&pool)
-            .await
-            .expect("pages");
-        assert_eq!(after.len(), 300);
-        let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
-        assert_eq!(
-            moved,
-            0,
-            "claimed rows that left their page (payload {} bytes)",
-            payload.to_string().len()
-        );
-    }
-}
-
 /// The sweep finds lapsed leases through the running rows' index, not by reading `work`
 /// whole: maintenance_due's look and the release read no row of `work` sequentially, with
 /// many more waiting and finished rows than running ones.
