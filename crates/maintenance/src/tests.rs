@@ -1020,6 +1020,57 @@ async fn a_peer_seen_without_its_lock_is_swept_again_right_after_the_grace() {
     assert!(!fake.instance_registered(dead));
 }
 
+/// A follow-up set by an earlier sweep for another reason (here the first sweep records a
+/// sighting of the peer's lock, which also leaves the peer pending) is too early for a lock
+/// lost after it: the follow-up that finds the grace not yet over sets the next one from the
+/// first sweep that saw the lock gone, not a whole grace from itself.
+#[tokio::test(start_paused = true)]
+async fn a_lock_lost_after_an_earlier_pending_sweep_is_reaped_right_after_its_own_grace() {
+    let fake = store();
+    let dead = InstanceId::new();
+    fake.record_heartbeat(RecordHeartbeatParams {
+        instance: dead,
+        host: "dead".into(),
+        metadata: serde_json::json!({}),
+        stale_after: secs(30),
+        dead_after: Some(secs(300)),
+        lock_grace: Some(secs(3)),
+        alive_lock: AliveLockReport::Unreported,
+        registering: true,
+    })
+    .await
+    .unwrap();
+    let lock = fake
+        .take_alive_lock(TakeAliveLockParams { instance: dead })
+        .await
+        .unwrap();
+    assert!(lock.held);
+    // Its lock was last seen held before the judge's watch began: the first sweep records a
+    // sighting and reports the peer pending, which sets a follow-up for 3.1 s.
+    fake.age_lock_sighting(dead, secs(7_200));
+    let w = probing_worker(&fake, MaintenanceConfig::default());
+    let start = Instant::now();
+    let (shutdown, task) = spawn_run(&w);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(fake.kill_alive_lock_session(dead));
+    // First sight of the lost lock at 2 s; the follow-up at 3.1 s is within its grace; the
+    // next one, 3.1 s after that first sight (5.1 s), reaps it, before the sweep at 6 s.
+    tokio::time::sleep_until(start + Duration::from_millis(5_500)).await;
+    assert!(!fake.instance_registered(dead), "reaped at 5.1 s");
+    tokio::time::sleep_until(start + Duration::from_millis(6_500)).await;
+    stop(shutdown, task).await;
+    assert_eq!(
+        call_times(&fake, Method::CleanupStaleInstances, start),
+        vec![
+            secs(0),
+            secs(2),
+            Duration::from_millis(3_100),
+            secs(4),
+            Duration::from_millis(5_100)
+        ]
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_sweep_never_reaps_the_instance_it_runs_as_and_judges_by_its_watch() {
     let fake = FakeCoordinator::new();

@@ -536,8 +536,13 @@ impl Worker for MaintenanceWorker {
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         // A sweep that found a peer without its lock, not yet past the lock grace, sweeps
         // again right after the grace: failover then takes about one grace, not a grace plus
-        // a whole sweep interval.
+        // a whole sweep interval. A pending sweep before the follow-up keeps it (it saw the
+        // same loss later) but is remembered: the peer may be pending for another reason
+        // (a sighting of its lock) or another peer may have lost its lock since, and when the
+        // follow-up finds the grace not yet over, the next one is the grace after that first
+        // later sight, not a whole grace after the follow-up itself.
         let mut follow_up: Option<Instant> = None;
+        let mut next_follow_up: Option<Instant> = None;
         loop {
             tokio::select! {
                 biased;
@@ -561,12 +566,21 @@ impl Worker for MaintenanceWorker {
                 },
             };
             let now = Instant::now();
-            follow_up = match (pending, self.liveness.lock_grace) {
-                // The first sight sets the time; later sweeps before it keep it.
-                (true, Some(grace)) => follow_up
-                    .filter(|at| *at > now)
-                    .or(Some(now + grace + FOLLOW_UP_MARGIN)),
-                _ => None,
+            (follow_up, next_follow_up) = match (pending, self.liveness.lock_grace) {
+                (true, Some(grace)) => {
+                    let due = now + grace + FOLLOW_UP_MARGIN;
+                    match follow_up.filter(|at| *at > now) {
+                        // Later sweeps before the follow-up keep it; the first of them sets
+                        // the one after.
+                        Some(at) => (Some(at), next_follow_up.or(Some(due))),
+                        // The first sight, or a follow-up that found the grace not yet over.
+                        None => (
+                            Some(next_follow_up.filter(|at| *at > now).unwrap_or(due)),
+                            None,
+                        ),
+                    }
+                }
+                _ => (None, None),
             };
         }
     }
