@@ -106,8 +106,12 @@ async fn once(ctx: &Ctx, db: &BenchDb, short: bool) -> BenchResult<FailoverRun> 
 
     // A crash comes at any moment: kill at a random phase of the peers' maintenance sweep
     // (they sweep at start and then every interval, so killing at once would always hit the
-    // same phase).
-    let sweep_ms: u64 = if short { 500 } else { 5_000 };
+    // same phase). The interval is the short settings' or the shipped default.
+    let sweep_ms: u64 = if short {
+        500
+    } else {
+        workpump_host::MaintenanceConfig::default().interval_ms
+    };
     let phase_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::from(d.subsec_nanos()) ^ d.as_secs())
