@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use workpump_coordinator::{
     AliveLockReport, ClaimWorkParams, CleanupStaleInstancesParams, CompleteWorkParams,
     EnqueueWorkParams, FakeCoordinator, InstanceId, Liveness, Method, NewWork,
-    RecordHeartbeatParams, RecordedMetrics, RegisterQueueParams, TakeAliveLockParams,
-    WorkCoordinator, WorkState, Worker, WorkerError,
+    RecordHeartbeatParams, RecordedMetrics, RegisterQueueParams, TakeAliveLockOutcome,
+    TakeAliveLockParams, WorkCoordinator, WorkState, Worker, WorkerError,
 };
 
 use crate::metrics as m;
@@ -979,27 +979,36 @@ async fn the_work_table_is_vacuumed_when_the_store_says_it_is_due_and_counted() 
     assert_eq!(recorder.counter(m::WORK_VACUUMS_TOTAL, &[]), 2);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_peer_seen_without_its_lock_is_swept_again_right_after_the_grace() {
-    let fake = store();
-    let dead = InstanceId::new();
+/// A peer at the shipped cutoffs (`Liveness::default()`: lock grace 3 s) that holds its
+/// alive-lock, so the lock-lost rule applies to it; the lock is held while the returned
+/// outcome lives (its session ends when it is dropped).
+async fn lock_relying_peer(fake: &FakeCoordinator) -> (InstanceId, TakeAliveLockOutcome) {
+    let peer = InstanceId::new();
+    let shipped = Liveness::default();
     fake.record_heartbeat(RecordHeartbeatParams {
-        instance: dead,
-        host: "dead".into(),
+        instance: peer,
+        host: "peer".into(),
         metadata: serde_json::json!({}),
-        stale_after: secs(30),
-        dead_after: Some(secs(300)),
-        lock_grace: Some(secs(3)),
+        stale_after: shipped.stale_after,
+        dead_after: shipped.dead_after,
+        lock_grace: shipped.lock_grace,
         alive_lock: AliveLockReport::Unreported,
         registering: true,
     })
     .await
     .unwrap();
     let lock = fake
-        .take_alive_lock(TakeAliveLockParams { instance: dead })
+        .take_alive_lock(TakeAliveLockParams { instance: peer })
         .await
         .unwrap();
     assert!(lock.held);
+    (peer, lock)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_seen_without_its_lock_is_swept_again_right_after_the_grace() {
+    let fake = store();
+    let (dead, _lock) = lock_relying_peer(&fake).await;
     let w = probing_worker(&fake, MaintenanceConfig::default());
     let start = Instant::now();
     let (shutdown, task) = spawn_run(&w);
@@ -1027,24 +1036,7 @@ async fn a_peer_seen_without_its_lock_is_swept_again_right_after_the_grace() {
 #[tokio::test(start_paused = true)]
 async fn a_lock_lost_after_an_earlier_pending_sweep_is_reaped_right_after_its_own_grace() {
     let fake = store();
-    let dead = InstanceId::new();
-    fake.record_heartbeat(RecordHeartbeatParams {
-        instance: dead,
-        host: "dead".into(),
-        metadata: serde_json::json!({}),
-        stale_after: secs(30),
-        dead_after: Some(secs(300)),
-        lock_grace: Some(secs(3)),
-        alive_lock: AliveLockReport::Unreported,
-        registering: true,
-    })
-    .await
-    .unwrap();
-    let lock = fake
-        .take_alive_lock(TakeAliveLockParams { instance: dead })
-        .await
-        .unwrap();
-    assert!(lock.held);
+    let (dead, _lock) = lock_relying_peer(&fake).await;
     // Its lock was last seen held before the judge's watch began: the first sweep records a
     // sighting and reports the peer pending, which sets a follow-up for 3.1 s.
     fake.age_lock_sighting(dead, secs(7_200));

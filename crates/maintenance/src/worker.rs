@@ -534,21 +534,13 @@ impl Worker for MaintenanceWorker {
         }
         let mut ticks = tokio::time::interval(self.config.interval());
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // A sweep that found a peer without its lock, not yet past the lock grace, sweeps
-        // again right after the grace: failover then takes about one grace, not a grace plus
-        // a whole sweep interval. A pending sweep before the follow-up keeps it (it saw the
-        // same loss later) but is remembered: the peer may be pending for another reason
-        // (a sighting of its lock) or another peer may have lost its lock since, and when the
-        // follow-up finds the grace not yet over, the next one is the grace after that first
-        // later sight, not a whole grace after the follow-up itself.
-        let mut follow_up: Option<Instant> = None;
-        let mut next_follow_up: Option<Instant> = None;
+        let mut follow_up = FollowUp::default();
         loop {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = ticks.tick() => {}
-                _ = sleep_until_opt(follow_up) => {}
+                _ = sleep_until_opt(follow_up.at) => {}
             }
             let pending = tokio::select! {
                 biased;
@@ -565,23 +557,39 @@ impl Worker for MaintenanceWorker {
                     }
                 },
             };
-            let now = Instant::now();
-            (follow_up, next_follow_up) = match (pending, self.liveness.lock_grace) {
-                (true, Some(grace)) => {
-                    let due = now + grace + FOLLOW_UP_MARGIN;
-                    match follow_up.filter(|at| *at > now) {
-                        // Later sweeps before the follow-up keep it; the first of them sets
-                        // the one after.
-                        Some(at) => (Some(at), next_follow_up.or(Some(due))),
-                        // The first sight, or a follow-up that found the grace not yet over.
-                        None => (
-                            Some(next_follow_up.filter(|at| *at > now).unwrap_or(due)),
-                            None,
-                        ),
-                    }
-                }
-                _ => (None, None),
-            };
+            follow_up.after_sweep(pending, Instant::now(), self.liveness.lock_grace);
+        }
+    }
+}
+
+/// When a sweep that found a peer without its lock, not yet past the lock grace, sweeps
+/// again: right after the grace, so that failover takes about one grace, not a grace plus a
+/// whole sweep interval.
+#[derive(Debug, Default)]
+struct FollowUp {
+    /// The next follow-up sweep.
+    at: Option<Instant>,
+    /// The one after it, set by the first pending sweep before `at`: the peer `at` was set
+    /// for may have been pending for another reason (a sighting of its lock), or another peer
+    /// may have lost its lock since; when the sweep at `at` finds a grace not yet over, the
+    /// next follow-up is the grace after that first later sight, not a whole grace after it.
+    next: Option<Instant>,
+}
+
+impl FollowUp {
+    /// After a sweep that ended at `now` and left a peer `pending` (or not).
+    fn after_sweep(&mut self, pending: bool, now: Instant, lock_grace: Option<Duration>) {
+        let Some(grace) = lock_grace.filter(|_| pending) else {
+            *self = FollowUp::default();
+            return;
+        };
+        let due = now + grace + FOLLOW_UP_MARGIN;
+        if self.at.is_some_and(|at| at > now) {
+            // A later sight of the same loss keeps the follow-up; the first sets the next.
+            self.next.get_or_insert(due);
+        } else {
+            // The first sight, or a follow-up that found the grace not yet over.
+            self.at = Some(self.next.take().filter(|at| *at > now).unwrap_or(due));
         }
     }
 }
