@@ -383,3 +383,63 @@ async fn a_service_name_out_of_range_is_refused_at_start() {
         other => panic!("{other}"),
     }
 }
+
+/// The lease factory's configuration at the shipped `[lease]` (a channel of 5 000 renewal
+/// requests): a host with more handler slots than that, 10 000 over two queues as in the
+/// bench's renewal scenario, gets a channel for every one of them; a larger setting stays; a
+/// host with fewer slots keeps the setting.
+#[tokio::test]
+async fn the_renewal_channel_holds_a_request_for_every_handler_slot_at_the_shipped_setting() {
+    use std::sync::Mutex;
+    use workpump_host::{coordinator::LeaseTracker, HostConfig, Worker, WorkerContext};
+    use workpump_lease_renewal::{LeaseRenewalWorker, DEFAULT_CHANNEL_CAPACITY};
+
+    let shipped = DEFAULT_CHANNEL_CAPACITY;
+    assert_eq!(HostConfig::default().lease.channel_capacity, shipped);
+    for (slots, setting, expected) in [
+        ((6_000, 4_000), shipped, 10_000),
+        ((6_000, 4_000), 20_000, 20_000),
+        ((2, 3), shipped, shipped),
+    ] {
+        let mut config = HostConfig::default();
+        config.lease.channel_capacity = setting;
+        for (queue, concurrency) in [("a", slots.0), ("b", slots.1)] {
+            config.queues.insert(
+                queue.into(),
+                QueueConfig {
+                    concurrency: Some(concurrency),
+                    ..QueueConfig::default()
+                },
+            );
+        }
+        let capacity: Arc<Mutex<Option<usize>>> = Arc::default();
+        let host = Host::builder()
+            .coordinator(Arc::new(FakeCoordinator::new()))
+            .config(config)
+            .handler("a", noop())
+            .handler("b", noop())
+            .lease_worker({
+                let capacity = capacity.clone();
+                move |ctx: &WorkerContext| {
+                    let lease = ctx.lease_config();
+                    *capacity.lock().expect("capacity") = Some(lease.channel_capacity);
+                    let worker = LeaseRenewalWorker::new(ctx.coordinator(), lease);
+                    let tracker: Arc<dyn LeaseTracker> = Arc::new(worker.leases());
+                    (Arc::new(worker) as Arc<dyn Worker>, tracker)
+                }
+            })
+            .start()
+            .await
+            .expect("start");
+        assert_eq!(
+            *capacity.lock().expect("capacity"),
+            Some(expected),
+            "{slots:?} handler slots, channel_capacity = {setting}"
+        );
+        host.shutdown();
+        tokio::time::timeout(Duration::from_secs(10), host.stopped())
+            .await
+            .expect("stopped in time")
+            .expect("clean stop");
+    }
+}

@@ -4,14 +4,17 @@
 
 mod support;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use workpump_host::{handler_fn, Host, Job, JobError, NewWork, QueueConfig};
 
-use support::{count_state, database, fast_config, metric_sum as sum, wait_until};
+use support::{
+    count_state, database, fast_config, metric_sum as sum, metrics_on_a_free_port, renewals,
+    wait_until,
+};
 
 /// `GET /metrics` over a plain connection; the body.
 async fn scrape(addr: SocketAddr) -> String {
@@ -37,25 +40,11 @@ async fn scrape(addr: SocketAddr) -> String {
     body.to_owned()
 }
 
-/// Whether the store shows the item's lease renewed at least once.
-async fn renewed(pool: &sqlx::PgPool, id: i64) -> bool {
-    sqlx::query_scalar::<_, i32>("SELECT renewals FROM workpump.work_all WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .expect("read the item's renewals")
-        > 0
-}
-
 #[tokio::test]
 async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_work() {
     let (db, pool) = database().await;
-    let listen = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
     let mut config = fast_config();
-    config.metrics.enabled = true;
-    config.metrics.listen = listen;
+    let listen = metrics_on_a_free_port(&mut config);
     // A short lease (renewed every 0.5 s): each slow item is held until the store shows its
     // lease renewed, so the renewal counters have something to count.
     config.queues.insert(
@@ -76,8 +65,8 @@ async fn the_metrics_endpoint_serves_the_described_metrics_with_values_after_wor
                 async move {
                     match job.payload()["kind"].as_str() {
                         Some("slow") => {
-                            wait_until(Duration::from_secs(10), "a slow item renewed", || {
-                                renewed(&pool, job.id())
+                            wait_until(Duration::from_secs(10), "a slow item renewed", || async {
+                                renewals(&pool, job.id()).await > 0
                             })
                             .await
                         }

@@ -5,34 +5,22 @@
 
 mod support;
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::time::Duration;
 
 use serde_json::json;
 use workpump_host::{handler_fn, Host, Job, NewWork, QueueConfig};
 
-use support::{count_state, database, fast_config, http_get, metric_sum, wait_until};
-
-/// Whether the store shows the item's lease renewed at least twice.
-async fn renewed_twice(pool: &sqlx::PgPool, id: i64) -> bool {
-    sqlx::query_scalar::<_, i32>("SELECT renewals FROM workpump.work_all WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .expect("read the item's renewals")
-        >= 2
-}
+use support::{
+    count_state, database, fast_config, http_get, metric_sum, metrics_on_a_free_port, renewals,
+    wait_until,
+};
 
 #[tokio::test]
 async fn a_host_s_leases_never_find_the_renewal_channel_full() {
     const HELD: usize = 40;
     let (db, pool) = database().await;
-    let listen = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
     let mut config = fast_config();
-    config.metrics.enabled = true;
-    config.metrics.listen = listen;
+    let listen = metrics_on_a_free_port(&mut config);
     // A channel of one: every tick's requests but the first would find it full.
     config.lease.channel_capacity = 1;
     // A 1.5 s lease, renewed every 0.5 s; all the items are claimed at once, so their
@@ -53,9 +41,11 @@ async fn a_host_s_leases_never_find_the_renewal_channel_full() {
             handler_fn(move |job: Job<serde_json::Value>| {
                 let pool = pool.clone();
                 async move {
-                    wait_until(Duration::from_secs(20), "the item renewed twice", || {
-                        renewed_twice(&pool, job.id())
-                    })
+                    wait_until(
+                        Duration::from_secs(20),
+                        "the item renewed twice",
+                        || async { renewals(&pool, job.id()).await >= 2 },
+                    )
                     .await;
                     Ok(())
                 }

@@ -237,3 +237,22 @@ pub fn metric_sum(body: &str, name: &str, label: &str) -> f64 {
         })
         .sum()
 }
+
+/// Serves the host's Prometheus endpoint on a free port of 127.0.0.1; its address.
+pub fn metrics_on_a_free_port(config: &mut HostConfig) -> std::net::SocketAddr {
+    let listen = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    config.metrics.enabled = true;
+    config.metrics.listen = listen;
+    listen
+}
+
+/// How many times the store shows the item's lease renewed.
+pub async fn renewals(pool: &PgPool, id: i64) -> i32 {
+    sqlx::query_scalar("SELECT renewals FROM workpump.work_all WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("read the item's renewals")
+}
