@@ -33,6 +33,9 @@ pub(crate) struct Renewal {
     /// handler's fence fired and it failed or was released, or the maintenance sweep
     /// released the lapsed lease), whether or not it was claimed again.
     pub(crate) failed_items_per_min: f64,
+    /// Items that had lost the lease of their first claim when the window opened: in the
+    /// claims or the two renewal intervals of settling before it (the same test).
+    pub(crate) lost_before_window: i64,
     /// The same counts from pg_stat_user_functions (they lag up to about a second).
     pub(crate) renew_function_calls_per_min: f64,
     pub(crate) heartbeat_function_calls_per_min: f64,
@@ -56,6 +59,7 @@ impl Renewal {
             "renew_rows_per_min": self.renew_rows_per_min.round(),
             "heartbeat_statements_per_min": self.heartbeat_statements_per_min,
             "failed_items_per_min": self.failed_items_per_min.round(),
+            "lost_before_window": self.lost_before_window,
             "rss_mb_peak": self.rss_peak_mb,
             "window_s": self.window_s,
             "all_statements_per_min": self.all_statements_per_min.round(),
@@ -171,6 +175,7 @@ async fn measure(ctx: &Ctx, db: &BenchDb, warm_stats: bool) -> BenchResult<Renew
         warm_stats,
         in_flight: items,
         failed_items_per_min: per_min((lost_after - lost_before) as f64),
+        lost_before_window: lost_before,
         window_s: elapsed,
         renew_statements_per_min: per_min(renew_calls),
         renew_rows_per_min: per_min((renewals_after - renewals_before) as f64),

@@ -390,6 +390,10 @@ impl Report {
             r.failed_items_per_min.round(),
         );
         self.set(
+            &format!("renew_lost_before_window{suffix}"),
+            r.lost_before_window,
+        );
+        self.set(
             &format!("heartbeat_statements_per_min{suffix}"),
             round2(r.heartbeat_statements_per_min),
         );
@@ -923,6 +927,13 @@ impl Report {
                 "/min",
                 "0 (no lease may lapse)".into(),
                 Some(r.failed_items_per_min == 0.0),
+            );
+            push(
+                &format!("renew_lost_before_window{suffix}"),
+                Some(r.lost_before_window as f64),
+                "items",
+                "0 (none lost in the claims or the settling)".into(),
+                Some(r.lost_before_window == 0),
             );
             let window_beats = (r.window_s / HEARTBEAT_SLOW_S).ceil();
             push(
