@@ -79,6 +79,15 @@ impl Server {
         })??;
         let admin_url = cluster.url(ADMIN_DATABASE);
         let admin = cluster.connect_options(ADMIN_DATABASE);
+        // pg_stat_statements in the admin database, so that each test database's entries
+        // can be forgotten when it is dropped (drop_database). Best effort: where the
+        // extension is missing, tests that read the statistics say so themselves.
+        if let Ok(mut connection) = connect(&admin, &admin_url).await {
+            let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                .execute(&mut connection)
+                .await;
+            let _ = connection.close().await;
+        }
         Ok(Server {
             kind: Kind::Cluster {
                 cluster: Box::new(cluster),
@@ -245,6 +254,17 @@ impl Drop for TestDatabase {
 
 async fn drop_database(admin: &PgConnectOptions, admin_url: &str, name: &str) -> Result<()> {
     let mut connection = connect(admin, admin_url).await?;
+    // The database's pg_stat_statements entries go with it (where the admin database has the
+    // extension and the role may reset): the server keeps those of dropped databases until it
+    // evicts entries at pg_stat_statements.max (5 000), and a whole test run makes far more,
+    // so without this the entries a running test reads could be evicted under it.
+    let _ = sqlx::query(
+        "SELECT pg_stat_statements_reset(0, d.oid, 0) FROM pg_database d
+         WHERE d.datname = $1",
+    )
+    .bind(name)
+    .execute(&mut connection)
+    .await;
     sqlx::raw_sql(&format!(
         "DROP DATABASE IF EXISTS {} WITH (FORCE)",
         quote_identifier(name)
