@@ -251,12 +251,20 @@ CREATE INDEX work_finished ON work (state, finished_at) WHERE finished_at IS NOT
 -- unique keys hold while an item is unfinished.
 CREATE UNIQUE INDEX work_unique_key ON work (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked');
--- ordering keys: a key's unfinished items (and dead letters, which hold their key in a 'hold'
--- queue) in the key's order (ordering_seq). Serves enqueue_work's "does the key have an unfinished item" probe,
--- ordering_advance's "has the key a head" probe and its "lowest blocked item", and the
--- operator's list of keys held by a dead head. Unkeyed rows are never in it.
-CREATE INDEX work_ordering ON work (queue, ordering_key, ordering_seq)
-    WHERE ordering_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'blocked', 'dead');
+-- ordering keys, in two indexes so that neither probe reads the other's rows. Unkeyed rows
+-- are in neither.
+-- A key's head: its item available, scheduled or running (at most one), and its dead letters
+-- (which hold the key in a 'hold' queue). Serves "has the key a head" (ordering_next, the
+-- repair check, a retry of a dead keyed item) and enqueue_work's probe, in one entry a key:
+-- the probe never reads the items waiting behind the head, however many (a hot key's whole
+-- backlog, before this index). In the key's order too, for the held keys' first dead letter.
+CREATE INDEX work_ordering_head ON work (queue, ordering_key, ordering_seq)
+    WHERE ordering_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'dead');
+-- A key's waiting items in the key's order (ordering_seq): "its next blocked item" (one
+-- entry, LATERAL ... LIMIT 1), enqueue_work's "has the key a waiting item", the repair
+-- check's keys, the blocked counts, and the items behind a held dead letter.
+CREATE INDEX work_ordering_blocked ON work (queue, ordering_key, ordering_seq)
+    WHERE ordering_key IS NOT NULL AND state = 'blocked';
 
 -- Completed items, moved out of `work` by complete_work in the transaction that completes them
 -- (docs/store.md, "Completed items"): a completion deletes the running row (no new version

@@ -185,8 +185,11 @@ BEGIN
                             v_key_ord[t.i] > 1
                             OR EXISTS (SELECT 1 FROM work h
                                        WHERE h.queue = t.q AND h.ordering_key = t.okey
-                                         AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
-                                         AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
+                                         AND h.state IN ('available', 'scheduled', 'running', 'dead')
+                                         AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold'))
+                            OR EXISTS (SELECT 1 FROM work b
+                                       WHERE b.queue = t.q AND b.ordering_key = t.okey
+                                         AND b.state = 'blocked'))
                             THEN 'blocked'::work_state
                         WHEN t.due <= v_now THEN 'available'::work_state
                         ELSE 'scheduled'::work_state END,
@@ -227,8 +230,11 @@ BEGIN
                             v_key_ord[t.i] > 1
                             OR EXISTS (SELECT 1 FROM work h
                                        WHERE h.queue = t.q AND h.ordering_key = t.okey
-                                         AND h.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
-                                         AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold')))
+                                         AND h.state IN ('available', 'scheduled', 'running', 'dead')
+                                         AND (h.state <> 'dead' OR q.ordering_dead_head = 'hold'))
+                            OR EXISTS (SELECT 1 FROM work b
+                                       WHERE b.queue = t.q AND b.ordering_key = t.okey
+                                         AND b.state = 'blocked'))
                             THEN 'blocked'::work_state
                         WHEN t.due <= v_now THEN 'available'::work_state
                         ELSE 'scheduled'::work_state END,

@@ -24,7 +24,7 @@
 --   available: one index-only scan of work_claim (count and min(run_at) per queue);
 --   scheduled: work_scheduled, running: work_running_owner, each plus a heap visit per row for
 --              its queue (as queue_depth: the cost grows with the waiting and running items,
---              never with the finished ones); blocked: work_ordering's blocked entries;
+--              never with the finished ones); blocked: work_ordering_blocked's entries;
 --   finished states: at most 10 000 rows per state, the newest by finished_at (a backward
 --              scan of work_history_finished for completed items and of work_finished
 --              for the others, plus a heap visit per row for its queue). When a state

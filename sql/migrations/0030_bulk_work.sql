@@ -159,6 +159,7 @@ BEGIN
                    l.ordering_key IS NOT NULL AND p_action = 'retry' AND l.state = 'dead' AND (
                        EXISTS (SELECT 1 FROM work o
                                WHERE o.queue = l.queue AND o.ordering_key = l.ordering_key AND o.id <> l.id
+                                 AND o.state IN ('available', 'scheduled', 'running', 'dead')
                                  AND (o.state IN ('available', 'scheduled', 'running')
                                       OR (o.state = 'dead' AND o.id <> ALL (p_ids)
                                           AND EXISTS (SELECT 1 FROM queues qs

@@ -38,7 +38,7 @@
 -- every key's lock, in sorted order (the lock's hash, then queue and key); the second, a statement of its own (so
 -- that under READ COMMITTED it sees everything committed before the locks were granted), reads
 -- the keys' queues' settings once, finds the keys without a head and, for each, its first
--- blocked item (lowest ordering_seq: one entry of work_ordering, LATERAL … LIMIT 1, so a long
+-- blocked item (lowest ordering_seq: one entry of work_ordering_blocked, LATERAL … LIMIT 1, so a long
 -- key's backlog is not read), and promotes them all in one UPDATE: each becomes its key's head,
 -- available, due now (run_at = greatest(run_at, now()), so its pickup lag measures the queue,
 -- not the wait behind its key), or scheduled when its run_at is still ahead. The third wakes

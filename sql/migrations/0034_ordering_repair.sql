@@ -10,8 +10,9 @@
 -- workpump_ordering_repairs_total, which must stay 0.
 --
 -- Result: the number of items promoted (keys repaired).
--- Cost: one pass over work_ordering's rows (every unfinished or dead keyed item, read once,
--- grouped by key), stopping after `limit` keys found; keys of finished work are not read.
+-- Cost: one pass over work_ordering_blocked (every waiting keyed item, read once, in key
+-- order) and one probe of work_ordering_head per key with a waiting item, stopping after
+-- `limit` keys found; heads without waiting items and finished work are not read.
 -- Arguments: 1 <= limit <= 10000 (WP002 otherwise).
 -- Fencing: none. Concurrency: safe on every instance at once (ordering_advance takes each
 -- key's lock and promotes only a key still without a head).
@@ -30,21 +31,22 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = format('ordering_repair: limit must be between 1 and 10000, got %s', p_limit);
     END IF;
-    -- One pass over work_ordering (the unfinished and dead keyed rows), grouped by key in the
-    -- index's order: a key with a blocked item and no head (a dead item is a head only in a
-    -- queue that holds dead heads). Each row is read once, where a probe per blocked item
-    -- (its key's lower blocked items, its key's head) read each key's rows once per item.
+    -- One pass over work_ordering_blocked (the waiting keyed rows, in key order) for the keys
+    -- that have a waiting item, each probed once in work_ordering_head: a key with a blocked
+    -- item and no head (a dead item is a head only in a queue that holds dead heads). Each
+    -- waiting row is read once, and no head or dead letter is read but the one probe's.
     SELECT array_agg(s.queue), array_agg(s.ordering_key) INTO v_kq, v_kk
     FROM (
-        SELECT w.queue, w.ordering_key
-        FROM work w
-        LEFT JOIN queues q ON q.name = w.queue
-        WHERE w.ordering_key IS NOT NULL
-          AND w.state IN ('available', 'scheduled', 'running', 'blocked', 'dead')
-        GROUP BY w.queue, w.ordering_key
-        HAVING bool_or(w.state = 'blocked')
-           AND NOT bool_or(w.state IN ('available', 'scheduled', 'running')
-                           OR (w.state = 'dead' AND coalesce(q.ordering_dead_head = 'hold', false)))
+        SELECT k.queue, k.ordering_key
+        FROM (SELECT DISTINCT b.queue, b.ordering_key
+              FROM work b
+              WHERE b.ordering_key IS NOT NULL AND b.state = 'blocked') k
+        LEFT JOIN queues q ON q.name = k.queue
+        WHERE NOT EXISTS (
+            SELECT 1 FROM work h
+            WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key
+              AND h.state IN ('available', 'scheduled', 'running', 'dead')
+              AND (h.state <> 'dead' OR coalesce(q.ordering_dead_head = 'hold', false)))
         LIMIT p_limit
     ) s;
     IF v_kk IS NULL THEN

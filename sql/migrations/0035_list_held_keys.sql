@@ -6,8 +6,8 @@
 -- wait blocked behind it. Keys in id order of their dead letter, at most `limit`.
 -- Arguments: queue NULL (every queue) or a queue name; 1 <= limit <= 10000 (WP002 otherwise).
 -- An unknown queue yields nothing.
--- Cost: the dead letters of keyed items (work_ordering), and a count of each key's blocked
--- items through the same index.
+-- Cost: the dead letters of keyed items (work_ordering_head), and a count of each key's blocked
+-- items through work_ordering_blocked.
 -- Fencing: none (reads only). Clock rule: none.
 CREATE FUNCTION list_held_keys(p_queue text, p_limit integer)
 RETURNS TABLE (queue text, ordering_key text, dead_id bigint, blocked bigint)

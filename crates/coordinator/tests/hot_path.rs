@@ -924,6 +924,80 @@ async fn a_cancel_by_filter_skips_an_item_whose_key_is_busy_instead_of_waiting()
     pool.close().await;
 }
 
+/// Ending a key's head finds whether the key has another head in one index entry
+/// (`work_ordering_head`), not by reading the items waiting behind it: with 500 items of the
+/// key waiting, a completion that hands the key on (`ordering_hand_off`) and one that
+/// promotes the next (`ordering_advance`) each fetch a handful of rows through indexes.
+/// When the probe shared an index with the waiting items, it fetched every one of them, so a
+/// hot key's cost per item grew with its backlog (docs/performance.md, "Ordering keys").
+#[tokio::test]
+async fn ending_a_head_does_not_read_the_items_waiting_behind_it() {
+    const WAITING: usize = 500;
+    let (_db, pool, c) = migrated().await;
+    let items = (0..=WAITING)
+        .map(|n| NewWork::new("q", json!(n)).ordering_key("hot"))
+        .collect();
+    enqueue(&c, items).await;
+    let me = registered(&c).await;
+    let (mut id, mut token): (i64, i64) = sqlx::query_as(
+        "SELECT id, claim_token FROM workpump.claim_work($1, ARRAY['q'], 10, interval '60 s')",
+    )
+    .bind(me.0)
+    .fetch_one(&pool)
+    .await
+    .expect("the head, the only item a claim finds");
+    // Rows fetched through indexes by this transaction so far (live rows, before any filter).
+    let fetched = "SELECT coalesce(sum(idx_tup_fetch), 0)::bigint FROM pg_stat_xact_user_tables
+                   WHERE schemaname = 'workpump' AND relname = 'work'";
+    for hand_off in [true, false] {
+        let mut tx = pool.begin().await.expect("begin");
+        let before: i64 = sqlx::query_scalar(fetched)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("fetched");
+        let (recorded, next): (bool, Option<serde_json::Value>) = sqlx::query_as(
+            "SELECT recorded, next FROM workpump.complete_work($1, ARRAY[$2::bigint],
+                 ARRAY[$3::bigint], $4::text[], $5::text[]::interval[])",
+        )
+        .bind(me.0)
+        .bind(id)
+        .bind(token)
+        .bind(hand_off.then(|| vec!["q"]))
+        .bind(hand_off.then(|| vec!["60 s"]))
+        .fetch_one(&mut *tx)
+        .await
+        .expect("complete");
+        let after: i64 = sqlx::query_scalar(fetched)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("fetched");
+        tx.commit().await.expect("commit");
+        assert!(recorded, "hand_off {hand_off}");
+        assert!(
+            after - before < 20,
+            "ending the head (hand_off {hand_off}) fetched {} rows through indexes with {WAITING} \
+             items of its key waiting",
+            after - before
+        );
+        if hand_off {
+            let next = next.expect("the key's next item, handed on");
+            id = next["id"].as_i64().expect("id");
+            token = next["claim_token"].as_i64().expect("claim_token");
+        }
+    }
+    let promoted: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM workpump.work WHERE ordering_key = 'hot' AND state = 'available'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(
+        promoted, 1,
+        "the completion without hand-off promoted the next item"
+    );
+    pool.close().await;
+}
+
 /// A keyed enqueue under a transaction snapshot could miss a head that finished while it
 /// waited for the key's lock: refused, naming the isolation level, and nothing is written.
 /// An unkeyed one is fine there.
