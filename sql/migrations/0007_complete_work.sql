@@ -1,5 +1,7 @@
 -- complete_work(instance, ids, tokens, hand_off_queues, hand_off_leases)
---     -> setof (id, claim_token, recorded, next)
+--     -> setof (id, claim_token, recorded, next_id, next_queue, next_priority, next_attempt,
+--               next_max_attempts, next_claim_token, next_lease_expiry, next_kind,
+--               next_payload, next_metadata, next_checkpoint, next_created_at)
 --
 -- Records success for a batch of items: each leaves `work` for work_history (the view work_all
 -- shows it completed), finished_at = now(), its lease gone with its running row.
@@ -15,12 +17,13 @@
 -- Hand-off (docs/ordering.md): with hand_off_queues (the caller's queues) and their leases,
 -- a completed head's next item, when it would become available now in a queue listed there
 -- without flow limits, is claimed for the caller in the same transaction instead
--- (ordering_hand_off) and returned in the `next` column of its head's row (a JSON object
--- with the columns claim_work returns for an item; NULL: nothing); the other keys
--- are promoted as without. NULL or empty: no hand-off.
+-- (ordering_hand_off) and returned in the `next_*` columns of its head's row (the columns
+-- claim_work returns for an item; next_id NULL: nothing); the other keys are promoted as
+-- without. NULL or empty: no hand-off. (The item was a JSON object in one column until
+-- 2026-12-05: building it took about 4 ms of a 950-item keyed call, docs/performance.md.)
 --
 -- Result: one row per distinct requested pair (a repeated pair is answered once), in the
--- order of its first occurrence, with the item handed on after it (next NULL: none).
+-- order of its first occurrence, with the item handed on after it (next_id NULL: none).
 -- Empty list: nothing.
 -- Arguments: instance not NULL; ids and tokens the same length without NULLs (WP002).
 -- Usable inside the caller's transaction after lock_lease (transactional completion).
@@ -39,7 +42,11 @@ CREATE FUNCTION complete_work(
     p_hand_off_queues text[] DEFAULT NULL,
     p_hand_off_leases interval[] DEFAULT NULL
 )
-RETURNS TABLE (id bigint, claim_token bigint, recorded boolean, next jsonb)
+RETURNS TABLE (id bigint, claim_token bigint, recorded boolean, next_id bigint, next_queue text,
+               next_priority smallint, next_attempt integer, next_max_attempts integer,
+               next_claim_token bigint, next_lease_expiry timestamptz, next_kind text,
+               next_payload jsonb, next_metadata jsonb, next_checkpoint jsonb,
+               next_created_at timestamptz)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET jit = off
@@ -52,7 +59,19 @@ DECLARE
     v_kq     text[];
     v_kk     text[];
     v_after  bigint[] := '{}';
+    -- The items handed on, column by column (ordering_hand_off's result).
     v_next   bigint[] := '{}';
+    h_queue  text[];
+    h_prio   smallint[];
+    h_att    integer[];
+    h_max    integer[];
+    h_token  bigint[];
+    h_expiry timestamptz[];
+    h_kind   text[];
+    h_pay    jsonb[];
+    h_meta   jsonb[];
+    h_cp     jsonb[];
+    h_made   timestamptz[];
 BEGIN
     IF p_instance IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'WP002', MESSAGE = 'complete_work: instance must not be null';
@@ -111,7 +130,9 @@ BEGIN
     IF v_kk IS NULL THEN
         -- No keyed row: nothing to hand on.
         RETURN QUERY
-        SELECT r.id, r.token, d.id IS NOT NULL, NULL::jsonb
+        SELECT r.id, r.token, d.id IS NOT NULL, NULL::bigint, NULL::text, NULL::smallint,
+               NULL::integer, NULL::integer, NULL::bigint, NULL::timestamptz, NULL::text,
+               NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::timestamptz
         FROM (SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
               FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
               ORDER BY u.id, u.token, u.ord) r
@@ -123,8 +144,13 @@ BEGIN
     -- Completed heads of ordering keys hand their keys on (after the update above): to the
     -- caller where it asked for it and may have it, else to whoever claims next.
     IF cardinality(p_hand_off_queues) > 0 THEN
-        SELECT coalesce(array_agg(h.after_id), '{}'), coalesce(array_agg(h.id), '{}')
-        INTO v_after, v_next
+        SELECT coalesce(array_agg(h.after_id), '{}'), coalesce(array_agg(h.id), '{}'),
+               array_agg(h.queue), array_agg(h.priority), array_agg(h.attempt),
+               array_agg(h.max_attempts), array_agg(h.claim_token), array_agg(h.lease_expiry),
+               array_agg(h.kind), array_agg(h.payload), array_agg(h.metadata),
+               array_agg(h.checkpoint), array_agg(h.created_at)
+        INTO v_after, v_next, h_queue, h_prio, h_att, h_max, h_token, h_expiry, h_kind, h_pay,
+             h_meta, h_cp, h_made
         FROM ordering_hand_off(p_instance, v_ka, v_kq, v_kk,
                                p_hand_off_queues, p_hand_off_leases) h;
     END IF;
@@ -137,19 +163,16 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT r.id, r.token, d.id IS NOT NULL,
-           CASE WHEN n.id IS NOT NULL THEN jsonb_build_object(
-               'id', n.id, 'queue', n.queue, 'priority', n.priority, 'attempt', n.attempt,
-               'max_attempts', n.max_attempts, 'claim_token', n.claim_token,
-               'lease_expiry', n.lease_expiry, 'kind', n.kind, 'payload', n.payload,
-               'metadata', n.metadata, 'checkpoint', n.checkpoint, 'created_at', n.created_at)
-           END
+    SELECT r.id, r.token, d.id IS NOT NULL, h.nid, h.q, h.prio, h.att, h.max, h.token, h.expiry,
+           h.kind, h.pay, h.meta, h.cp, h.made
     FROM (SELECT DISTINCT ON (u.id, u.token) u.id, u.token, u.ord
           FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
           ORDER BY u.id, u.token, u.ord) r
     LEFT JOIN unnest(v_hit, v_tokens) AS d(id, token) ON d.id = r.id AND d.token = r.token
-    LEFT JOIN unnest(v_after, v_next) AS h(aid, nid) ON h.aid = r.id AND d.id IS NOT NULL
-    LEFT JOIN work n ON n.id = h.nid
+    LEFT JOIN unnest(v_after, v_next, h_queue, h_prio, h_att, h_max, h_token, h_expiry, h_kind,
+                     h_pay, h_meta, h_cp, h_made)
+              AS h(aid, nid, q, prio, att, max, token, expiry, kind, pay, meta, cp, made)
+              ON h.aid = r.id AND d.id IS NOT NULL
     ORDER BY r.ord;
 END;
 $$;

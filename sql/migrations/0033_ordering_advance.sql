@@ -74,7 +74,9 @@
 -- claim_work's, which counts them). It takes the keys' locks (sorted) and then the instance
 -- row FOR KEY SHARE, as a claim does, so an evicted instance is handed nothing; keys it does
 -- not hand on are left to ordering_advance, called after it. Result: one row per item handed
--- on, with the id of the completed head it follows. No NOTIFY: nobody else may take it.
+-- on, with the id of the completed head it follows and the item's columns as claim_work
+-- returns them, straight from the update (no second read of the row, no JSON built). No
+-- NOTIFY: nobody else may take it.
 CREATE FUNCTION ordering_lock(p_queue text, p_key text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -190,7 +192,9 @@ CREATE FUNCTION ordering_hand_off(
     p_lease_queues text[],
     p_leases       interval[]
 )
-RETURNS TABLE (after_id bigint, id bigint)
+RETURNS TABLE (after_id bigint, id bigint, queue text, priority smallint, attempt integer,
+               max_attempts integer, claim_token bigint, lease_expiry timestamptz, kind text,
+               payload jsonb, metadata jsonb, checkpoint jsonb, created_at timestamptz)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
@@ -238,8 +242,9 @@ BEGIN
             renewals = 0
         FROM nxt
         WHERE w.id = nxt.id AND w.state = 'blocked'
-        RETURNING nxt.after, w.id
+        RETURNING nxt.after, w.id, w.queue, w.priority, w.attempt, w.max_attempts, w.claim_token,
+                  w.lease_expiry, w.kind, w.payload, w.metadata, w.checkpoint, w.created_at
     )
-    SELECT h.after, h.id FROM handed h;
+    SELECT h.* FROM handed h;
 END;
 $$;

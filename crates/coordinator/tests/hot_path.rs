@@ -955,9 +955,9 @@ async fn ending_a_head_does_not_read_the_items_waiting_behind_it() {
             .fetch_one(&mut *tx)
             .await
             .expect("fetched");
-        let (recorded, next): (bool, Option<serde_json::Value>) = sqlx::query_as(
-            "SELECT recorded, next FROM workpump.complete_work($1, ARRAY[$2::bigint],
-                 ARRAY[$3::bigint], $4::text[], $5::text[]::interval[])",
+        let (recorded, next_id, next_token): (bool, Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT recorded, next_id, next_claim_token FROM workpump.complete_work($1,
+                 ARRAY[$2::bigint], ARRAY[$3::bigint], $4::text[], $5::text[]::interval[])",
         )
         .bind(me.0)
         .bind(id)
@@ -980,9 +980,8 @@ async fn ending_a_head_does_not_read_the_items_waiting_behind_it() {
             after - before
         );
         if hand_off {
-            let next = next.expect("the key's next item, handed on");
-            id = next["id"].as_i64().expect("id");
-            token = next["claim_token"].as_i64().expect("claim_token");
+            id = next_id.expect("the key's next item, handed on");
+            token = next_token.expect("its claim token");
         }
     }
     let promoted: i64 = sqlx::query_scalar(

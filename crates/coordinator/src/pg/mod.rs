@@ -1955,59 +1955,59 @@ struct ClaimRow {
 }
 
 /// A row of `complete_work`: the claim, whether it was recorded, and the item handed on
-/// after it (`next`: claim_work's columns of it as a JSON object; NULL: none).
+/// after it (`next_*`: claim_work's columns of it; `next_id` NULL: none).
 #[derive(sqlx::FromRow)]
 struct CompleteRow {
     id: i64,
     claim_token: i64,
     recorded: bool,
-    next: Option<Value>,
-}
-
-/// `complete_work`'s `next`.
-#[derive(serde::Deserialize)]
-struct NextItem {
-    id: i64,
-    queue: String,
-    priority: i16,
-    attempt: i32,
-    max_attempts: i32,
-    claim_token: i64,
-    lease_expiry: DateTime<Utc>,
-    kind: Option<String>,
-    payload: Value,
-    metadata: Option<Value>,
-    checkpoint: Option<Value>,
-    created_at: DateTime<Utc>,
+    next_id: Option<i64>,
+    next_queue: Option<String>,
+    next_priority: Option<i16>,
+    next_attempt: Option<i32>,
+    next_max_attempts: Option<i32>,
+    next_claim_token: Option<i64>,
+    next_lease_expiry: Option<DateTime<Utc>>,
+    next_kind: Option<String>,
+    next_payload: Option<Value>,
+    next_metadata: Option<Value>,
+    next_checkpoint: Option<Value>,
+    next_created_at: Option<DateTime<Utc>>,
 }
 
 impl CompleteRow {
     /// The item handed on after this claim, if any.
     fn next(&mut self, ctx: &dyn Fn() -> String) -> Result<Option<ClaimedWork>> {
-        let Some(next) = self.next.take() else {
+        let Some(id) = self.next_id.take() else {
             return Ok(None);
         };
-        let n: NextItem = serde_json::from_value(next).map_err(|e| {
+        let missing = |column: &str| {
             Error::database(
                 ctx(),
-                format!("an item handed on after item {}: {e}", self.id),
+                format!("the item handed on after item {} has no {column}", self.id),
             )
-        })?;
+        };
         Ok(Some(ClaimedWork {
             fence: Fence {
-                id: n.id,
-                token: n.claim_token,
+                id,
+                token: self
+                    .next_claim_token
+                    .ok_or_else(|| missing("claim_token"))?,
             },
-            queue: n.queue,
-            kind: n.kind,
-            payload: n.payload,
-            metadata: n.metadata,
-            priority: n.priority,
-            attempt: n.attempt,
-            max_attempts: n.max_attempts,
-            checkpoint: n.checkpoint,
-            lease_expiry: n.lease_expiry,
-            created_at: n.created_at,
+            queue: self.next_queue.take().ok_or_else(|| missing("queue"))?,
+            kind: self.next_kind.take(),
+            payload: self.next_payload.take().ok_or_else(|| missing("payload"))?,
+            metadata: self.next_metadata.take(),
+            priority: self.next_priority.ok_or_else(|| missing("priority"))?,
+            attempt: self.next_attempt.ok_or_else(|| missing("attempt"))?,
+            max_attempts: self
+                .next_max_attempts
+                .ok_or_else(|| missing("max_attempts"))?,
+            checkpoint: self.next_checkpoint.take(),
+            lease_expiry: self
+                .next_lease_expiry
+                .ok_or_else(|| missing("lease_expiry"))?,
+            created_at: self.next_created_at.ok_or_else(|| missing("created_at"))?,
             reclaimed: false,
             pickup_lag: None,
         }))
