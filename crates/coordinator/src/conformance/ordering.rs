@@ -398,7 +398,9 @@ pub async fn a_keyed_item_turned_away_by_its_unique_key_leaves_the_next_as_head(
 }
 
 /// A key left without a head by a write outside the store's functions is found by the
-/// repair, which promotes its next item and counts it; a healthy store repairs nothing.
+/// repair, which promotes its next item and counts it; a healthy store repairs nothing. An
+/// item enqueued to the key meanwhile waits behind the item already waiting (the enqueue
+/// looks for waiting items as well as for a head), so it never runs ahead of it.
 pub async fn the_repair_promotes_the_next_item_of_a_key_left_without_a_head(h: &dyn Harness) {
     queue(h, "q", 10).await;
     let ids = enqueue(h, vec![keyed("q", "k", 0), keyed("q", "k", 1)]).await;
@@ -412,8 +414,15 @@ pub async fn the_repair_promotes_the_next_item_of_a_key_left_without_a_head(h: &
     assert_eq!(repair().await, 0, "nothing to repair");
     h.delete_behind_the_stores_back(ids[0]).await;
     assert_eq!(row(h, ids[1]).await.state, Blocked);
+    let later = enqueue(h, vec![keyed("q", "k", 2)]).await[0];
+    assert_eq!(
+        row(h, later).await.state,
+        Blocked,
+        "an item enqueued to a headless key with an item waiting waits too"
+    );
     assert_eq!(repair().await, 1);
     assert_eq!(row(h, ids[1]).await.state, Available);
+    assert_eq!(row(h, later).await.state, Blocked);
     assert_eq!(repair().await, 0);
 }
 
