@@ -45,6 +45,7 @@ fn numeric_settings() -> Vec<String> {
         "lease.grace_ms",
         "lease.max_renewals",
         "lease.max_duration_ms",
+        "lease.flush_at",
         "claim.notify_healthy_base_ms",
         "liveness.dead_after_ms",
         "liveness.lock_grace_ms",

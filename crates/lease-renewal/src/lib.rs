@@ -24,7 +24,7 @@
 //! | `max_duration_ms` | 1 800 000 (30 min), `"none"` to disable | the token fires this long after registration ("exceeded max_duration") |
 //! | `max_batch` | 200 | the most leases in one `renew_leases` call |
 //! | `window_ms` | 200 | the first pending request waits at most this long for company |
-//! | `flush_at` | 100 | this many pending requests are sent at once |
+//! | `flush_at` | `max_batch` | this many pending requests are sent at once; fewer wait for the window |
 //! | `channel_capacity` | 5 000 | renewal requests queued before a request is refused (`channel_full`); a host raises it to its handler slots |
 //!
 //! Refused at start ([`LeaseConfig::validate`], [`LeaseSettings::validate`]), naming the
@@ -85,8 +85,8 @@ mod worker;
 
 pub use handle::{CancelReasonReader, LeaseHandle, Leases};
 pub use worker::{
-    LeaseConfig, LeaseRenewalWorker, RenewalCounts, DEFAULT_CHANNEL_CAPACITY, DEFAULT_FLUSH_AT,
-    DEFAULT_MAX_BATCH, DEFAULT_WINDOW, MAX_BATCH_LIMIT, MAX_CHANNEL_CAPACITY,
+    LeaseConfig, LeaseRenewalWorker, RenewalCounts, DEFAULT_CHANNEL_CAPACITY, DEFAULT_MAX_BATCH,
+    DEFAULT_WINDOW, MAX_BATCH_LIMIT, MAX_CHANNEL_CAPACITY,
 };
 /// The lease contract's types live in the coordinator crate (the claim worker may depend on
 /// nothing else); they are re-exported here for convenience.

@@ -24,8 +24,6 @@ use crate::metrics;
 pub const DEFAULT_MAX_BATCH: usize = 200;
 /// How long the first pending request waits for company before its batch is sent.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(200);
-/// Pending requests that send a batch at once, without waiting for the window.
-pub const DEFAULT_FLUSH_AT: usize = 100;
 /// Renewal requests the channel holds before a handle's request is refused.
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 5_000;
 /// The largest `max_batch` accepted.
@@ -77,9 +75,14 @@ pub struct LeaseConfig {
     /// **Default: 200 ms.**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub window_ms: u64,
-    /// This many pending requests are sent at once, without waiting for the window.
-    /// **Default: 100.**
-    pub flush_at: usize,
+    /// This many pending requests are sent at once, without waiting for the window; fewer wait
+    /// for it. At most `max_batch`. **Default: `max_batch`**, so that a burst of requests goes
+    /// out in full batches: with a lower threshold the worker sends as soon as it has seen that
+    /// many, while the rest of a burst (the items of one claim, whose renewals fall due
+    /// together) is still arriving, and that burst costs one statement more
+    /// (docs/performance.md, *Renewal*).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flush_at: Option<usize>,
     /// Renewal requests the channel holds; a request that finds it full is dropped (logged,
     /// counted as `channel_full`) and the next tick retries. A host raises it to its handler
     /// slots (the sum of its queues' `concurrency`; `WorkerContext::lease_config` in
@@ -97,7 +100,7 @@ impl Default for LeaseConfig {
             max_duration_ms: Some(DEFAULT_MAX_DURATION.as_millis() as u64),
             max_batch: DEFAULT_MAX_BATCH,
             window_ms: DEFAULT_WINDOW.as_millis() as u64,
-            flush_at: DEFAULT_FLUSH_AT,
+            flush_at: None,
             channel_capacity: DEFAULT_CHANNEL_CAPACITY,
         }
     }
@@ -141,16 +144,15 @@ impl LeaseConfig {
                 ),
             ));
         }
-        if self.flush_at == 0 {
-            problems.push(ConfigProblem::new(name("flush_at"), "must be positive"));
-        } else if self.max_batch > 0 && self.flush_at > self.max_batch {
-            problems.push(ConfigProblem::new(
-                name("flush_at"),
-                format!(
-                    "must not exceed max_batch ({}), got {}",
-                    self.max_batch, self.flush_at
-                ),
-            ));
+        match self.flush_at {
+            Some(0) => problems.push(ConfigProblem::new(name("flush_at"), "must be positive")),
+            Some(n) if self.max_batch > 0 && n > self.max_batch => {
+                problems.push(ConfigProblem::new(
+                    name("flush_at"),
+                    format!("must not exceed max_batch ({}), got {n}", self.max_batch),
+                ))
+            }
+            _ => {}
         }
         if self.channel_capacity == 0 || self.channel_capacity > MAX_CHANNEL_CAPACITY {
             problems.push(ConfigProblem::new(
@@ -441,7 +443,9 @@ impl LeaseRenewalWorker {
     }
 
     fn flush_at(&self) -> usize {
-        self.config.flush_at.clamp(1, self.max_batch())
+        self.config
+            .flush_at
+            .map_or(self.max_batch(), |n| n.clamp(1, self.max_batch()))
     }
 
     fn failed(&self, message: &str) -> WorkerError {

@@ -27,7 +27,7 @@ fn defaults_derive_from_the_lease() {
     assert_eq!(c.settings(), s);
     assert_eq!(
         (c.max_batch, c.window_ms, c.flush_at, c.channel_capacity),
-        (200, 200, 100, 5000)
+        (200, 200, None, 5000)
     );
     assert!(c.validate("lease").is_empty());
     let short = LeaseConfig {
@@ -132,7 +132,7 @@ fn the_flusher_bounds_are_checked_and_named() {
         (
             LeaseConfig {
                 max_batch: 0,
-                flush_at: 0,
+                flush_at: Some(0),
                 ..ok.clone()
             },
             "lease.max_batch",
@@ -146,14 +146,14 @@ fn the_flusher_bounds_are_checked_and_named() {
         ),
         (
             LeaseConfig {
-                flush_at: 0,
+                flush_at: Some(0),
                 ..ok.clone()
             },
             "lease.flush_at",
         ),
         (
             LeaseConfig {
-                flush_at: 201,
+                flush_at: Some(201),
                 ..ok.clone()
             },
             "lease.flush_at",
@@ -195,6 +195,12 @@ fn the_flusher_bounds_are_checked_and_named() {
             "{setting}: {problems:?}"
         );
     }
+    // The threshold follows max_batch unless set: lowering max_batch alone is not refused.
+    let smaller = LeaseConfig {
+        max_batch: 50,
+        ..ok.clone()
+    };
+    assert_eq!(smaller.validate("lease"), Vec::new(), "max_batch 50 alone");
     // Every problem at once.
     let bad = LeaseConfig {
         lease_ms: 0,

@@ -122,10 +122,13 @@ impl Rig {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_burst_of_150_requests_goes_out_as_one_call_of_100_and_one_at_the_windows_end() {
-    let rig = rig().await;
-    let (fences, sent_at) = rig.claim(150).await;
+/// Registers `n` handles on items claimed together, starts the worker, and requests their
+/// renewals three a millisecond, each seen by the worker before the next is sent (as when the
+/// items of one claim fall due together while the worker runs beside their guards); returns
+/// the calls made within a second (time since the first request, items) and the handles with
+/// the first request's instant.
+async fn burst(rig: &Rig, n: usize) -> (Vec<(Duration, usize)>, Vec<LeaseHandle>, Instant) {
+    let (fences, sent_at) = rig.claim(n).await;
     let t0 = Instant::now();
     let handles: Vec<LeaseHandle> = fences
         .iter()
@@ -139,9 +142,6 @@ async fn a_burst_of_150_requests_goes_out_as_one_call_of_100_and_one_at_the_wind
             )
         })
         .collect();
-    let (shutdown, run) = rig.start();
-    // Three requests a millisecond, so all 150 arrive within 50 ms; each one is seen by the
-    // worker before the next is sent.
     let ms = Duration::from_millis(1);
     for (i, h) in handles.iter().enumerate() {
         sleep_until(t0 + ms * (i / 3) as u32).await;
@@ -149,28 +149,60 @@ async fn a_burst_of_150_requests_goes_out_as_one_call_of_100_and_one_at_the_wind
         tokio::task::yield_now().await;
     }
     sleep_until(t0 + secs(1.0)).await;
-    let calls: Vec<(Duration, usize)> = rig
+    let calls = rig
         .fake
         .calls_of(Method::RenewLeases)
         .iter()
         .map(|c| (c.at - t0, c.items))
         .collect();
-    // The 100th request (at 33 ms) flushes at once; the 101st (also at 33 ms) opens a new
+    (calls, handles, t0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_goes_out_in_full_batches_and_its_remainder_at_the_windows_end() {
+    let rig = rig().await;
+    let (shutdown, run) = rig.start();
+    let (calls, handles, t0) = burst(&rig, 450).await;
+    let ms = Duration::from_millis(1);
+    // The 200th request (at 66 ms) and the 400th (at 133 ms) each fill a batch, sent at once;
+    // the 401st (also at 133 ms) opens a window that closes 200 ms later with the last 50.
+    // Before the default threshold followed max_batch (it was 100), the worker sent a batch
+    // as soon as it had seen 100: five calls for these 450 instead of three.
+    assert_eq!(
+        calls,
+        vec![(ms * 66, 200), (ms * 133, 200), (ms * 133 + WINDOW, 50)],
+        "calls (time since the first request, items)"
+    );
+    for (i, h) in handles.iter().enumerate() {
+        assert_eq!(h.renewals(), 1);
+        let call_at = match i {
+            0..200 => t0 + ms * 66,
+            200..400 => t0 + ms * 133,
+            _ => t0 + ms * 133 + WINDOW,
+        };
+        assert_eq!(h.deadline(), call_at + LEASE, "handle {i}");
+    }
+    shutdown.cancel();
+    run.await.expect("run ends");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lower_flush_at_sends_that_many_at_once() {
+    let rig = rig_with(LeaseConfig {
+        flush_at: Some(100),
+        ..LeaseConfig::default()
+    })
+    .await;
+    let (shutdown, run) = rig.start();
+    let (calls, _handles, _) = burst(&rig, 150).await;
+    // The 100th request (at 33 ms) sends at once; the 101st (also at 33 ms) opens a new
     // window that closes 200 ms later with the remaining 50.
+    let ms = Duration::from_millis(1);
     assert_eq!(
         calls,
         vec![(ms * 33, 100), (ms * 33 + WINDOW, 50)],
         "calls (time since the first request, items)"
     );
-    for (i, h) in handles.iter().enumerate() {
-        assert_eq!(h.renewals(), 1);
-        let call_at = if i < 100 {
-            t0 + ms * 33
-        } else {
-            t0 + ms * 33 + WINDOW
-        };
-        assert_eq!(h.deadline(), call_at + LEASE, "handle {i}");
-    }
     shutdown.cancel();
     run.await.expect("run ends");
 }
