@@ -144,6 +144,7 @@ impl Target {
             admin_url: self.admin_url.clone(),
             pool: None,
             has_statements: false,
+            has_toplevel: false,
             completing: std::sync::Mutex::new(HashMap::new()),
         };
         let (mut workers, _) = super::worker::start_all(
@@ -167,6 +168,11 @@ pub(crate) struct BenchDb {
     admin_url: String,
     pool: Option<PgPool>,
     has_statements: bool,
+    /// Whether pg_stat_statements tells top-level statements from nested ones (`toplevel`,
+    /// PostgreSQL 14 and later): the counts are of top-level statements, what a client sent,
+    /// even where `pg_stat_statements.track = all` also counts the statements that functions
+    /// run.
+    has_toplevel: bool,
     /// pg_stat_statements entries of this database seen so far: query id → whether it is a
     /// workers' `complete_work` call ([`BenchDb::completed_progress`]).
     completing: std::sync::Mutex<HashMap<i64, bool>>,
@@ -193,6 +199,14 @@ impl BenchDb {
                 .fetch_optional(&pool)
                 .await
                 .is_ok();
+        self.has_toplevel = self.has_statements
+            && sqlx::query_scalar(&format!(
+                "{MARK} SELECT EXISTS (SELECT 1 FROM pg_attribute
+                                       WHERE attrelid = 'pg_stat_statements'::regclass
+                                         AND attname = 'toplevel')"
+            ))
+            .fetch_one(&pool)
+            .await?;
         // A `--worker-bin` built before completed items moved to `work_history` migrated a
         // schema without it: the bench reads every item through `work_all`, which is then
         // `work` alone, and vacuums an empty `work_history` (an A/B across that change).
@@ -278,8 +292,9 @@ impl BenchDb {
                     sum(total_exec_time)::float8
              FROM pg_stat_statements
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND query NOT LIKE '%wp-bench%'
-             GROUP BY 1"
+               AND query NOT LIKE '%wp-bench%' {toplevel}
+             GROUP BY 1",
+            toplevel = if self.has_toplevel { "AND toplevel" } else { "" }
         );
         let rows: Vec<(i64, String, i64, i64, f64)> =
             sqlx::query_as(&sql).fetch_all(self.pool()).await?;
