@@ -376,6 +376,61 @@ async fn enqueue_work_wakes_after_its_commit_and_the_function_without_notify_sen
     assert_eq!(seen, vec!["at".to_owned(), "q".to_owned()]);
 }
 
+/// Producers of one coordinator share their wakes (a producer that commits while another's
+/// wake is in flight waits for the next one, which carries every queue asked for meanwhile):
+/// with 16 producers enqueueing at once, each to a queue of its own, every queue is still
+/// woken, and every producer's wake has been sent when its `enqueue_work` returns.
+#[tokio::test]
+async fn producers_enqueueing_at_once_share_wakes_and_every_queue_is_woken() {
+    let (_db, _pool, c) = migrated().await;
+    let names: Vec<String> = (0..16).map(|i| format!("p{i}")).collect();
+    for q in names.iter().chain([&"sentinel".to_owned()]) {
+        c.register_queue(RegisterQueueParams::new(q))
+            .await
+            .expect("queue");
+    }
+    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("event"),
+        ListenEvent::Connected
+    );
+    let producers = names.iter().map(|q| {
+        let c = c.clone();
+        let q = q.clone();
+        async move {
+            for i in 0..5 {
+                c.enqueue_work(EnqueueWorkParams {
+                    items: vec![NewWork::new(&q, json!(i))],
+                })
+                .await
+                .expect("enqueue");
+            }
+        }
+    });
+    futures::future::join_all(producers).await;
+    // Every wake was sent before its producer returned: a later one marks the end of them.
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new("sentinel", json!(0))],
+    })
+    .await
+    .expect("enqueue");
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+            .await
+            .expect("a signal within the deadline")
+            .expect("event");
+        match event {
+            ListenEvent::Wake { queue } if queue == "sentinel" => break,
+            ListenEvent::Wake { queue } => {
+                seen.insert(queue);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, names.iter().cloned().collect());
+}
+
 /// NOTIFY goes out on commit, once per queue per transaction, and reaches a listener.
 #[tokio::test]
 async fn enqueue_wakes_listeners_once_per_queue_per_transaction_on_commit() {

@@ -39,6 +39,11 @@ pub(crate) struct EnqueueRates {
     pub(crate) tx_16_notify: f64,
     /// The same, the wake sent after the commit (`enqueue_deferring_wake`, then `wake`).
     pub(crate) tx_16_deferred: f64,
+    /// Wake statements sent per item by the 16 single-item producers (`single_16`, then
+    /// `tx_16_deferred`): 1 when every producer sends its own, fewer when they share them.
+    /// `None` without pg_stat_statements.
+    pub(crate) wakes_per_item_single_16: Option<f64>,
+    pub(crate) wakes_per_item_tx_16_deferred: Option<f64>,
 }
 
 /// How a producer enqueues.
@@ -60,11 +65,16 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
     let (single_1, producer_cpu_us_single_1, _) =
         producers(&coordinator, 1, 1, Way::Pool, window).await?;
     db.settle().await?;
-    let (single_16, _, _) = producers(&coordinator, 16, 1, Way::Pool, window).await?;
+    let before = db.statements().await?;
+    let (single_16, _, single_16_items) = producers(&coordinator, 16, 1, Way::Pool, window).await?;
+    let wakes_per_item_single_16 = wakes_per_item(&db, before, single_16_items).await?;
     db.settle().await?;
     let (tx_16_notify, _, _) = producers(&coordinator, 16, 1, Way::TxNotify, window).await?;
     db.settle().await?;
-    let (tx_16_deferred, _, _) = producers(&coordinator, 16, 1, Way::TxDeferred, window).await?;
+    let before = db.statements().await?;
+    let (tx_16_deferred, _, tx_16_deferred_items) =
+        producers(&coordinator, 16, 1, Way::TxDeferred, window).await?;
+    let wakes_per_item_tx_16_deferred = wakes_per_item(&db, before, tx_16_deferred_items).await?;
     db.settle().await?;
     let wal_before = db.wal_bytes().await?;
     let (bulk, producer_cpu_us_bulk, bulk_items) =
@@ -97,7 +107,23 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<EnqueueRates> {
         bulk_wal_bytes_per_item: ((wal_after - wal_before) / bulk_items.max(1.0)).round(),
         tx_16_notify,
         tx_16_deferred,
+        wakes_per_item_single_16,
+        wakes_per_item_tx_16_deferred,
     })
+}
+
+/// Wake statements (`sql/queries/wake_queues.sql`: `pg_notify`) since `before`, per item of
+/// the `items` enqueued meanwhile.
+async fn wakes_per_item(
+    db: &setup::BenchDb,
+    before: Option<setup::Statements>,
+    items: f64,
+) -> BenchResult<Option<f64>> {
+    let (Some(before), Some(after)) = (before, db.statements().await?) else {
+        return Ok(None);
+    };
+    let (wakes, _, _) = setup::sum_matching(&after.since(&before), "pg_notify(");
+    Ok(Some(wakes as f64 / items.max(1.0)))
 }
 
 /// `producers` tasks each enqueue batches of `batch` items back to back for `window`, the

@@ -338,6 +338,12 @@ impl Report {
         self.set("enqueue_bulk_wal_bytes_per_item", r.bulk_wal_bytes_per_item);
         self.set("enqueue_tx_16_notify", r.tx_16_notify.round());
         self.set("enqueue_tx_16_deferred", r.tx_16_deferred.round());
+        if let Some(w) = r.wakes_per_item_single_16 {
+            self.set("enqueue_single_16_wakes_per_item", round3(w));
+        }
+        if let Some(w) = r.wakes_per_item_tx_16_deferred {
+            self.set("enqueue_tx_16_deferred_wakes_per_item", round3(w));
+        }
         self.details.insert(
             "enqueue".into(),
             json!({
@@ -799,6 +805,13 @@ impl Report {
             None,
         );
         push(
+            "enqueue_single_16_wakes_per_item (wake statements, shared)",
+            self.num("enqueue_single_16_wakes_per_item"),
+            "",
+            String::new(),
+            None,
+        );
+        push(
             "enqueue_tx_16_notify (16 producers' transactions, wake in the commit)",
             self.num("enqueue_tx_16_notify"),
             "/s",
@@ -809,6 +822,13 @@ impl Report {
             "enqueue_tx_16_deferred (the same, wake after the commit)",
             self.num("enqueue_tx_16_deferred"),
             "/s",
+            String::new(),
+            None,
+        );
+        push(
+            "enqueue_tx_16_deferred_wakes_per_item (wake statements, shared)",
+            self.num("enqueue_tx_16_deferred_wakes_per_item"),
+            "",
             String::new(),
             None,
         );

@@ -7,6 +7,7 @@ mod alive_lock;
 mod failover;
 mod listener;
 mod url;
+mod wakes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -330,6 +331,8 @@ pub struct PgCoordinator {
     stmts: Arc<Statements>,
     /// With a multi-host URL: the host in use, and the search for another.
     failover: Option<Arc<Failover>>,
+    /// The producers' wakes, coalesced (see [`wakes`]).
+    wakes: Arc<wakes::Wakes>,
 }
 
 impl std::fmt::Debug for PgCoordinator {
@@ -355,6 +358,7 @@ impl PgCoordinator {
             schema: schema.into(),
             stmts: Arc::new(Statements::new(schema)),
             failover: None,
+            wakes: Arc::default(),
         })
     }
 
@@ -494,25 +498,28 @@ impl PgCoordinator {
     /// Sends the wake signals of items enqueued by
     /// [`enqueue_deferring_wake`](Self::enqueue_deferring_wake) in a transaction that has
     /// committed: one notification per queue given work that is due, in a transaction of its
-    /// own on the main pool whose commit does not wait for its WAL flush. A failure is
-    /// logged, not returned: the items are committed, and claimers find them at their next
+    /// own on the main pool whose commit does not wait for its WAL flush. Shared with this
+    /// coordinator's other producers: while another's wake is in flight, this one waits for
+    /// the next, which carries the queues of every producer waiting (docs/store.md, "Wake
+    /// signals"); it returns once a wake that started after the call has been sent. A failure
+    /// is logged, not returned: the items are committed, and claimers find them at their next
     /// poll.
     pub async fn wake(&self, pending: PendingWake) {
-        if pending.queues.is_empty() {
-            return;
-        }
-        if let Err(e) = sqlx::query(&self.stmts.wake_queues)
-            .bind(self.wake_channel())
-            .bind(&pending.queues)
-            .execute(&self.pool)
-            .await
-        {
-            tracing::warn!(
-                "waking the claimers of {:?} after a transaction's enqueue failed; they find \
-                 the items at their next poll: {e}",
-                pending.queues
-            );
-        }
+        self.wakes
+            .wake(&pending.queues, |queues| async move {
+                if let Err(e) = sqlx::query(&self.stmts.wake_queues)
+                    .bind(self.wake_channel())
+                    .bind(&queues)
+                    .execute(&self.pool)
+                    .await
+                {
+                    tracing::warn!(
+                        "waking the claimers of {queues:?} after a transaction's enqueue \
+                         failed; they find the items at their next poll: {e}"
+                    );
+                }
+            })
+            .await;
     }
 
     /// `enqueue_work` on `conn`; `notify`: whether the statement's transaction sends the wake
@@ -790,25 +797,28 @@ impl WorkCoordinator for PgCoordinator {
             .map_err(|e| self.db_error(format!("enqueueing {n} items"), e))?;
         // The statement is a transaction of its own: it commits without notifying (a
         // notifying commit holds PostgreSQL's notification-queue lock through its WAL flush,
-        // so notifying producers commit one at a time), and the wake goes out right after
-        // the commit, before this returns (docs/store.md, "Wake signals").
+        // so notifying producers commit one at a time), and the wake goes out after the
+        // commit, before this returns, shared with the coordinator's other producers
+        // (docs/store.md, "Wake signals").
         let wake = due_queues(&params);
         let out = self.enqueue_on(&mut conn, params, false).await?;
-        if !wake.is_empty() {
-            if let Err(e) = sqlx::query(&self.stmts.wake_queues)
-                .bind(self.wake_channel())
-                .bind(&wake)
-                .execute(&mut *conn)
-                .await
-            {
-                // The items are committed: an error here would have the caller enqueue them
-                // again. Claimers find them at their next poll instead.
-                tracing::warn!(
-                    "enqueued {n} items, but waking the claimers of {wake:?} failed; they find \
-                     the items at their next poll: {e}"
-                );
-            }
-        }
+        self.wakes
+            .wake(&wake, |queues| async move {
+                if let Err(e) = sqlx::query(&self.stmts.wake_queues)
+                    .bind(self.wake_channel())
+                    .bind(&queues)
+                    .execute(&mut *conn)
+                    .await
+                {
+                    // The items are committed: an error here would have the caller enqueue
+                    // them again. Claimers find them at their next poll instead.
+                    tracing::warn!(
+                        "enqueued {n} items, but waking the claimers of {queues:?} failed; they \
+                         find the items at their next poll: {e}"
+                    );
+                }
+            })
+            .await;
         Ok(out)
     }
 
