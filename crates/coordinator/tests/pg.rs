@@ -314,6 +314,33 @@ async fn the_sql_function_names_a_refused_batchs_first_problem_and_writes_nothin
     assert!(answers.iter().all(|a| a.2));
 }
 
+/// A listener on `c`'s wake channel, connected.
+async fn connected_listener(c: &PgCoordinator) -> Box<dyn WakeListener> {
+    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
+    assert_eq!(
+        listener.next_event().await.expect("event"),
+        ListenEvent::Connected
+    );
+    listener
+}
+
+/// The queues woken, in order, until queue `sentinel` is (the tests wake it last: its signal
+/// marks the end of those before it).
+async fn wakes_before_the_sentinel(listener: &mut Box<dyn WakeListener>) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
+            .await
+            .expect("a signal within the deadline")
+            .expect("event");
+        match event {
+            ListenEvent::Wake { queue } if queue == "sentinel" => return seen,
+            ListenEvent::Wake { queue } => seen.push(queue),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
 /// `PgCoordinator::enqueue_work` commits without notifying and wakes right after the commit,
 /// before it returns: the queues with items due now or at a business time, not a queue whose
 /// items are only delayed. The function called with `notify => false` sends nothing.
@@ -325,11 +352,7 @@ async fn enqueue_work_wakes_after_its_commit_and_the_function_without_notify_sen
             .await
             .expect("queue");
     }
-    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
-    assert_eq!(
-        listener.next_event().await.expect("event"),
-        ListenEvent::Connected
-    );
+    let mut listener = connected_listener(&c).await;
     // Without notify: nothing, though the item is due.
     let rows = sqlx::query(
         "SELECT * FROM workpump.enqueue_work(ARRAY['sentinel'], ARRAY['{}'::jsonb],
@@ -360,18 +383,7 @@ async fn enqueue_work_wakes_after_its_commit_and_the_function_without_notify_sen
     )
     .await
     .expect("enqueue");
-    let mut seen: Vec<String> = Vec::new();
-    loop {
-        let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
-            .await
-            .expect("a signal within the deadline")
-            .expect("event");
-        match event {
-            ListenEvent::Wake { queue } if queue == "sentinel" => break,
-            ListenEvent::Wake { queue } => seen.push(queue),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let mut seen = wakes_before_the_sentinel(&mut listener).await;
     seen.sort();
     assert_eq!(seen, vec!["at".to_owned(), "q".to_owned()]);
 }
@@ -389,11 +401,7 @@ async fn producers_enqueueing_at_once_share_wakes_and_every_queue_is_woken() {
             .await
             .expect("queue");
     }
-    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
-    assert_eq!(
-        listener.next_event().await.expect("event"),
-        ListenEvent::Connected
-    );
+    let mut listener = connected_listener(&c).await;
     let producers = names.iter().map(|q| {
         let c = c.clone();
         let q = q.clone();
@@ -414,20 +422,10 @@ async fn producers_enqueueing_at_once_share_wakes_and_every_queue_is_woken() {
     })
     .await
     .expect("enqueue");
-    let mut seen = std::collections::BTreeSet::new();
-    loop {
-        let event = tokio::time::timeout(Duration::from_secs(10), listener.next_event())
-            .await
-            .expect("a signal within the deadline")
-            .expect("event");
-        match event {
-            ListenEvent::Wake { queue } if queue == "sentinel" => break,
-            ListenEvent::Wake { queue } => {
-                seen.insert(queue);
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let seen: std::collections::BTreeSet<String> = wakes_before_the_sentinel(&mut listener)
+        .await
+        .into_iter()
+        .collect();
     assert_eq!(seen, names.iter().cloned().collect());
 }
 
@@ -441,11 +439,7 @@ async fn enqueue_wakes_listeners_once_per_queue_per_transaction_on_commit() {
     c.register_queue(RegisterQueueParams::new("sentinel"))
         .await
         .expect("queue");
-    let mut listener = c.listen(ListenParams::default()).await.expect("listen");
-    assert_eq!(
-        listener.next_event().await.expect("event"),
-        ListenEvent::Connected
-    );
+    let mut listener = connected_listener(&c).await;
     let mut tx = pool.begin().await.expect("begin");
     for _ in 0..3 {
         c.enqueue_with(
@@ -474,17 +468,8 @@ async fn enqueue_wakes_listeners_once_per_queue_per_transaction_on_commit() {
     .await
     .expect("enqueue");
     let mut seen: HashMap<String, usize> = HashMap::new();
-    let deadline = Duration::from_secs(10);
-    loop {
-        let event = tokio::time::timeout(deadline, listener.next_event())
-            .await
-            .expect("a signal within the deadline")
-            .expect("event");
-        match event {
-            ListenEvent::Wake { queue } if queue == "sentinel" => break,
-            ListenEvent::Wake { queue } => *seen.entry(queue).or_default() += 1,
-            other => panic!("unexpected {other:?}"),
-        }
+    for queue in wakes_before_the_sentinel(&mut listener).await {
+        *seen.entry(queue).or_default() += 1;
     }
     assert_eq!(
         seen,
