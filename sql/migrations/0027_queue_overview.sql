@@ -26,8 +26,9 @@
 --              its queue (as queue_depth: the cost grows with the waiting and running items,
 --              never with the finished ones); blocked: work_ordering_blocked's entries;
 --   finished states: at most 10 000 rows per state, the newest by finished_at (a backward
---              scan of work_history_finished for completed items and of work_finished
---              for the others, plus a heap visit per row for its queue). When a state
+--              scan of work_history_finished for completed items, plus a heap visit per
+--              row for its queue, and an index-only one of work_finished, which includes
+--              the queue, for the others). When a state
 --              has fewer than 10 000 items in all, its counts and rate are exact. Otherwise
 --              the count is a lower bound (the items among the newest 10 000: *_exact false),
 --              and the rate is exact when those 10 000 reach back past the hour, else
