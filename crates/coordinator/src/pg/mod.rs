@@ -506,7 +506,7 @@ impl PgCoordinator {
     /// poll.
     pub async fn wake(&self, pending: PendingWake) {
         self.wakes
-            .wake(&pending.queues, |queues| async move {
+            .wake(&pending.queues, (), |_, queues| async move {
                 if let Err(e) = sqlx::query(&self.stmts.wake_queues)
                     .bind(self.wake_channel())
                     .bind(&queues)
@@ -803,13 +803,17 @@ impl WorkCoordinator for PgCoordinator {
         let wake = due_queues(&params);
         let out = self.enqueue_on(&mut conn, params, false).await?;
         self.wakes
-            .wake(&wake, |queues| async move {
-                if let Err(e) = sqlx::query(&self.stmts.wake_queues)
+            .wake(&wake, conn, |conn, queues| async move {
+                let query = sqlx::query(&self.stmts.wake_queues)
                     .bind(self.wake_channel())
-                    .bind(&queues)
-                    .execute(&mut *conn)
-                    .await
-                {
+                    .bind(&queues);
+                // On the enqueue's connection, unless this producer waited for another's
+                // wake first (and gave it back to the pool meanwhile).
+                let sent = match conn {
+                    Some(mut conn) => query.execute(&mut *conn).await,
+                    None => query.execute(&self.pool).await,
+                };
+                if let Err(e) = sent {
                     // The items are committed: an error here would have the caller enqueue
                     // them again. Claimers find them at their next poll instead.
                     tracing::warn!(

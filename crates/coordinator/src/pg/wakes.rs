@@ -10,8 +10,10 @@
 //! of 16.
 //!
 //! The sender is whichever waiting producer finds no wake in flight; it sends on its own
-//! connection. A sender whose future is dropped mid-send gives its queues back and leaves the
-//! sending to the next waiter, so a cancelled caller never strands the others.
+//! connection, or on one from the pool when it waited first: a producer gives its connection
+//! back before it waits, so that waiting producers never hold the connections a sender needs.
+//! A sender whose future is dropped mid-send gives its queues back and leaves the sending to
+//! the next waiter, so a cancelled caller never strands the others.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -41,12 +43,15 @@ struct State {
 
 impl Wakes {
     /// Asks for a wake of `queues` and returns once one that started after this call has
-    /// been sent (by this caller through `send`, or by another's). `send` gets the queues of
-    /// everyone waiting; it reports its own failures (a wake is a hint: a failed one leaves the
-    /// items to the claimers' next poll) and is called at most once.
-    pub(crate) async fn wake<F, Fut>(&self, queues: &[String], send: F)
+    /// been sent (by this caller through `send`, or by another's). `send` gets `held` back
+    /// (`None` if this caller waited first) and the queues of everyone waiting; it reports its
+    /// own failures (a wake is a hint: a failed one leaves the items to the claimers' next
+    /// poll) and is called at most once. `held` is what the caller would send with (its
+    /// connection): dropped before the caller waits for another's wake, so that waiting
+    /// producers never hold what a sender needs (a pool's connections).
+    pub(crate) async fn wake<H, F, Fut>(&self, queues: &[String], held: H, send: F)
     where
-        F: FnOnce(Vec<String>) -> Fut,
+        F: FnOnce(Option<H>, Vec<String>) -> Fut,
         Fut: Future<Output = ()>,
     {
         if queues.is_empty() {
@@ -57,6 +62,7 @@ impl Wakes {
             state.pending.extend(queues.iter().cloned());
             state.next
         };
+        let mut held = Some(held);
         let mut send = Some(send);
         loop {
             let ended = self.ended.notified();
@@ -77,6 +83,7 @@ impl Wakes {
                 }
             };
             let Some((number, batch)) = turn else {
+                held = None;
                 ended.await;
                 continue;
             };
@@ -87,7 +94,7 @@ impl Wakes {
             };
             // A caller sends at most once: its own send covers it.
             if let Some(send) = send.take() {
-                send(batch.into_iter().collect()).await;
+                send(held.take(), batch.into_iter().collect()).await;
                 sending.queues = None;
             }
             return;
@@ -145,7 +152,7 @@ mod tests {
     async fn ask(wakes: &Wakes, log: &Log, names: &[&str]) -> (Instant, Instant) {
         let asked = Instant::now();
         wakes
-            .wake(&queues(names), |batch| async move {
+            .wake(&queues(names), (), |_, batch| async move {
                 let started = Instant::now();
                 sleep(Duration::from_millis(10)).await;
                 log.lock().unwrap().push((started, Instant::now(), batch));
@@ -209,6 +216,57 @@ mod tests {
             );
             assert_eq!(returned, log[1].1, "returns once that send is over");
         }
+    }
+
+    /// What a producer would send with (its connection): records when it was dropped.
+    struct Held(Arc<Mutex<Option<Instant>>>);
+
+    impl Drop for Held {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(Instant::now());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_producer_lets_go_of_its_connection_and_a_sender_keeps_its_own() {
+        let wakes = Arc::new(Wakes::default());
+        let (first_held, second_held) = (Arc::default(), Arc::default());
+        let first = {
+            let (wakes, held) = (wakes.clone(), Held(Arc::clone(&first_held)));
+            tokio::spawn(async move {
+                wakes
+                    .wake(&queues(&["a"]), held, |held, _| async move {
+                        assert!(held.is_some(), "the first sender has its own");
+                        sleep(Duration::from_millis(10)).await;
+                    })
+                    .await
+            })
+        };
+        sleep(Duration::from_millis(2)).await;
+        let second = {
+            let (wakes, held) = (wakes.clone(), Held(Arc::clone(&second_held)));
+            tokio::spawn(async move {
+                wakes
+                    .wake(&queues(&["b"]), held, |held, _| async move {
+                        assert!(held.is_none(), "given back while it waited");
+                        sleep(Duration::from_millis(10)).await;
+                    })
+                    .await
+            })
+        };
+        sleep(Duration::from_millis(1)).await;
+        let waiting_since = Instant::now();
+        assert!(
+            second_held.lock().unwrap().is_some(),
+            "dropped as soon as it waits, with the first send still in flight"
+        );
+        assert!(
+            first_held.lock().unwrap().is_none(),
+            "the sender still holds its own"
+        );
+        first.await.unwrap();
+        second.await.unwrap();
+        assert!(second_held.lock().unwrap().unwrap() < waiting_since);
     }
 
     #[tokio::test(start_paused = true)]
