@@ -507,12 +507,7 @@ impl PgCoordinator {
     pub async fn wake(&self, pending: PendingWake) {
         self.wakes
             .wake(&pending.queues, (), |_, queues| async move {
-                if let Err(e) = sqlx::query(&self.stmts.wake_queues)
-                    .bind(self.wake_channel())
-                    .bind(&queues)
-                    .execute(&self.pool)
-                    .await
-                {
+                if let Err(e) = self.send_wake(None, &queues).await {
                     tracing::warn!(
                         "waking the claimers of {queues:?} after a transaction's enqueue \
                          failed; they find the items at their next poll: {e}"
@@ -520,6 +515,23 @@ impl PgCoordinator {
                 }
             })
             .await;
+    }
+
+    /// The wake statement (`sql/queries/wake_queues.sql`) for `queues`, on `conn` or else on
+    /// the main pool.
+    async fn send_wake(
+        &self,
+        conn: Option<sqlx::pool::PoolConnection<Postgres>>,
+        queues: &[String],
+    ) -> sqlx::Result<()> {
+        let query = sqlx::query(&self.stmts.wake_queues)
+            .bind(self.wake_channel())
+            .bind(queues);
+        match conn {
+            Some(mut conn) => query.execute(&mut *conn).await,
+            None => query.execute(&self.pool).await,
+        }
+        .map(drop)
     }
 
     /// `enqueue_work` on `conn`; `notify`: whether the statement's transaction sends the wake
@@ -804,16 +816,9 @@ impl WorkCoordinator for PgCoordinator {
         let out = self.enqueue_on(&mut conn, params, false).await?;
         self.wakes
             .wake(&wake, conn, |conn, queues| async move {
-                let query = sqlx::query(&self.stmts.wake_queues)
-                    .bind(self.wake_channel())
-                    .bind(&queues);
                 // On the enqueue's connection, unless this producer waited for another's
                 // wake first (and gave it back to the pool meanwhile).
-                let sent = match conn {
-                    Some(mut conn) => query.execute(&mut *conn).await,
-                    None => query.execute(&self.pool).await,
-                };
-                if let Err(e) = sent {
+                if let Err(e) = self.send_wake(conn, &queues).await {
                     // The items are committed: an error here would have the caller enqueue
                     // them again. Claimers find them at their next poll instead.
                     tracing::warn!(
