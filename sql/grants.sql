@@ -55,6 +55,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".queue_failures TO :"runt
 --                       and reads a schedule's state.
 GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".periodic_schedules TO :"runtime";
 
+--   lapsed_look: maintenance_due takes the fleet's turn to look for lapsed leases (FOR
+--                UPDATE SKIP LOCKED, then UPDATE).
+GRANT SELECT, UPDATE ON TABLE :"schema".lapsed_look TO :"runtime";
+
 --   liveness_floor: read by every liveness call (the floor of the cutoffs); only the owner
 --                   may change it.
 GRANT SELECT ON TABLE :"schema".liveness_floor TO :"runtime";

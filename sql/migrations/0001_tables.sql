@@ -141,6 +141,18 @@ CREATE TABLE liveness_floor (
 INSERT INTO liveness_floor (stale_after, dead_after, lock_grace)
 VALUES (interval '1 second', interval '2 seconds', interval '500 milliseconds');
 
+-- When a maintenance sweep last looked for leases that lapsed under a registered owner and
+-- found none (one row). That look visits every running row of the store, so the fleet takes
+-- it in turns rather than every instance at every sweep: maintenance_due looks only when no
+-- look within its caller's `lapsed_look_every` (the sweep sends half its interval) found
+-- nothing, holding this row's lock while it looks (FOR UPDATE SKIP LOCKED: one look at a
+-- time, nobody waits; look_for_lapsed_leases). -infinity: nobody has looked yet.
+CREATE TABLE lapsed_look (
+    singleton boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    looked_at timestamptz NOT NULL
+);
+INSERT INTO lapsed_look (looked_at) VALUES ('-infinity');
+
 -- Tombstones of reaped instances, so a late heartbeat from one reports eviction instead of
 -- silently resurrecting it. Instance ids are fresh per process start and never reused.
 CREATE TABLE evicted_instances (

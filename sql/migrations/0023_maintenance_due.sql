@@ -1,5 +1,5 @@
 -- maintenance_due(judge, stale_after, dead_after, lock_grace, completed_retention,
---                 dead_retention, evicted_retention)
+--                 dead_retention, evicted_retention, lapsed_look_every)
 --   -> (instances, orphans, scheduled, finished, tombstones, vacuum)
 --
 -- Which maintenance steps have work right now, in one cheap statement, so that an idle
@@ -14,7 +14,12 @@
 --                rows (work_running_owner, a heap visit each, stopping at the first lapsed
 --                one): no index reads lease_expiry, so that renewals stay HOT. Bounded by the
 --                items in flight: 3 ms for 10 000 running on PostgreSQL 15, warm cache, the
---                whole call 4 ms (docs/store.md, "Leases that lapse");
+--                whole call 4 ms (docs/store.md, "Leases that lapse"). Since every running
+--                row of the store is visited, peers' included, the fleet takes this look in
+--                turns (look_for_lapsed_leases, below): a call looks only when no look within
+--                `lapsed_look_every` found nothing (lapsed_look.looked_at, all instances'
+--                calls alike). A look that finds a lapsed lease leaves the turn free, so that
+--                every sweep looks, and releases, until none is left;
 --   scheduled  - a scheduled item is due (promote_scheduled);
 --   finished   - a finished item is past its retention, or work_history's partitions are due
 --                a rotation (history_rotation_due): prune_finished;
@@ -23,8 +28,11 @@
 --                below).
 -- The flags are hints: a step that runs when its flag was true but finds nothing is harmless.
 --
--- Arguments: cutoffs as in check_liveness_cutoffs; retentions > 0; WP002 otherwise.
--- Fencing: none (reads only). Clock rule: cutoffs are now() minus intervals.
+-- Arguments: cutoffs as in check_liveness_cutoffs; retentions > 0; 0 <= lapsed_look_every
+-- (0: this call looks whenever it can take the turn); WP002 otherwise.
+-- Fencing: none. Writes only lapsed_look, when it takes the turn; otherwise reads only (a
+-- store with nothing running is never written).
+-- Clock rule: cutoffs are now() minus intervals.
 CREATE FUNCTION maintenance_due(
     p_judge               uuid,
     p_stale_after         interval,
@@ -32,14 +40,17 @@ CREATE FUNCTION maintenance_due(
     p_lock_grace          interval,
     p_completed_retention interval,
     p_dead_retention      interval,
-    p_evicted_retention   interval
+    p_evicted_retention   interval,
+    p_lapsed_look_every   interval
 )
 RETURNS TABLE (instances boolean, orphans boolean, scheduled boolean, finished boolean, tombstones boolean,
                vacuum boolean)
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_lapsed boolean := false;
 BEGIN
     PERFORM check_liveness_cutoffs('maintenance_due', p_stale_after, p_dead_after, p_lock_grace);
     IF p_completed_retention IS NULL OR p_completed_retention <= interval '0'
@@ -48,6 +59,15 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'WP002',
             MESSAGE = 'maintenance_due: every retention must be positive';
     END IF;
+    IF p_lapsed_look_every IS NULL OR p_lapsed_look_every < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'WP002',
+            MESSAGE = format('maintenance_due: lapsed_look_every must not be negative, got %s',
+                             coalesce(p_lapsed_look_every::text, 'NULL'));
+    END IF;
+
+    -- On its own, not in the expression below, where the planner may leave it out once
+    -- another condition decided: a look that found nothing must take the turn.
+    v_lapsed := look_for_lapsed_leases(p_lapsed_look_every);
 
     RETURN QUERY SELECT
         peers_may_be_dead(p_judge, p_stale_after, p_dead_after, p_lock_grace),
@@ -55,16 +75,55 @@ BEGIN
             SELECT 1 FROM work w
             WHERE w.state = 'running' AND w.instance_id IS NULL
               AND (w.attempt >= w.max_attempts OR w.cancel_requested)
-        ) OR EXISTS (
-            SELECT 1 FROM work w
-            WHERE w.state = 'running' AND w.instance_id IS NOT NULL AND w.lease_expiry < now()
-        ),
+        ) OR v_lapsed,
         EXISTS (SELECT 1 FROM work w WHERE w.state = 'scheduled' AND w.run_at <= now()),
         history_rotation_due(p_completed_retention)
             OR EXISTS (SELECT 1 FROM work_history_default h WHERE h.finished_at < now() - p_completed_retention)
             OR EXISTS (SELECT 1 FROM work w WHERE w.state IN ('dead', 'cancelled') AND w.finished_at < now() - p_dead_retention),
         EXISTS (SELECT 1 FROM evicted_instances e WHERE e.evicted_at < now() - p_evicted_retention),
         work_vacuum_due();
+END;
+$$;
+
+-- look_for_lapsed_leases(look_every) -> boolean
+--
+-- Whether a lease lapsed under a registered owner (lease_expiry < now()), looked for only on
+-- the fleet's turn (maintenance_due): when no look within `look_every` found nothing
+-- (lapsed_look.looked_at <= now() - look_every) and a lease is held (a running row with an
+-- owner; an index probe of work_running_owner, so that a store with nothing running is
+-- never written). Off its turn it answers false without looking.
+-- The turn is the lapsed_look row's lock, FOR UPDATE SKIP LOCKED: a call that finds another
+-- looking goes on without waiting, and one that finds a newer looked_at committed meanwhile
+-- re-checks it (EvalPlanQual) and leaves it. A look that finds nothing sets looked_at to
+-- now(), committed with the call or not at all. A look that finds a lapsed lease leaves
+-- looked_at as it was: every sweep then looks (the scan stops at the first lapsed lease)
+-- and releases until none is left, as before the turns.
+-- Bound: with every instance sweeping every P and callers passing P/2, a fleet with nothing
+-- lapsed looks at most twice a P, and a lease that lapsed is seen within P of its expiry, or
+-- 1.5 P when the last look's caller stopped right after it (a stalled process, the case the
+-- look is for): its peers look once the turn is P/2 old, at their next sweep.
+CREATE FUNCTION look_for_lapsed_leases(p_look_every interval)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM lapsed_look l WHERE l.looked_at <= now() - p_look_every)
+       OR NOT EXISTS (SELECT 1 FROM work w WHERE w.state = 'running' AND w.instance_id IS NOT NULL) THEN
+        RETURN false;
+    END IF;
+    PERFORM 1 FROM lapsed_look l
+    WHERE l.looked_at <= now() - p_look_every
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM work w
+               WHERE w.state = 'running' AND w.instance_id IS NOT NULL AND w.lease_expiry < now()) THEN
+        RETURN true;
+    END IF;
+    UPDATE lapsed_look SET looked_at = now();
+    RETURN false;
 END;
 $$;
 

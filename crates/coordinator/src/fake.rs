@@ -135,6 +135,11 @@ struct State {
     /// The fake keeps no row versions: whether the work table "is due a vacuum" is a test's
     /// setting ([`FakeCoordinator::set_vacuum_due`]); a vacuum clears it.
     vacuum_due: bool,
+    /// When a `maintenance_due` call last looked for lapsed leases and found none
+    /// (`lapsed_look`); `None`: never.
+    lapsed_looked_at: Option<DateTime<Utc>>,
+    /// How many `maintenance_due` calls looked.
+    lapsed_looks: u64,
     /// Attempts recorded failed or rejected by `fail_work`: queue and minute (as
     /// `queue_failures`, one entry per attempt), for `queue_overview`.
     failures: Vec<(String, DateTime<Utc>)>,
@@ -644,6 +649,19 @@ impl FakeCoordinator {
     /// `vacuum_work` acts on); the next `vacuum_work` clears it, as a vacuum does.
     pub fn set_vacuum_due(&self, due: bool) {
         self.state().vacuum_due = due;
+    }
+
+    /// How many `maintenance_due` calls looked for lapsed leases (on the fleet's turn).
+    pub fn lapsed_looks(&self) -> u64 {
+        self.state().lapsed_looks
+    }
+
+    /// Moves the fleet's last look for lapsed leases that found none (`maintenance_due`'s
+    /// turn) `by` into the past.
+    pub fn age_lapsed_look(&self, by: Duration) {
+        if let Some(at) = &mut self.state().lapsed_looked_at {
+            *at -= chrono::Duration::from_std(by).unwrap_or_default();
+        }
     }
 
     /// Moves the first observation of an instance's lost alive-lock `by` into the past.
@@ -2093,7 +2111,7 @@ impl WorkCoordinator for FakeCoordinator {
         params.validate()?;
         let now = self.now();
         let ago = |d: Duration| now - chrono::Duration::from_std(d).unwrap_or_default();
-        let st = self.state();
+        let mut st = self.state();
         check_floor(
             &st,
             "maintenance_due",
@@ -2109,7 +2127,25 @@ impl WorkCoordinator for FakeCoordinator {
             params.dead_after,
             params.lock_grace,
         );
-        let orphans = st.work.values().any(|r| r.must_end() || r.is_lapsed(now));
+        // The fleet's turn to look for lapsed leases, as `look_for_lapsed_leases`: a call
+        // looks when no look within `lapsed_look_every` found nothing and some lease is held;
+        // a look that finds nothing takes the turn, one that finds a lapsed lease leaves it.
+        let turn_free = st
+            .lapsed_looked_at
+            .is_none_or(|at| at <= ago(params.lapsed_look_every));
+        let held = st
+            .work
+            .values()
+            .any(|r| r.state == WorkState::Running && r.instance.is_some());
+        let mut lapsed = false;
+        if turn_free && held {
+            st.lapsed_looks += 1;
+            lapsed = st.work.values().any(|r| r.is_lapsed(now));
+            if !lapsed {
+                st.lapsed_looked_at = Some(now);
+            }
+        }
+        let orphans = lapsed || st.work.values().any(|r| r.must_end());
         let scheduled = st
             .work
             .values()

@@ -999,7 +999,18 @@ pub struct MaintenanceDueParams {
     pub dead_retention: Duration,
     /// As in [`PruneEvictedInstancesParams`].
     pub evicted_retention: Duration,
+    /// Look for leases that lapsed under a registered owner only when no look within this
+    /// long, this instance's or a peer's, found none. The look visits every running row of the
+    /// store, so the fleet takes it in turns; a call off its turn reports only the other
+    /// orphans, and a look that finds a lapsed lease leaves the turn to the next call, so that
+    /// every sweep looks until they are released (docs/store.md, "Leases that lapse"). The
+    /// maintenance sweep sends half its interval; `Duration::ZERO` looks at every call that
+    /// is not beside another's look. At most 24 h.
+    pub lapsed_look_every: Duration,
 }
+
+/// The longest [`MaintenanceDueParams::lapsed_look_every`]: a day.
+pub const MAX_LAPSED_LOOK_EVERY: Duration = Duration::from_secs(24 * 3600);
 
 /// Which maintenance steps have work (hints: a step that finds nothing is harmless).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1305,7 +1316,14 @@ impl MaintenanceDueParams {
             "maintenance_due",
             "evicted_retention",
             self.evicted_retention,
-        )
+        )?;
+        if self.lapsed_look_every > MAX_LAPSED_LOOK_EVERY {
+            return Err(crate::Error::InvalidArgument(format!(
+                "maintenance_due: lapsed_look_every must be at most 24 h, got {:?}",
+                self.lapsed_look_every
+            )));
+        }
+        Ok(())
     }
 }
 

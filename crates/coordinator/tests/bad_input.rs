@@ -1723,6 +1723,7 @@ async fn cutoffs(
             completed_retention: day,
             dead_retention: day,
             evicted_retention: day,
+            lapsed_look_every: Duration::ZERO,
         })
         .await;
     if valid {

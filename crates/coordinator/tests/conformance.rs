@@ -191,6 +191,14 @@ impl Harness for PgHarness {
         .expect("age the heartbeat");
     }
 
+    async fn age_lapsed_look(&self, by: Duration) {
+        sqlx::query("UPDATE workpump.lapsed_look SET looked_at = looked_at - $1")
+            .bind(interval(chrono::Duration::from_std(by).expect("age")))
+            .execute(&self.pool)
+            .await
+            .expect("age the lapsed-lease look");
+    }
+
     async fn request_cancel(&self, id: WorkId) {
         sqlx::query("UPDATE workpump.work SET cancel_requested = true WHERE id = $1")
             .bind(id)
@@ -409,6 +417,9 @@ impl Harness for FakeHarness {
     }
     async fn age_heartbeat(&self, instance: InstanceId, by: Duration) {
         self.0.age_heartbeat(instance, by)
+    }
+    async fn age_lapsed_look(&self, by: Duration) {
+        self.0.age_lapsed_look(by)
     }
     async fn request_cancel(&self, id: WorkId) {
         self.0.request_cancel(id)

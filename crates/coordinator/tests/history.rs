@@ -131,6 +131,7 @@ async fn due(c: &PgCoordinator) -> bool {
         completed_retention: DAY,
         dead_retention: 7 * DAY,
         evicted_retention: 7 * DAY,
+        lapsed_look_every: Duration::ZERO,
     })
     .await
     .expect("maintenance_due")

@@ -1955,7 +1955,8 @@ async fn the_sweep_finds_lapsed_leases_without_a_sequential_scan() {
         let before = seq_scans_of_work(&mut tx).await;
         let (orphans,): (bool,) = sqlx::query_as(
             "SELECT orphans FROM workpump.maintenance_due(NULL, interval '30 s', NULL, NULL,
-                                                          interval '1 day', interval '7 days', interval '7 days')",
+                                                          interval '1 day', interval '7 days', interval '7 days',
+                                                          interval '0')",
         )
         .fetch_one(&mut *tx)
         .await
@@ -1976,6 +1977,79 @@ async fn the_sweep_finds_lapsed_leases_without_a_sequential_scan() {
         );
         tx.commit().await.expect("commit");
     }
+}
+
+/// The fleet's turn to look for lapsed leases is taken without waiting: while one sweep's
+/// call is looking (its transaction open), a peer's call skips the look at once instead of
+/// queueing on the `lapsed_look` row, and a look whose transaction rolls back took no turn,
+/// so the next call looks.
+#[tokio::test]
+async fn a_sweep_never_waits_for_a_peer_taking_the_lapsed_lease_turn() {
+    let (_db, pool, c) = migrated().await;
+    let me = registered(&c).await;
+    enqueue_n(&c, 2).await;
+    let claimed = claim(&c, me, 2, LEASE).await;
+    const DUE: &str = "SELECT orphans FROM workpump.maintenance_due(NULL, interval '30 s', NULL,
+         NULL, interval '1 day', interval '7 days', interval '7 days', interval '1 hour')";
+    let mut peer = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connection");
+    sqlx::query("SET lock_timeout = '2s'")
+        .execute(&mut peer)
+        .await
+        .expect("lock_timeout");
+    let lapse = |id: WorkId| {
+        sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
+            .bind(id)
+            .execute(&pool)
+    };
+
+    let mut taker = pool.begin().await.expect("begin");
+    let found: bool = sqlx::query_scalar(DUE)
+        .fetch_one(&mut *taker)
+        .await
+        .expect("the taker's call");
+    assert!(!found, "nothing lapsed");
+    lapse(claimed.items[0].fence.id)
+        .await
+        .expect("expire a lease");
+    let found: bool = sqlx::query_scalar(DUE)
+        .fetch_one(&mut peer)
+        .await
+        .expect("the peer's call: it must not wait for the taker's lock");
+    assert!(
+        !found,
+        "the turn is the taker's while its transaction is open"
+    );
+
+    taker.rollback().await.expect("rollback");
+    let found: bool = sqlx::query_scalar(DUE)
+        .fetch_one(&mut peer)
+        .await
+        .expect("the peer's call after the rollback");
+    assert!(found, "a look rolled back took no turn: the peer looks");
+    let found: bool = sqlx::query_scalar(DUE)
+        .fetch_one(&mut peer)
+        .await
+        .expect("the next call");
+    assert!(found, "a look that found a lapsed lease left the turn free");
+    sqlx::query("SELECT * FROM workpump.dead_letter_expired(1000)")
+        .execute(&pool)
+        .await
+        .expect("release the lapsed lease");
+    let found: bool = sqlx::query_scalar(DUE)
+        .fetch_one(&mut peer)
+        .await
+        .expect("the call after the release");
+    assert!(!found, "nothing lapsed: this look takes the turn");
+    lapse(claimed.items[1].fence.id)
+        .await
+        .expect("expire the other lease");
+    let found: bool = sqlx::query_scalar(DUE)
+        .fetch_one(&mut peer)
+        .await
+        .expect("the call after");
+    assert!(!found, "the turn was taken: no look for an hour");
 }
 
 /// A batch without unique keys is inserted without `ON CONFLICT`, so none of its rows is a

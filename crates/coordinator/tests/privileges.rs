@@ -730,6 +730,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
             completed_retention: Duration::from_secs(86_400),
             dead_retention: Duration::from_secs(86_400),
             evicted_retention: Duration::from_secs(86_400),
+            lapsed_look_every: Duration::ZERO,
         })
         .await
         .expect("maintenance_due");

@@ -915,6 +915,113 @@ async fn an_idle_sweep_is_one_probe_statement() {
     assert!(others.is_empty(), "{others:?}");
 }
 
+/// Leases held by `owner` (a fresh instance) on `n` items of queue "held", lapsing `lapse_in`
+/// from now.
+async fn leases_lapsing_in(fake: &FakeCoordinator, n: usize, lapse_in: Duration) -> Vec<i64> {
+    queue(fake, "held", 10).await;
+    enqueue(
+        fake,
+        (0..n).map(|i| NewWork::new("held", json!(i))).collect(),
+    )
+    .await;
+    let (_owner, held) = claim(fake, "held", n as u32).await;
+    let lapse = chrono::Duration::from_std(lapse_in).expect("lapse");
+    for f in &held {
+        fake.set_lease_expiry(f.id, lapse);
+    }
+    held.iter().map(|f| f.id).collect()
+}
+
+/// Steps paused time by 50 ms until every item's lease is released or `until` (from `start`)
+/// passes; when they were released, from `start`.
+async fn released_at(
+    fake: &FakeCoordinator,
+    ids: &[i64],
+    start: Instant,
+    until: Duration,
+) -> Option<Duration> {
+    while start.elapsed() <= until {
+        let released = ids
+            .iter()
+            .all(|id| fake.work_row(*id).is_some_and(|r| r.instance.is_none()));
+        if released {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// At the default interval (2 s), five instances' sweeps look for lapsed leases in turns —
+/// at most twice an interval between them, where each looked at every sweep before — and a
+/// lease that lapses is still released within an interval of its expiry.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_looks_for_lapsed_leases_in_turns_and_still_releases_within_an_interval() {
+    let fake = store();
+    let config = MaintenanceConfig::default();
+    assert_eq!(config.interval_ms, 2_000, "the default interval");
+    let start = Instant::now();
+    let lapse = Duration::from_millis(7_300);
+    let ids = leases_lapsing_in(&fake, 3, lapse).await;
+    let mut running = Vec::new();
+    for _ in 0..5 {
+        running.push(spawn_run(&probing_worker(&fake, config.clone())));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let released = released_at(&fake, &ids, start, secs(20))
+        .await
+        .expect("the lapsed leases are released");
+    assert!(
+        released > lapse && released <= lapse + secs(2),
+        "released {released:?} after the start, the leases lapsed at {lapse:?}"
+    );
+    // The leases are released, but nothing else lapses: keep every instance sweeping to 20 s.
+    leases_lapsing_in(&fake, 1, secs(3600)).await;
+    tokio::time::sleep_until(start + secs(20)).await;
+    for (shutdown, task) in running {
+        stop(shutdown, task).await;
+    }
+    let probes = fake.calls_of(Method::MaintenanceDue).len();
+    let looks = fake.lapsed_looks();
+    assert!(probes >= 50, "five instances swept every 2 s: {probes}");
+    assert!(
+        (10..=21).contains(&looks),
+        "{looks} looks in 20 s of {probes} probes: at most two an interval, at least one"
+    );
+}
+
+/// The bound when the instance that took the turn stops right after its look (a stalled
+/// process is the case the look is for): the others look once the turn is half an interval
+/// old, at their next sweep, so a lease is released within 1.5 intervals of its expiry.
+#[tokio::test(start_paused = true)]
+async fn when_the_last_taker_stops_a_peer_looks_within_one_and_a_half_intervals() {
+    let fake = store();
+    let config = MaintenanceConfig::default();
+    let start = Instant::now();
+    let lapse = Duration::from_millis(2_100);
+    let ids = leases_lapsing_in(&fake, 2, lapse).await;
+    // A sweeps at 0, 2 s, ...; B at 0.5 s, 2.5 s, ...: A takes every turn (B's sweeps find it
+    // half an interval old at most), until A stops after its sweep at 2 s.
+    let a = spawn_run(&probing_worker(&fake, config.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = spawn_run(&probing_worker(&fake, config.clone()));
+    tokio::time::sleep_until(start + Duration::from_millis(2_050)).await;
+    assert_eq!(
+        fake.lapsed_looks(),
+        2,
+        "A looked at 0 and 2 s, B not at 0.5 s"
+    );
+    stop(a.0, a.1).await;
+    let released = released_at(&fake, &ids, start, secs(10))
+        .await
+        .expect("a peer releases the lapsed leases");
+    stop(b.0, b.1).await;
+    assert!(
+        released > lapse && released <= lapse + secs(3),
+        "released {released:?} after the start, the leases lapsed at {lapse:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_probe_runs_only_the_steps_that_have_work() {
     let fake = store();

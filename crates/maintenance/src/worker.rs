@@ -630,6 +630,9 @@ impl MaintenanceWorker {
                 completed_retention: Duration::from_millis(self.config.completed_retention_ms),
                 dead_retention: Duration::from_millis(self.config.dead_retention_ms),
                 evicted_retention: Duration::from_millis(self.config.evicted_retention_ms),
+                // The fleet looks for lapsed leases in turns, at most twice an interval
+                // (docs/store.md, "Leases that lapse").
+                lapsed_look_every: self.config.interval() / 2,
             };
             self.call(
                 Step::MaintenanceDue,

@@ -98,6 +98,9 @@ pub trait Harness: Send + Sync {
     ) -> Result<ClaimWorkOutcome>;
     /// Moves an instance's last heartbeat `by` into the past.
     async fn age_heartbeat(&self, instance: InstanceId, by: Duration);
+    /// Moves the fleet's last look for lapsed leases that found none (`maintenance_due`'s
+    /// turn) `by` into the past.
+    async fn age_lapsed_look(&self, by: Duration);
     /// Sets an item's cancel flag (an operator's cancel of a running item).
     async fn request_cancel(&self, id: WorkId);
     /// Whether the instance has a row.

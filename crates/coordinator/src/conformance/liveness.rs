@@ -576,6 +576,7 @@ pub async fn liveness_cutoffs_below_the_store_floor_are_refused(h: &dyn Harness)
                 completed_retention: DAY,
                 dead_retention: DAY,
                 evicted_retention: DAY,
+                lapsed_look_every: Duration::ZERO,
             })
             .await
             .unwrap_err();

@@ -24,7 +24,8 @@ pub async fn server_status_reports_the_notification_queue_usage(h: &dyn Harness)
     );
 }
 
-/// The probe's arguments the cases below use: completed items kept an hour, the rest two.
+/// The probe's arguments the cases below use: completed items kept an hour, the rest two;
+/// the fleet looks for lapsed leases at most once an hour (a test's calls: the first look).
 fn due_params(judge: Option<InstanceId>) -> MaintenanceDueParams {
     MaintenanceDueParams {
         judge,
@@ -34,6 +35,7 @@ fn due_params(judge: Option<InstanceId>) -> MaintenanceDueParams {
         completed_retention: Duration::from_secs(3600),
         dead_retention: Duration::from_secs(7200),
         evicted_retention: Duration::from_secs(7200),
+        lapsed_look_every: Duration::from_secs(3600),
     }
 }
 
@@ -103,6 +105,92 @@ pub async fn maintenance_due_flags_exactly_the_steps_that_have_work(h: &dyn Harn
     h.age_eviction(peer, Duration::from_secs(7201)).await;
     assert!(due().await.tombstones);
     assert!(!due().await.instances);
+}
+
+/// The look for lapsed leases visits every running row, so the fleet takes it in turns: a
+/// call looks only when no look within `lapsed_look_every`, its own instance's or a peer's,
+/// found none, and a call off its turn reports only the other orphans. A look that finds a
+/// lapsed lease leaves the turn free, so every call looks until it is released. A store with
+/// nothing leased is not looked at, so an idle fleet's calls take no turn.
+pub async fn the_fleet_looks_for_lapsed_leases_in_turns(h: &dyn Harness) {
+    let every = Duration::from_secs(3600);
+    let due_every = |judge: InstanceId, lapsed_look_every: Duration| async move {
+        h.coordinator()
+            .maintenance_due(MaintenanceDueParams {
+                judge: Some(judge),
+                lapsed_look_every,
+                ..due_params(None)
+            })
+            .await
+            .expect("due")
+            .orphans
+    };
+    let due = |judge| due_every(judge, every);
+    queue(h, "q", 3).await;
+    let (a, b) = (instance(h).await, instance(h).await);
+    // Nothing leased: no call looks, so none takes the turn.
+    assert!(!due(a).await);
+    let ids = enqueue(
+        h,
+        vec![NewWork::new("q", json!(1)), NewWork::new("q", json!(2))],
+    )
+    .await;
+    claim(h, a, &["q"], 2).await;
+    assert!(
+        !due(b).await,
+        "the first call with leases held looks and finds none"
+    );
+    h.set_lease_expiry(ids[0], chrono::Duration::seconds(-1))
+        .await;
+    assert!(
+        !due(a).await,
+        "a peer's look within the hour found none: no look"
+    );
+    assert!(!due(b).await, "nor does the one that looked");
+
+    // The turn comes round again once the last look is older than `lapsed_look_every`.
+    h.age_lapsed_look(every - Duration::from_secs(60)).await;
+    assert!(!due(a).await, "a look 59 minutes ago still counts");
+    h.age_lapsed_look(Duration::from_secs(120)).await;
+    assert!(
+        due(a).await,
+        "one an hour ago does not: the lapsed lease is seen"
+    );
+    assert!(
+        due(b).await,
+        "a look that found one leaves the turn to the next call"
+    );
+
+    // Released (an orphan with attempts left, for a claim): the next look finds none and takes
+    // the turn, and a lease that lapses now waits for the next turn.
+    let swept = h
+        .coordinator()
+        .dead_letter_expired(DeadLetterExpiredParams { limit: 100 })
+        .await
+        .expect("sweep");
+    assert_eq!((swept.released(), swept.ended()), (1, 0), "{swept:?}");
+    assert!(
+        !due(a).await,
+        "nothing lapsed, and an orphan with attempts left is a claim's"
+    );
+    h.set_lease_expiry(ids[1], chrono::Duration::seconds(-1))
+        .await;
+    assert!(!due(b).await, "the turn was taken just now");
+    // A call with `lapsed_look_every` zero looks whenever no other call is looking.
+    assert!(due_every(b, Duration::ZERO).await);
+
+    // An orphan that must not run again is reported whatever the turn.
+    h.set_lease_expiry(ids[1], chrono::Duration::seconds(60))
+        .await;
+    assert!(
+        !due_every(b, Duration::ZERO).await,
+        "nothing lapsed: the turn is taken"
+    );
+    h.request_cancel(ids[0]).await;
+    assert!(
+        due(a).await,
+        "a cancelled orphan is the sweep's, turn or not"
+    );
 }
 
 /// The work table is vacuumed only when it is due, and a vacuum leaves it not due.

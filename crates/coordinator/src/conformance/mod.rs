@@ -110,6 +110,7 @@ macro_rules! conformance_suite {
             // maintenance.rs
             server_status_reports_the_notification_queue_usage,
             maintenance_due_flags_exactly_the_steps_that_have_work,
+            the_fleet_looks_for_lapsed_leases_in_turns,
             the_work_table_is_vacuumed_only_when_due,
             promotion_moves_only_due_scheduled_items_and_wakes_their_claimers,
             promotion_takes_at_most_limit_items_oldest_first,

@@ -1287,6 +1287,7 @@ impl WorkCoordinator for PgCoordinator {
             .bind(interval(params.completed_retention))
             .bind(interval(params.dead_retention))
             .bind(interval(params.evicted_retention))
+            .bind(interval(params.lapsed_look_every))
             .fetch_one(self.control().await?)
             .await
             .map_err(|e| self.db_error("asking which maintenance steps have work", e))?;
