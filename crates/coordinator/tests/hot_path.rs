@@ -2004,52 +2004,53 @@ async fn a_sweep_never_waits_for_a_peer_taking_the_lapsed_lease_turn() {
             .execute(&pool)
     };
 
+    /// `maintenance_due`'s orphans flag on `conn`: with the leases here, whether it looked
+    /// and found a lapsed one.
+    async fn due(conn: &mut PgConnection, when: &str) -> bool {
+        sqlx::query_scalar(DUE)
+            .fetch_one(conn)
+            .await
+            .unwrap_or_else(|e| panic!("{when}: {e}"))
+    }
+
     let mut taker = pool.begin().await.expect("begin");
-    let found: bool = sqlx::query_scalar(DUE)
-        .fetch_one(&mut *taker)
-        .await
-        .expect("the taker's call");
-    assert!(!found, "nothing lapsed");
+    assert!(!due(&mut taker, "the taker's call").await, "nothing lapsed");
     lapse(claimed.items[0].fence.id)
         .await
         .expect("expire a lease");
-    let found: bool = sqlx::query_scalar(DUE)
-        .fetch_one(&mut peer)
-        .await
-        .expect("the peer's call: it must not wait for the taker's lock");
     assert!(
-        !found,
+        !due(
+            &mut peer,
+            "the peer's call: it must not wait for the taker's lock"
+        )
+        .await,
         "the turn is the taker's while its transaction is open"
     );
 
     taker.rollback().await.expect("rollback");
-    let found: bool = sqlx::query_scalar(DUE)
-        .fetch_one(&mut peer)
-        .await
-        .expect("the peer's call after the rollback");
-    assert!(found, "a look rolled back took no turn: the peer looks");
-    let found: bool = sqlx::query_scalar(DUE)
-        .fetch_one(&mut peer)
-        .await
-        .expect("the next call");
-    assert!(found, "a look that found a lapsed lease left the turn free");
+    assert!(
+        due(&mut peer, "the peer's call after the rollback").await,
+        "a look rolled back took no turn: the peer looks"
+    );
+    assert!(
+        due(&mut peer, "the next call").await,
+        "a look that found a lapsed lease left the turn free"
+    );
     sqlx::query("SELECT * FROM workpump.dead_letter_expired(1000)")
         .execute(&pool)
         .await
         .expect("release the lapsed lease");
-    let found: bool = sqlx::query_scalar(DUE)
-        .fetch_one(&mut peer)
-        .await
-        .expect("the call after the release");
-    assert!(!found, "nothing lapsed: this look takes the turn");
+    assert!(
+        !due(&mut peer, "the call after the release").await,
+        "nothing lapsed: this look takes the turn"
+    );
     lapse(claimed.items[1].fence.id)
         .await
         .expect("expire the other lease");
-    let found: bool = sqlx::query_scalar(DUE)
-        .fetch_one(&mut peer)
-        .await
-        .expect("the call after");
-    assert!(!found, "the turn was taken: no look for an hour");
+    assert!(
+        !due(&mut peer, "the call after").await,
+        "the turn was taken: no look for an hour"
+    );
 }
 
 /// A batch without unique keys is inserted without `ON CONFLICT`, so none of its rows is a
