@@ -625,13 +625,13 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
 /// its first attempt; the suite finds that session in `pg_stat_activity` (idle in
 /// transaction, the item's marker as its last query), checks that the row is locked, and
 /// stops the process owning it for the bound + 5 s. The item must be claimed anew within
-/// the bound — the lease, a sweep (which releases the lapsed lease), the longest claim poll
-/// wait and 2 s, as for any frozen process —
+/// the bound — the lease, 1.5 sweeps (the fleet's look for lapsed leases, taken in turns, then
+/// the release), the longest claim poll wait and 2 s, as for any frozen process —
 /// while the process is still stopped, and its effect must exist once.
 pub(crate) async fn frozen_tx(h: &mut Harness<'_>) -> Result<()> {
     let t = h.timing();
     let hold_ms = (t.lease_s * 500.0) as u64;
-    let bound = t.lease_s + t.sweep_s + t.poll_max_s + 2.0;
+    let bound = t.lease_s + 1.5 * t.sweep_s + t.poll_max_s + 2.0;
     let freeze = bound + 5.0;
     let span = 5.0 + t.lease_s / 2.0 + freeze + 5.0;
     let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
@@ -705,8 +705,9 @@ pub(crate) async fn frozen_tx(h: &mut Harness<'_>) -> Result<()> {
         affected: vec![(item, token)],
         bound,
         bound_why: format!(
-            "lease {} s + a sweep {} s (which releases the lapsed lease) + the longest claim \
-             poll wait {} s + 2 s",
+            "lease {} s + 1.5 sweeps of {} s (the fleet's look for lapsed leases, taken in \
+             turns, sees one within 1.5 sweeps and releases it) + the longest claim poll wait \
+             {} s + 2 s",
             t.lease_s, t.sweep_s, t.poll_max_s
         ),
     });

@@ -606,10 +606,11 @@ async fn freeze(h: &mut Harness<'_>, victim: usize, how: Freeze, secs: f64) -> R
         procs: vec![name],
         instances,
         affected: held,
-        bound: t.lease_s + t.sweep_s + t.poll_max_s + 2.0,
+        bound: t.lease_s + 1.5 * t.sweep_s + t.poll_max_s + 2.0,
         bound_why: format!(
-            "lease {} s + a sweep {} s (which releases the lapsed lease) + the longest claim \
-             poll wait {} s + 2 s",
+            "lease {} s + 1.5 sweeps of {} s (the fleet's look for lapsed leases, taken in \
+             turns, sees one within 1.5 sweeps and releases it) + the longest claim poll wait \
+             {} s + 2 s",
             t.lease_s, t.sweep_s, t.poll_max_s
         ),
     });
