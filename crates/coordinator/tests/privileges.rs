@@ -721,6 +721,14 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("server_status");
     assert!(status.notification_queue_usage < 0.5, "{status:?}");
+    // A lease held, so that the call looks for lapsed leases on the fleet's turn (locking and
+    // updating `lapsed_look`).
+    c.enqueue_work(EnqueueWorkParams {
+        items: vec![NewWork::new(QUEUE, json!("held"))],
+    })
+    .await
+    .expect("enqueue");
+    assert_eq!(claim(c, me, 1).await.len(), 1, "a lease held");
     let due = c
         .maintenance_due(MaintenanceDueParams {
             judge: Some(me),
@@ -735,6 +743,16 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("maintenance_due");
     assert!(due.instances, "{due:?}");
+    // It looked for lapsed leases on the fleet's turn: locked and updated `lapsed_look`.
+    let looked: bool =
+        sqlx::query_scalar("SELECT looked_at > '-infinity' FROM workpump.lapsed_look")
+            .fetch_one(admin)
+            .await
+            .expect("the lapsed-lease turn");
+    assert!(
+        looked,
+        "the call took the lapsed-lease turn as the runtime role"
+    );
     let reaped = c
         .cleanup_stale_instances(CleanupStaleInstancesParams {
             judge: Some(me),
