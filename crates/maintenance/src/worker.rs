@@ -124,7 +124,9 @@ pub struct MaintenanceConfig {
     pub vacuum_work: bool,
     /// Ask first (`maintenance_due`, one statement) which steps have work, and run only those:
     /// an idle sweep costs one round trip instead of five. `false` runs every step every
-    /// sweep. **Default: true.**
+    /// sweep, and so also looks for lapsed leases at every sweep of every instance (the turns
+    /// the fleet takes at that look are the probe's; docs/store.md, "Leases that lapse").
+    /// **Default: true.**
     pub skip_idle_steps: bool,
 }
 
