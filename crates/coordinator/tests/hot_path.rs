@@ -2051,6 +2051,21 @@ async fn a_sweep_never_waits_for_a_peer_taking_the_lapsed_lease_turn() {
         !due(&mut peer, "the call after").await,
         "the turn was taken: no look for an hour"
     );
+
+    // Called directly (the Rust API cannot send these), a negative or NULL period is refused.
+    for every in ["interval '-1 s'", "NULL"] {
+        let err = sqlx::query(&DUE.replace("interval '1 hour'", every))
+            .execute(&mut peer)
+            .await
+            .expect_err("refused");
+        let db = err.as_database_error().expect("a database error");
+        assert_eq!(db.code().as_deref(), Some("WP002"), "{every}");
+        assert!(
+            db.message().contains("lapsed_look_every"),
+            "{}",
+            db.message()
+        );
+    }
 }
 
 /// A batch without unique keys is inserted without `ON CONFLICT`, so none of its rows is a

@@ -634,6 +634,23 @@ pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness)
         matches!(&err, Error::InvalidArgument(m) if m.contains("retention")),
         "{err}"
     );
+    let err = c
+        .maintenance_due(MaintenanceDueParams {
+            lapsed_look_every: MAX_LAPSED_LOOK_EVERY + Duration::from_secs(1),
+            ..due_params(None)
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("lapsed_look_every")),
+        "{err}"
+    );
+    c.maintenance_due(MaintenanceDueParams {
+        lapsed_look_every: MAX_LAPSED_LOOK_EVERY,
+        ..due_params(None)
+    })
+    .await
+    .expect("a day is accepted");
 }
 
 /// The depth sample also says, per queue and waiting state, how long the oldest due item has
