@@ -108,6 +108,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
+    -- Both reads before the lock: a row lock is a write (a transaction id, WAL), which a call
+    -- off its turn or on a store with nothing running must not make. The lock re-reads the
+    -- turn, which another call may have taken meanwhile.
     IF NOT EXISTS (SELECT 1 FROM lapsed_look l WHERE l.looked_at <= now() - p_look_every)
        OR NOT EXISTS (SELECT 1 FROM work w WHERE w.state = 'running' AND w.instance_id IS NOT NULL) THEN
         RETURN false;

@@ -1982,18 +1982,35 @@ async fn the_sweep_finds_lapsed_leases_without_a_sequential_scan() {
 /// The fleet's turn to look for lapsed leases is taken without waiting: while one sweep's
 /// call is looking (its transaction open), a peer's call skips the look at once instead of
 /// queueing on the `lapsed_look` row, and a look whose transaction rolls back took no turn,
-/// so the next call looks.
+/// so the next call looks. A call on a store with nothing running, or off its turn, writes
+/// nothing: it takes no transaction id (a row lock would).
 #[tokio::test]
 async fn a_sweep_never_waits_for_a_peer_taking_the_lapsed_lease_turn() {
     let (_db, pool, c) = migrated().await;
-    let me = registered(&c).await;
-    enqueue_n(&c, 2).await;
-    let claimed = claim(&c, me, 2, LEASE).await;
     const DUE: &str = "SELECT orphans FROM workpump.maintenance_due(NULL, interval '30 s', NULL,
          NULL, interval '1 day', interval '7 days', interval '7 days', interval '1 hour')";
     let mut peer = PgConnection::connect_with(&pool.connect_options())
         .await
         .expect("connection");
+    /// Whether a call, in a transaction of its own (rolled back), took a transaction id.
+    async fn writes(conn: &mut PgConnection) -> bool {
+        let mut tx = conn.begin().await.expect("begin");
+        sqlx::query(DUE).execute(&mut *tx).await.expect("due");
+        let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("xid");
+        tx.rollback().await.expect("rollback");
+        xid.is_some()
+    }
+    let me = registered(&c).await;
+    enqueue_n(&c, 2).await;
+    assert!(!writes(&mut peer).await, "nothing runs: no turn, no write");
+    let claimed = claim(&c, me, 2, LEASE).await;
+    assert!(
+        writes(&mut peer).await,
+        "a lease held: the call takes the turn"
+    );
     sqlx::query("SET lock_timeout = '2s'")
         .execute(&mut peer)
         .await
@@ -2051,6 +2068,7 @@ async fn a_sweep_never_waits_for_a_peer_taking_the_lapsed_lease_turn() {
         !due(&mut peer, "the call after").await,
         "the turn was taken: no look for an hour"
     );
+    assert!(!writes(&mut peer).await, "off its turn: no write");
 
     // Called directly (the Rust API cannot send these), a negative or NULL period is refused.
     for every in ["interval '-1 s'", "NULL"] {
