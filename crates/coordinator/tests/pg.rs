@@ -390,11 +390,28 @@ async fn enqueue_work_wakes_after_its_commit_and_the_function_without_notify_sen
 
 /// Producers of one coordinator share their wakes (a producer that commits while another's
 /// wake is in flight waits for the next one, which carries every queue asked for meanwhile):
-/// with 16 producers enqueueing at once, each to a queue of its own, every queue is still
-/// woken, and every producer's wake has been sent when its `enqueue_work` returns.
+/// with 16 producers enqueueing at once, each to a queue of its own, fewer wake statements
+/// run than enqueues (one each without the sharing), every queue is still woken, and every
+/// producer's wake has been sent when its `enqueue_work` returns.
 #[tokio::test]
 async fn producers_enqueueing_at_once_share_wakes_and_every_queue_is_woken() {
-    let (_db, _pool, c) = migrated().await;
+    let (_db, pool, c) = migrated().await;
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&pool)
+        .await
+        .expect("pg_stat_statements");
+    // The wake statements run in this database so far (`pg_stat_statements`, top level).
+    let wake_statements = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND toplevel AND query LIKE '%pg_notify(%unnest(%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("the wake statements");
+        n
+    };
     let names: Vec<String> = (0..16).map(|i| format!("p{i}")).collect();
     for q in names.iter().chain([&"sentinel".to_owned()]) {
         c.register_queue(RegisterQueueParams::new(q))
@@ -402,11 +419,13 @@ async fn producers_enqueueing_at_once_share_wakes_and_every_queue_is_woken() {
             .expect("queue");
     }
     let mut listener = connected_listener(&c).await;
+    const EACH: i64 = 5;
+    let before = wake_statements().await;
     let producers = names.iter().map(|q| {
         let c = c.clone();
         let q = q.clone();
         async move {
-            for i in 0..5 {
+            for i in 0..EACH {
                 c.enqueue_work(EnqueueWorkParams {
                     items: vec![NewWork::new(&q, json!(i))],
                 })
@@ -416,6 +435,12 @@ async fn producers_enqueueing_at_once_share_wakes_and_every_queue_is_woken() {
         }
     });
     futures::future::join_all(producers).await;
+    let sent = wake_statements().await - before;
+    let enqueues = EACH * names.len() as i64;
+    assert!(
+        (1..enqueues).contains(&sent),
+        "{sent} wake statements for {enqueues} enqueues: none shared"
+    );
     // Every wake was sent before its producer returned: a later one marks the end of them.
     c.enqueue_work(EnqueueWorkParams {
         items: vec![NewWork::new("sentinel", json!(0))],
