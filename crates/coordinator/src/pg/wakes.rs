@@ -227,33 +227,33 @@ mod tests {
         }
     }
 
+    /// A producer of queue `name` holding `held`, sending for 10 ms; its send asserts whether
+    /// it still had `held` (`sends_with_its_own`).
+    fn producer(
+        wakes: &Arc<Wakes>,
+        name: &'static str,
+        held: &Arc<Mutex<Option<Instant>>>,
+        sends_with_its_own: bool,
+    ) -> tokio::task::JoinHandle<()> {
+        let (wakes, held) = (wakes.clone(), Held(Arc::clone(held)));
+        tokio::spawn(async move {
+            wakes
+                .wake(&queues(&[name]), held, |held, _| async move {
+                    assert_eq!(held.is_some(), sends_with_its_own, "{name}");
+                    sleep(Duration::from_millis(10)).await;
+                })
+                .await
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_waiting_producer_lets_go_of_its_connection_and_a_sender_keeps_its_own() {
         let wakes = Arc::new(Wakes::default());
         let (first_held, second_held) = (Arc::default(), Arc::default());
-        let first = {
-            let (wakes, held) = (wakes.clone(), Held(Arc::clone(&first_held)));
-            tokio::spawn(async move {
-                wakes
-                    .wake(&queues(&["a"]), held, |held, _| async move {
-                        assert!(held.is_some(), "the first sender has its own");
-                        sleep(Duration::from_millis(10)).await;
-                    })
-                    .await
-            })
-        };
+        // The first sends with its own; the second, given back while it waited, without.
+        let first = producer(&wakes, "a", &first_held, true);
         sleep(Duration::from_millis(2)).await;
-        let second = {
-            let (wakes, held) = (wakes.clone(), Held(Arc::clone(&second_held)));
-            tokio::spawn(async move {
-                wakes
-                    .wake(&queues(&["b"]), held, |held, _| async move {
-                        assert!(held.is_none(), "given back while it waited");
-                        sleep(Duration::from_millis(10)).await;
-                    })
-                    .await
-            })
-        };
+        let second = producer(&wakes, "b", &second_held, false);
         sleep(Duration::from_millis(1)).await;
         let waiting_since = Instant::now();
         assert!(
