@@ -91,6 +91,21 @@ impl Timing {
         self.stale_after_s + self.lock_grace_s + 2.0 * self.sweep_s + 5.0
     }
 
+    /// The recovery bound of a process stopped past its lease (paused, partitioned, frozen
+    /// inside its fenced transaction), with why: the lease, 1.5 sweeps (the fleet's look for
+    /// lapsed leases, taken in turns, then the release), the longest claim poll wait and 2 s.
+    pub(crate) fn lapsed_lease_bound(&self) -> (f64, String) {
+        (
+            self.lease_s + 1.5 * self.sweep_s + self.poll_max_s + 2.0,
+            format!(
+                "lease {} s + 1.5 sweeps of {} s (the fleet's look for lapsed leases, taken in \
+                 turns, sees one within 1.5 sweeps and releases it) + the longest claim poll \
+                 wait {} s + 2 s",
+                self.lease_s, self.sweep_s, self.poll_max_s
+            ),
+        )
+    }
+
     /// How long after a worker's server connection comes back its alive-lock, LISTEN and
     /// claims must be back: the reconnect backoff (250 ms doubling, under 10 s) plus one
     /// fast heartbeat interval (the lock is re-taken at least at the fast cadence) and 2 s.

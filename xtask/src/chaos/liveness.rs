@@ -631,7 +631,7 @@ pub(crate) async fn lock_blip(h: &mut Harness<'_>) -> Result<()> {
 pub(crate) async fn frozen_tx(h: &mut Harness<'_>) -> Result<()> {
     let t = h.timing();
     let hold_ms = (t.lease_s * 500.0) as u64;
-    let bound = t.lease_s + 1.5 * t.sweep_s + t.poll_max_s + 2.0;
+    let (bound, bound_why) = t.lapsed_lease_bound();
     let freeze = bound + 5.0;
     let span = 5.0 + t.lease_s / 2.0 + freeze + 5.0;
     let specs = (0..3).map(|_| h.direct(CONCURRENCY)).collect();
@@ -704,12 +704,7 @@ pub(crate) async fn frozen_tx(h: &mut Harness<'_>) -> Result<()> {
         instances,
         affected: vec![(item, token)],
         bound,
-        bound_why: format!(
-            "lease {} s + 1.5 sweeps of {} s (the fleet's look for lapsed leases, taken in \
-             turns, sees one within 1.5 sweeps and releases it) + the longest claim poll wait \
-             {} s + 2 s",
-            t.lease_s, t.sweep_s, t.poll_max_s
-        ),
+        bound_why,
     });
     // While it is stopped: is the item claimed anew?
     let thaw = stopped + Duration::from_secs_f64(freeze);

@@ -599,6 +599,7 @@ async fn freeze(h: &mut Harness<'_>, victim: usize, how: Freeze, secs: f64) -> R
         ),
     };
     h.say(&thawed);
+    let (bound, bound_why) = t.lapsed_lease_bound();
     h.faults.push(Fault {
         label: format!("{label} {name} {secs:.0} s"),
         at,
@@ -606,13 +607,8 @@ async fn freeze(h: &mut Harness<'_>, victim: usize, how: Freeze, secs: f64) -> R
         procs: vec![name],
         instances,
         affected: held,
-        bound: t.lease_s + 1.5 * t.sweep_s + t.poll_max_s + 2.0,
-        bound_why: format!(
-            "lease {} s + 1.5 sweeps of {} s (the fleet's look for lapsed leases, taken in \
-             turns, sees one within 1.5 sweeps and releases it) + the longest claim poll wait \
-             {} s + 2 s",
-            t.lease_s, t.sweep_s, t.poll_max_s
-        ),
+        bound,
+        bound_why,
     });
     zombie_note(h, victim, after, before).await;
     Ok(())
