@@ -59,6 +59,14 @@ GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".periodic_schedules TO :"runtime"
 --                UPDATE SKIP LOCKED, then UPDATE).
 GRANT SELECT, UPDATE ON TABLE :"schema".lapsed_look TO :"runtime";
 
+--   ordering_check: ordering_repair takes the fleet's turn to check for ordering keys left
+--                   without a head (FOR UPDATE SKIP LOCKED, then UPDATE).
+GRANT SELECT, UPDATE ON TABLE :"schema".ordering_check TO :"runtime";
+
+--   depth_sample: queue_depth reads the fleet's last sample of the queue depth, or takes the
+--                 turn to count and stores the count (FOR UPDATE SKIP LOCKED, then UPDATE).
+GRANT SELECT, UPDATE ON TABLE :"schema".depth_sample TO :"runtime";
+
 --   liveness_floor: read by every liveness call (the floor of the cutoffs); only the owner
 --                   may change it.
 GRANT SELECT ON TABLE :"schema".liveness_floor TO :"runtime";

@@ -153,6 +153,34 @@ CREATE TABLE lapsed_look (
 );
 INSERT INTO lapsed_look (looked_at) VALUES ('-infinity');
 
+-- When a maintenance sweep last checked for ordering keys left without a head and repaired
+-- every one it found (one row). The check reads every blocked item of the store, so the fleet
+-- takes it in turns rather than every instance at its own interval: ordering_repair checks
+-- only when no complete check within its caller's `every` (the sweep sends half its
+-- interval), holding this row's lock while it checks (FOR UPDATE SKIP LOCKED: one check at a
+-- time, nobody waits). -infinity: nobody has checked yet.
+CREATE TABLE ordering_check (
+    singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    checked_at timestamptz NOT NULL
+);
+INSERT INTO ordering_check (checked_at) VALUES ('-infinity');
+
+-- The fleet's last sample of the queue depth (one row): queue_depth counts every waiting and
+-- running item, so the fleet takes the sample in turns and every instance reads the last one
+-- while it is younger than its caller's `max_age` (the sweep sends half its sampling
+-- interval). The sample is held as parallel arrays, one element per (queue, state), in the
+-- order queue_depth returns them; a new sample rewrites the row. -infinity: never sampled.
+CREATE TABLE depth_sample (
+    singleton       boolean            PRIMARY KEY DEFAULT true CHECK (singleton),
+    sampled_at      timestamptz        NOT NULL,
+    queues          text[]             NOT NULL,
+    states          work_state[]       NOT NULL,
+    items           bigint[]           NOT NULL,
+    oldest_due_ages double precision[] NOT NULL
+);
+INSERT INTO depth_sample (sampled_at, queues, states, items, oldest_due_ages)
+VALUES ('-infinity', '{}', '{}', '{}', '{}');
+
 -- Tombstones of reaped instances, so a late heartbeat from one reports eviction instead of
 -- silently resurrecting it. Instance ids are fresh per process start and never reused.
 CREATE TABLE evicted_instances (

@@ -140,6 +140,16 @@ struct State {
     lapsed_looked_at: Option<DateTime<Utc>>,
     /// How many `maintenance_due` calls looked.
     lapsed_looks: u64,
+    /// When the fleet last checked for headless ordering keys and repaired all it found
+    /// (`ordering_check`); `None`: never.
+    ordering_checked_at: Option<DateTime<Utc>>,
+    /// How many `ordering_repair` calls checked (took the fleet's turn).
+    ordering_checks: u64,
+    /// The fleet's last queue-depth sample and when it was counted (`depth_sample`); `None`:
+    /// never.
+    depth_sample: Option<(DateTime<Utc>, Vec<QueueDepth>)>,
+    /// How many `queue_depth` calls counted (took the fleet's turn).
+    depth_counts: u64,
     /// Attempts recorded failed or rejected by `fail_work`: queue and minute (as
     /// `queue_failures`, one entry per attempt), for `queue_overview`.
     failures: Vec<(String, DateTime<Utc>)>,
@@ -654,6 +664,32 @@ impl FakeCoordinator {
     /// How many `maintenance_due` calls looked for lapsed leases (on the fleet's turn).
     pub fn lapsed_looks(&self) -> u64 {
         self.state().lapsed_looks
+    }
+
+    /// How many `ordering_repair` calls checked for headless ordering keys (on the fleet's
+    /// turn).
+    pub fn ordering_checks(&self) -> u64 {
+        self.state().ordering_checks
+    }
+
+    /// Moves the fleet's last complete check for headless ordering keys `by` into the past.
+    pub fn age_ordering_check(&self, by: Duration) {
+        if let Some(at) = &mut self.state().ordering_checked_at {
+            *at -= chrono::Duration::from_std(by).unwrap_or_default();
+        }
+    }
+
+    /// How many `queue_depth` calls counted the items (on the fleet's turn), rather than
+    /// reading the last sample.
+    pub fn depth_counts(&self) -> u64 {
+        self.state().depth_counts
+    }
+
+    /// Moves the fleet's last queue-depth sample `by` into the past.
+    pub fn age_depth_sample(&self, by: Duration) {
+        if let Some((at, _)) = &mut self.state().depth_sample {
+            *at -= chrono::Duration::from_std(by).unwrap_or_default();
+        }
     }
 
     /// Moves the fleet's last look for lapsed leases that found none (`maintenance_due`'s
@@ -2070,6 +2106,17 @@ impl WorkCoordinator for FakeCoordinator {
         params.validate()?;
         let now = self.now();
         let mut st = self.state();
+        // The fleet's turn, as `ordering_repair`: a call checks when no check within `every`
+        // found every headless key and something is blocked; a check that repaired fewer than
+        // `limit` keys takes the turn, one that repaired `limit` leaves it.
+        let turn_free = st
+            .ordering_checked_at
+            .is_none_or(|at| at <= ago(now, params.every));
+        let blocked = st.work.values().any(|r| r.state == WorkState::Blocked);
+        if !(turn_free && blocked) {
+            return Ok(OrderingRepairOutcome { repaired: 0 });
+        }
+        st.ordering_checks += 1;
         let headless: BTreeSet<(String, String)> = st
             .work
             .values()
@@ -2078,6 +2125,9 @@ impl WorkCoordinator for FakeCoordinator {
             .filter(|(q, k)| !st.has_head(q, k))
             .take(params.limit as usize)
             .collect();
+        if headless.len() < params.limit as usize {
+            st.ordering_checked_at = Some(now);
+        }
         let repaired = st.advance(now, headless);
         Ok(OrderingRepairOutcome { repaired })
     }
@@ -2182,7 +2232,8 @@ impl WorkCoordinator for FakeCoordinator {
         })
     }
 
-    async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
+    async fn queue_depth(&self, params: QueueDepthParams) -> Result<QueueDepthOutcome> {
+        params.validate()?;
         self.enter(Method::QueueDepth, 0).await?;
         const STATES: [WorkState; 4] = [
             WorkState::Available,
@@ -2191,7 +2242,17 @@ impl WorkCoordinator for FakeCoordinator {
             WorkState::Blocked,
         ];
         let now = self.now();
-        let st = self.state();
+        let mut st = self.state();
+        // The fleet's last sample while it is younger than `max_age`, as `queue_depth`
+        // (the fake has no concurrent caller to find counting).
+        if let Some((at, depths)) = &st.depth_sample {
+            if *at > ago(now, params.max_age) {
+                return Ok(QueueDepthOutcome {
+                    depths: depths.clone(),
+                    sample_age: (now - *at).to_std().unwrap_or_default(),
+                });
+            }
+        }
         // (items, the oldest due run_at) per queue and state.
         type Sample = (u64, Option<DateTime<Utc>>);
         let mut counts: BTreeMap<(String, u8), Sample> = BTreeMap::new();
@@ -2210,18 +2271,22 @@ impl WorkCoordinator for FakeCoordinator {
                 }
             }
         }
+        let depths: Vec<QueueDepth> = counts
+            .into_iter()
+            .map(|((queue, i), (items, oldest))| QueueDepth {
+                queue,
+                state: STATES[i as usize],
+                items,
+                oldest_due_age: oldest
+                    .and_then(|o| (now - o).to_std().ok())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        st.depth_counts += 1;
+        st.depth_sample = Some((now, depths.clone()));
         Ok(QueueDepthOutcome {
-            depths: counts
-                .into_iter()
-                .map(|((queue, i), (items, oldest))| QueueDepth {
-                    queue,
-                    state: STATES[i as usize],
-                    items,
-                    oldest_due_age: oldest
-                        .and_then(|o| (now - o).to_std().ok())
-                        .unwrap_or_default(),
-                })
-                .collect(),
+            depths,
+            sample_age: Duration::ZERO,
         })
     }
 

@@ -1046,7 +1046,16 @@ pub struct PruneFinishedParams {
 pub struct OrderingRepairParams {
     /// At most this many keys, 1 to [`MAX_SWEEP_BATCH`].
     pub limit: u32,
+    /// Check only when no check within this long, this instance's or a peer's, found every
+    /// headless key. The check reads every blocked item of the store, so the fleet takes it in
+    /// turns; a call off its turn, or beside a peer's check, repairs nothing and reads one row
+    /// (docs/ordering.md, "The backstop"). The maintenance sweep sends half its interval;
+    /// `Duration::ZERO` checks at every call that is not beside another's check. At most 24 h.
+    pub every: Duration,
 }
+
+/// The longest [`OrderingRepairParams::every`]: a day.
+pub const MAX_ORDERING_CHECK_EVERY: Duration = Duration::from_secs(24 * 3600);
 
 impl OrderingRepairParams {
     pub(crate) fn validate(&self) -> crate::Result<()> {
@@ -1054,6 +1063,12 @@ impl OrderingRepairParams {
             return Err(crate::Error::InvalidArgument(format!(
                 "ordering_repair: limit must be between 1 and {MAX_SWEEP_BATCH}, got {}",
                 self.limit
+            )));
+        }
+        if self.every > MAX_ORDERING_CHECK_EVERY {
+            return Err(crate::Error::InvalidArgument(format!(
+                "ordering_repair: every must be at most 24 h, got {:?}",
+                self.every
             )));
         }
         Ok(())
@@ -1114,9 +1129,32 @@ pub struct PruneEvictedInstancesOutcome {
     pub pruned: u64,
 }
 
-/// Counts the items that wait or run, per queue and state.
+/// Counts the items that wait or run, per queue and state, or reads the fleet's last count.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct QueueDepthParams {}
+pub struct QueueDepthParams {
+    /// Return the fleet's last sample, anyone's, while it is younger than this; count anew
+    /// (and store the count as the fleet's sample) only when it is older. A count visits every
+    /// waiting and running item, so the fleet takes it in turns: a call that finds a peer
+    /// counting returns the last sample instead, older than asked (docs/store.md, "The queue
+    /// depth, sampled in turns"). The maintenance sweep sends half its sampling interval;
+    /// `Duration::ZERO` (the default) counts unless a peer is counting. At most 24 h.
+    pub max_age: Duration,
+}
+
+/// The longest [`QueueDepthParams::max_age`]: a day.
+pub const MAX_DEPTH_SAMPLE_AGE: Duration = Duration::from_secs(24 * 3600);
+
+impl QueueDepthParams {
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        if self.max_age > MAX_DEPTH_SAMPLE_AGE {
+            return Err(crate::Error::InvalidArgument(format!(
+                "queue_depth: max_age must be at most 24 h, got {:?}",
+                self.max_age
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// How many items of one queue are in one state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1140,6 +1178,9 @@ pub struct QueueDepth {
 pub struct QueueDepthOutcome {
     /// By queue, then state.
     pub depths: Vec<QueueDepth>,
+    /// How old the sample is: every count and age in it is as of then (zero for a count this
+    /// call made).
+    pub sample_age: Duration,
 }
 
 impl QueueDepthOutcome {

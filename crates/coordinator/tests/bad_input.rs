@@ -141,7 +141,7 @@ impl Store {
             }
             (None, Some(fake)) => {
                 let depths = fake
-                    .queue_depth(QueueDepthParams {})
+                    .queue_depth(QueueDepthParams::default())
                     .await
                     .expect("queue depth");
                 let queues: HashSet<String> = depths.depths.into_iter().map(|d| d.queue).collect();

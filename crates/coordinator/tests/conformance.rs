@@ -199,6 +199,22 @@ impl Harness for PgHarness {
             .expect("age the lapsed-lease look");
     }
 
+    async fn age_ordering_check(&self, by: Duration) {
+        sqlx::query("UPDATE workpump.ordering_check SET checked_at = checked_at - $1")
+            .bind(interval(chrono::Duration::from_std(by).expect("age")))
+            .execute(&self.pool)
+            .await
+            .expect("age the ordering check");
+    }
+
+    async fn age_depth_sample(&self, by: Duration) {
+        sqlx::query("UPDATE workpump.depth_sample SET sampled_at = sampled_at - $1")
+            .bind(interval(chrono::Duration::from_std(by).expect("age")))
+            .execute(&self.pool)
+            .await
+            .expect("age the depth sample");
+    }
+
     async fn request_cancel(&self, id: WorkId) {
         sqlx::query("UPDATE workpump.work SET cancel_requested = true WHERE id = $1")
             .bind(id)
@@ -420,6 +436,12 @@ impl Harness for FakeHarness {
     }
     async fn age_lapsed_look(&self, by: Duration) {
         self.0.age_lapsed_look(by)
+    }
+    async fn age_depth_sample(&self, by: Duration) {
+        self.0.age_depth_sample(by)
+    }
+    async fn age_ordering_check(&self, by: Duration) {
+        self.0.age_ordering_check(by)
     }
     async fn request_cancel(&self, id: WorkId) {
         self.0.request_cancel(id)

@@ -2086,6 +2086,191 @@ async fn a_sweep_never_waits_for_a_peer_taking_the_lapsed_lease_turn() {
     }
 }
 
+/// The queue depth is sampled in turns (docs/store.md, "The queue depth, sampled in turns"):
+/// a call that finds a peer counting returns the last sample at once instead of waiting for
+/// the peer's lock; a call that reads a fresh sample writes nothing (no transaction id); a
+/// count rolled back stores nothing; and the store's first sample, with a peer counting, is
+/// counted rather than read empty.
+#[tokio::test]
+async fn a_depth_sample_never_waits_for_a_peer_counting_and_a_read_writes_nothing() {
+    let (_db, pool, c) = migrated().await;
+    /// `(available items of the queue, the sample's age in seconds)` by `queue_depth(max_age)`
+    /// on `conn`.
+    async fn depth(conn: &mut PgConnection, max_age: &str, when: &str) -> (i64, f64) {
+        sqlx::query_as(&format!(
+            "SELECT coalesce(sum(items) FILTER (WHERE state = 'available'), 0)::bigint,
+                    coalesce(max(sample_age), 0)
+             FROM workpump.queue_depth(interval '{max_age}')"
+        ))
+        .fetch_one(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{when}: {e}"))
+    }
+    /// Whether a call, in a transaction of its own (rolled back), took a transaction id.
+    async fn writes(conn: &mut PgConnection, max_age: &str) -> bool {
+        let mut tx = conn.begin().await.expect("begin");
+        depth(&mut tx, max_age, "in a transaction").await;
+        let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("xid");
+        tx.rollback().await.expect("rollback");
+        xid.is_some()
+    }
+    let mut peer = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connection");
+    sqlx::query("SET lock_timeout = '2s'")
+        .execute(&mut peer)
+        .await
+        .expect("lock_timeout");
+    enqueue_n(&c, 2).await;
+
+    // The store's first sample, taken by a counter that has not committed: the peer does not
+    // wait for it, and counts for itself rather than read the empty sample.
+    let mut counter = pool.begin().await.expect("begin");
+    assert_eq!(depth(&mut counter, "0", "the counter").await.0, 2);
+    assert_eq!(
+        depth(
+            &mut peer,
+            "0",
+            "the peer beside the first count: it must not wait"
+        )
+        .await,
+        (2, 0.0)
+    );
+    counter.rollback().await.expect("rollback");
+    assert!(
+        writes(&mut peer, "1 hour").await,
+        "the count rolled back stored nothing: the next call counts"
+    );
+    assert_eq!(depth(&mut peer, "0", "a count").await.0, 2);
+
+    enqueue_n(&c, 3).await;
+    assert!(
+        !writes(&mut peer, "1 hour").await,
+        "a fresh sample is read: no write"
+    );
+    assert_eq!(
+        depth(&mut peer, "1 hour", "a read").await.0,
+        2,
+        "the sample as it was counted"
+    );
+    let mut counter = pool.begin().await.expect("begin");
+    assert_eq!(depth(&mut counter, "0", "the counter").await.0, 5);
+    let (items, age) = depth(&mut peer, "0", "the peer beside a count: it must not wait").await;
+    assert_eq!(items, 2, "the last committed sample, older than asked");
+    assert!(age >= 0.0, "{age}");
+    counter.commit().await.expect("commit");
+    assert_eq!(
+        depth(&mut peer, "1 hour", "after the commit").await.0,
+        5,
+        "the committed count is the fleet's sample"
+    );
+
+    // Called directly (the Rust API cannot send these), a negative or NULL max_age is refused.
+    for max_age in ["interval '-1 s'", "NULL"] {
+        let err = sqlx::query(&format!("SELECT * FROM workpump.queue_depth({max_age})"))
+            .execute(&mut peer)
+            .await
+            .expect_err("refused");
+        let db = err.as_database_error().expect("a database error");
+        assert_eq!(db.code().as_deref(), Some("WP002"), "{max_age}");
+        assert!(db.message().contains("max_age"), "{}", db.message());
+    }
+}
+
+/// The check for headless ordering keys is taken in turns (docs/ordering.md, "The
+/// backstop"): a call that finds a peer checking goes on at once instead of waiting for the
+/// peer's lock; a store with nothing blocked, and a call off its turn, write nothing (no
+/// transaction id); a check rolled back took no turn.
+#[tokio::test]
+async fn an_ordering_check_never_waits_for_a_peer_checking_and_off_its_turn_writes_nothing() {
+    let (_db, pool, c) = migrated().await;
+    /// `ordering_repair(100, every)` on `conn`: the keys repaired.
+    async fn repair(conn: &mut PgConnection, every: &str, when: &str) -> i32 {
+        sqlx::query_scalar(&format!(
+            "SELECT workpump.ordering_repair(100, interval '{every}')"
+        ))
+        .fetch_one(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{when}: {e}"))
+    }
+    /// Whether a call, in a transaction of its own (rolled back), took a transaction id.
+    async fn writes(conn: &mut PgConnection, every: &str) -> bool {
+        let mut tx = conn.begin().await.expect("begin");
+        repair(&mut tx, every, "in a transaction").await;
+        let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("xid");
+        tx.rollback().await.expect("rollback");
+        xid.is_some()
+    }
+    let mut peer = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connection");
+    sqlx::query("SET lock_timeout = '2s'")
+        .execute(&mut peer)
+        .await
+        .expect("lock_timeout");
+    enqueue_n(&c, 2).await;
+    assert!(
+        !writes(&mut peer, "1 hour").await,
+        "nothing blocked: no turn, no write"
+    );
+    let keyed = |k: &str| {
+        (0..2)
+            .map(|i| NewWork::new("q", json!(i)).ordering_key(k))
+            .collect::<Vec<_>>()
+    };
+    let a = enqueue(&c, keyed("a")).await;
+    assert!(
+        writes(&mut peer, "1 hour").await,
+        "something blocked: the call takes the turn"
+    );
+    let delete_head = |id: WorkId| {
+        sqlx::query("DELETE FROM workpump.work WHERE id = $1")
+            .bind(id)
+            .execute(&pool)
+    };
+    delete_head(a[0].id).await.expect("delete a head");
+
+    let mut checker = pool.begin().await.expect("begin");
+    assert_eq!(repair(&mut checker, "1 hour", "the checker").await, 1);
+    assert_eq!(
+        repair(&mut peer, "0", "the peer beside a check: it must not wait").await,
+        0,
+        "the turn is the checker's while its transaction is open"
+    );
+    checker.rollback().await.expect("rollback");
+    assert_eq!(
+        repair(&mut peer, "1 hour", "after the rollback").await,
+        1,
+        "a check rolled back took no turn: the peer checks"
+    );
+    let b = enqueue(&c, keyed("b")).await;
+    delete_head(b[0].id).await.expect("delete a head");
+    assert_eq!(
+        repair(&mut peer, "1 hour", "the call after").await,
+        0,
+        "the turn was taken: no check for an hour"
+    );
+    assert!(!writes(&mut peer, "1 hour").await, "off its turn: no write");
+    assert_eq!(repair(&mut peer, "0", "zero").await, 1);
+
+    // Called directly (the Rust API cannot send these), a negative or NULL period is refused.
+    for every in ["interval '-1 s'", "NULL"] {
+        let err = sqlx::query(&format!("SELECT workpump.ordering_repair(100, {every})"))
+            .execute(&mut peer)
+            .await
+            .expect_err("refused");
+        let db = err.as_database_error().expect("a database error");
+        assert_eq!(db.code().as_deref(), Some("WP002"), "{every}");
+        assert!(db.message().contains("every"), "{}", db.message());
+    }
+}
+
 /// A batch without unique keys is inserted without `ON CONFLICT`, so none of its rows is a
 /// speculative insertion (a probe of the arbiter index and one more WAL record a row, the
 /// confirmation; docs/performance.md, "Enqueue"). `pg_stat_statements` counts the INSERT's

@@ -212,7 +212,7 @@ async fn run(admin: PgPool, options: PgConnectOptions, db_name: &str, roles: &Ro
         ),
         (
             "replace a function",
-            "CREATE OR REPLACE FUNCTION workpump.queue_depth() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+            "CREATE OR REPLACE FUNCTION workpump.queue_depth(interval) RETURNS int LANGUAGE sql AS 'SELECT 1'",
         ),
         ("create a schema", "CREATE SCHEMA evil"),
         ("delete a queue", "DELETE FROM workpump.queues"),
@@ -244,7 +244,7 @@ async fn run(admin: PgPool, options: PgConnectOptions, db_name: &str, roles: &Ro
         .await
         .expect("connect as the outsider");
     for statement in [
-        "SELECT * FROM workpump.queue_depth()",
+        "SELECT * FROM workpump.queue_depth('0')",
         "SELECT workpump.alive_lock_key(gen_random_uuid())",
         "SELECT count(*) FROM workpump.work_all",
     ] {
@@ -789,10 +789,23 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .expect("prune_evicted_instances");
     assert_eq!(tombstones.pruned, 1);
     let depth = c
-        .queue_depth(QueueDepthParams {})
+        .queue_depth(QueueDepthParams::default())
         .await
         .expect("queue_depth");
     assert!(depth.depths.iter().any(|d| d.queue == QUEUE), "{depth:?}");
+    // It counted, so it took the fleet's turn and stored the sample (the UPDATE grant).
+    let stored: bool = sqlx::query_scalar(
+        "SELECT $1 = ANY (queues) AND sampled_at > now() - interval '1 minute'
+         FROM workpump.depth_sample",
+    )
+    .bind(QUEUE)
+    .fetch_one(admin)
+    .await
+    .expect("read the depth sample");
+    assert!(
+        stored,
+        "the runtime role's count was not stored as the fleet's sample"
+    );
 
     // A periodic job's fire time: read the state, then claim and enqueue in one transaction.
     let periodic = |fire: Option<PeriodicFire>| FirePeriodicParams {
@@ -818,7 +831,7 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
     // item promoted when the head is cancelled, the repair, the held keys.
     let keyed = c
         .enqueue_work(EnqueueWorkParams {
-            items: (0..2)
+            items: (0..3)
                 .map(|i| NewWork::new(QUEUE, json!({ "k": i })).ordering_key("customer-1"))
                 .collect(),
         })
@@ -836,9 +849,21 @@ async fn runtime_api(c: &PgCoordinator, runtime: &PgPool, admin: &PgPool) {
         .await
         .expect("get_work");
     assert_eq!(next.item.state, WorkState::Available);
-    c.ordering_repair(OrderingRepairParams { limit: 100 })
-        .await
-        .expect("ordering_repair");
+    c.ordering_repair(OrderingRepairParams {
+        limit: 100,
+        every: Duration::ZERO,
+    })
+    .await
+    .expect("ordering_repair");
+    // An item still waits behind its key's head, so the call checked and took the fleet's
+    // turn (the UPDATE grant on ordering_check).
+    let checked: bool = sqlx::query_scalar(
+        "SELECT checked_at > now() - interval '1 minute' FROM workpump.ordering_check",
+    )
+    .fetch_one(admin)
+    .await
+    .expect("read the ordering check");
+    assert!(checked, "the runtime role's check took no turn");
     c.list_held_keys(ListHeldKeysParams::default())
         .await
         .expect("list_held_keys");

@@ -81,15 +81,19 @@
 //! 7. `server_status` and `queue_depth`, when the last sample is at least
 //!    `depth_sample_interval_ms` old. The server's NOTIFY queue usage goes to the gauge
 //!    `workpump_notification_queue_usage_ratio` and [`MaintenanceStatus`] (a warning is
-//!    logged from [`NOTIFICATION_QUEUE_WARN`], 50 %). The depth's cost
-//!    grows with the number of available, scheduled and running items (about 4 ms per 10 000
-//!    on PostgreSQL 15; see the SQL function `queue_depth`), paid by every instance
-//!    once per interval; 0 turns it off. A (queue, state) that disappears from the result is
-//!    set back to 0;
+//!    logged from [`NOTIFICATION_QUEUE_WARN`], 50 %). A count of the depth costs as much as
+//!    the available, scheduled and running items it counts (about 4 ms per 10 000 on
+//!    PostgreSQL 15; see the SQL function `queue_depth`), so the fleet counts in turns: a
+//!    sample reads the fleet's last count while it is younger than half the interval, and
+//!    counts (and stores the count) only otherwise. So a fleet counts at most twice an
+//!    interval whatever its size, and a published value is at most 1.5 intervals old; 0
+//!    turns sampling off. A (queue, state) that disappears from the result is set back to 0;
 //! 8. `ordering_repair`, when the last check is at least `ordering_repair_interval_ms` old:
 //!    ordering keys with blocked items but no head get their next item, counted in
 //!    `workpump_ordering_repairs_total` and logged as a warning. It must find none (every
 //!    transition that ends a head promotes the next in its own transaction; docs/ordering.md).
+//!    The check reads every blocked item, so the fleet takes it in turns: a call checks only
+//!    when no check within half the interval, a peer's included, found every headless key.
 //!    A store without the call (`Error::Unsupported`) is skipped.
 //!
 //! # Settings (`[maintenance]`, [`MaintenanceConfig`])

@@ -619,6 +619,68 @@ async fn a_key_left_without_a_head_is_repaired_counted_and_checked_at_most_every
     );
 }
 
+/// At the default check interval (60 s), five instances check for headless ordering keys in
+/// turns — at most twice an interval between them, where each checked once an interval
+/// before — and a key left without a head is still repaired within 1.5 intervals.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_checks_ordering_keys_in_turns_and_repairs_within_an_interval_and_a_half() {
+    let fake = store();
+    queue(&fake, "q", 10).await;
+    let config = MaintenanceConfig::default();
+    assert_eq!(
+        config.ordering_repair_interval_ms, 60_000,
+        "the default interval"
+    );
+    let keyed = |k: &str| {
+        (0..2)
+            .map(|i| NewWork::new("q", json!(i)).ordering_key(k))
+            .collect::<Vec<_>>()
+    };
+    let healthy = enqueue(&fake, keyed("healthy")).await;
+    let start = Instant::now();
+    let mut running = Vec::new();
+    for _ in 0..5 {
+        running.push(spawn_run(&probing_worker(&fake, config.clone())));
+        tokio::time::sleep(Duration::from_millis(12_100)).await;
+    }
+    // At 200 s a write behind the store's back leaves a key without a head.
+    tokio::time::sleep_until(start + secs(200)).await;
+    let broken = enqueue(&fake, keyed("broken")).await;
+    fake.delete_behind_the_stores_back(broken[0]);
+    let mut repaired = None;
+    while Instant::now() < start + secs(360) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if repaired.is_none()
+            && fake.work_row(broken[1]).expect("row").state == WorkState::Available
+        {
+            repaired = Some(Instant::now() - start);
+        }
+    }
+    for (shutdown, task) in running {
+        stop(shutdown, task).await;
+    }
+    let repaired = repaired.expect("the headless key is repaired");
+    assert!(
+        repaired <= secs(200 + 90),
+        "repaired {repaired:?} after the start, left headless at 200 s"
+    );
+    assert_eq!(
+        fake.work_row(healthy[1]).expect("row").state,
+        WorkState::Blocked,
+        "a key with its head is left as it is"
+    );
+    let calls = fake.calls_of(Method::OrderingRepair).len();
+    let checks = fake.ordering_checks();
+    assert!(
+        calls >= 25,
+        "five instances called every 60 s for about 5 minutes: {calls}"
+    );
+    assert!(
+        (6..=13).contains(&checks),
+        "{checks} checks in 360 s of {calls} calls: at most two an interval, at least one"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_sweep_reaps_with_the_configured_stale_cutoff() {
     let fake = store();
@@ -1019,6 +1081,40 @@ async fn when_the_last_taker_stops_a_peer_looks_within_one_and_a_half_intervals(
     assert!(
         released > lapse && released <= lapse + secs(3),
         "released {released:?} after the start, the leases lapsed at {lapse:?}"
+    );
+}
+
+/// At the default sampling interval (15 s), five instances count the queue depth in turns —
+/// at most twice an interval between them, where each counted once an interval before — and
+/// every instance still publishes at its own interval, from the fleet's last sample.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_counts_the_queue_depth_in_turns() {
+    let fake = store();
+    queue(&fake, "q", 10).await;
+    let config = MaintenanceConfig::default();
+    assert_eq!(
+        config.depth_sample_interval_ms, 15_000,
+        "the default interval"
+    );
+    let start = Instant::now();
+    let mut running = Vec::new();
+    for _ in 0..5 {
+        running.push(spawn_run(&probing_worker(&fake, config.clone())));
+        tokio::time::sleep(Duration::from_millis(3_100)).await;
+    }
+    tokio::time::sleep_until(start + secs(90)).await;
+    for (shutdown, task) in running {
+        stop(shutdown, task).await;
+    }
+    let reads = fake.calls_of(Method::QueueDepth).len();
+    let counts = fake.depth_counts();
+    assert!(
+        reads >= 25,
+        "five instances sampled every 15 s for about 80 s: {reads}"
+    );
+    assert!(
+        (6..=13).contains(&counts),
+        "{counts} counts in 90 s of {reads} samples: at most two an interval, at least one"
     );
 }
 

@@ -99,14 +99,19 @@ pub struct MaintenanceConfig {
     pub max_batches_per_sweep: u32,
     /// The shortest time between two samples of the queue depth (`queue_depth`, published as
     /// the gauge `workpump_queue_depth`); a sweep samples when at least this long passed since
-    /// the last sample. Each sample counts every available, scheduled and running item (about
-    /// 4 ms per 10 000 of them; see the SQL function `queue_depth`). 0 turns sampling
-    /// off. **Default: 15 000 ms (15 s).**
+    /// the last sample. A sample reads the fleet's last count while it is younger than half
+    /// this, and otherwise counts every available, scheduled and running item (about 4 ms per
+    /// 10 000 of them; see the SQL function `queue_depth`) on the fleet's turn: the fleet
+    /// counts at most twice an interval whatever its size. 0 turns sampling off. **Default:
+    /// 15 000 ms (15 s).**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub depth_sample_interval_ms: u64,
     /// The shortest time between two checks for ordering keys left without a head
     /// (`ordering_repair`, counted in `workpump_ordering_repairs_total`, which must stay 0;
-    /// docs/ordering.md). Each check reads the blocked items once. 0 turns it off.
+    /// docs/ordering.md). A check reads the blocked items once, so the fleet takes it in
+    /// turns: this instance's call checks only when no check within half this, a peer's
+    /// included, found every headless key, so a headless key is repaired within 1.5 of
+    /// this. 0 turns it off.
     /// **Default: 60 000 ms (60 s).**
     #[serde(deserialize_with = "workpump_coordinator::duration_ms::deserialize")]
     pub ordering_repair_interval_ms: u64,
@@ -950,11 +955,12 @@ impl MaintenanceWorker {
             }
             Err(error) => failures.push(StepFailure { step, error }),
         }
+        // The fleet's last sample while it is younger than half the interval, so that the fleet
+        // counts at most twice an interval whatever its size (docs/store.md, "The queue depth,
+        // sampled in turns") and what this instance publishes is at most 1.5 intervals old.
         let step = Step::QueueDepth;
-        match self
-            .call(step, self.coordinator.queue_depth(QueueDepthParams {}))
-            .await
-        {
+        let params = QueueDepthParams { max_age: every / 2 };
+        match self.call(step, self.coordinator.queue_depth(params)).await {
             Ok(out) => {
                 let mut published = self
                     .published_depths
@@ -1006,9 +1012,14 @@ impl MaintenanceWorker {
             }
             *last = Some(now);
         }
+        // The check reads every blocked item, so the fleet takes it in turns: this call checks
+        // only when no check within half the interval, a peer's included, found every
+        // headless key (docs/ordering.md, "The backstop"): at most twice an interval for the
+        // fleet, and a headless key is repaired within 1.5 intervals.
         let step = Step::OrderingRepair;
         let params = OrderingRepairParams {
             limit: self.config.batch_limit,
+            every: every / 2,
         };
         match self
             .call(step, self.coordinator.ordering_repair(params))

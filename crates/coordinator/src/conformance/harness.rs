@@ -101,6 +101,11 @@ pub trait Harness: Send + Sync {
     /// Moves the fleet's last look for lapsed leases that found none (`maintenance_due`'s
     /// turn) `by` into the past.
     async fn age_lapsed_look(&self, by: Duration);
+    /// Moves the fleet's last complete check for headless ordering keys (`ordering_repair`'s
+    /// turn) `by` into the past.
+    async fn age_ordering_check(&self, by: Duration);
+    /// Moves the fleet's last queue-depth sample (`queue_depth`'s turn) `by` into the past.
+    async fn age_depth_sample(&self, by: Duration);
     /// Sets an item's cancel flag (an operator's cancel of a running item).
     async fn request_cancel(&self, id: WorkId);
     /// Whether the instance has a row.

@@ -579,6 +579,64 @@ pub async fn queue_depth_counts_waiting_and_running_items_per_queue(h: &dyn Harn
     assert_eq!(out.get("nope", Running), 0);
 }
 
+/// The fleet shares one depth sample: a call returns the last one, anyone's, while it is
+/// younger than its `max_age`, every count as of then, and counts anew (storing the count as
+/// the fleet's sample) only once it is older; `max_age` zero always counts.
+pub async fn the_fleet_samples_the_queue_depth_in_turns(h: &dyn Harness) {
+    queue(h, "a", 10).await;
+    let depth = |max_age: Duration| async move {
+        h.coordinator()
+            .queue_depth(QueueDepthParams { max_age })
+            .await
+            .expect("queue depth")
+    };
+    let hour = Duration::from_secs(3600);
+    enqueue_n(h, "a", 3).await;
+    // Nothing sampled yet: the first call counts, whatever its max_age.
+    let first = depth(hour).await;
+    assert_eq!(first.get("a", WorkState::Available), 3);
+    assert!(first.sample_age < Duration::from_secs(30), "{first:?}");
+    enqueue_n(h, "a", 2).await;
+    // A peer's sample within the hour: read as it was, the two new items not counted.
+    let reused = depth(hour).await;
+    assert_eq!(reused.depths, first.depths);
+    // Zero counts anew, and stores what it counted for the next caller.
+    assert_eq!(
+        depth(Duration::ZERO).await.get("a", WorkState::Available),
+        5
+    );
+    enqueue_n(h, "a", 1).await;
+    h.age_depth_sample(hour - Duration::from_secs(60)).await;
+    let aged = depth(hour).await;
+    assert_eq!(
+        aged.get("a", WorkState::Available),
+        5,
+        "59 minutes old: still read"
+    );
+    assert!(
+        (hour - Duration::from_secs(60)..hour).contains(&aged.sample_age),
+        "the sample's age: {:?}",
+        aged.sample_age
+    );
+    h.age_depth_sample(Duration::from_secs(120)).await;
+    let fresh = depth(hour).await;
+    assert_eq!(
+        fresh.get("a", WorkState::Available),
+        6,
+        "61 minutes old: counted anew"
+    );
+    assert!(fresh.sample_age < Duration::from_secs(30), "{fresh:?}");
+    // A queue registered after the sample appears at the next count, not before.
+    queue(h, "b", 10).await;
+    enqueue_n(h, "b", 2).await;
+    let stale = depth(hour).await;
+    assert!(stale.depths.iter().all(|d| d.queue == "a"), "{stale:?}");
+    assert_eq!(
+        depth(Duration::ZERO).await.get("b", WorkState::Available),
+        2
+    );
+}
+
 /// Limits outside 1..=10 000 and empty retentions are refused with messages naming them.
 pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness) {
     let c = h.coordinator();
@@ -648,6 +706,38 @@ pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness)
     c.maintenance_due(MaintenanceDueParams {
         lapsed_look_every: MAX_LAPSED_LOOK_EVERY,
         ..due_params(None)
+    })
+    .await
+    .expect("a day is accepted");
+    let err = c
+        .queue_depth(QueueDepthParams {
+            max_age: MAX_DEPTH_SAMPLE_AGE + Duration::from_secs(1),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("max_age")),
+        "{err}"
+    );
+    c.queue_depth(QueueDepthParams {
+        max_age: MAX_DEPTH_SAMPLE_AGE,
+    })
+    .await
+    .expect("a day is accepted");
+    let err = c
+        .ordering_repair(OrderingRepairParams {
+            limit: 1,
+            every: MAX_ORDERING_CHECK_EVERY + Duration::from_secs(1),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("every")),
+        "{err}"
+    );
+    c.ordering_repair(OrderingRepairParams {
+        limit: 1,
+        every: MAX_ORDERING_CHECK_EVERY,
     })
     .await
     .expect("a day is accepted");

@@ -122,6 +122,7 @@ macro_rules! conformance_suite {
             pruning_tombstones_forgets_only_old_evictions,
             queue_depth_counts_waiting_and_running_items_per_queue,
             queue_depth_reports_the_age_of_the_oldest_due_item_per_queue,
+            the_fleet_samples_the_queue_depth_in_turns,
             maintenance_calls_refuse_bad_limits_and_retentions,
             // operations.rs
             cancel_of_a_waiting_item_cancels_it_at_once,
@@ -163,6 +164,7 @@ macro_rules! conformance_suite {
             a_released_head_keeps_its_key_unless_it_ends,
             a_keyed_item_turned_away_by_its_unique_key_leaves_the_next_as_head,
             the_repair_promotes_the_next_item_of_a_key_left_without_a_head,
+            the_fleet_checks_ordering_keys_in_turns,
             a_bad_ordering_key_is_refused_naming_the_item,
             enqueue_racing_completion_never_strands_a_key,
             a_completion_hands_its_key_on_to_the_completer_when_asked,

@@ -397,6 +397,52 @@ pub async fn a_keyed_item_turned_away_by_its_unique_key_leaves_the_next_as_head(
     assert_eq!(row(h, out[1].id).await.state, Available);
 }
 
+/// The fleet checks for headless keys in turns: a call checks only when no check within its
+/// `every`, anyone's, found every headless key; a store with nothing blocked takes no turn; a
+/// check that repaired `limit` keys leaves the turn free so that the next call goes on.
+pub async fn the_fleet_checks_ordering_keys_in_turns(h: &dyn Harness) {
+    queue(h, "q", 10).await;
+    let hour = Duration::from_secs(3600);
+    let repair = |limit: u32, every: Duration| async move {
+        h.coordinator()
+            .ordering_repair(OrderingRepairParams { limit, every })
+            .await
+            .expect("repair")
+            .repaired
+    };
+    // Nothing blocked: no check, no turn taken (else the headless keys below would wait).
+    assert_eq!(repair(100, hour).await, 0);
+    let a = enqueue(h, vec![keyed("q", "a", 0), keyed("q", "a", 1)]).await;
+    let b = enqueue(h, vec![keyed("q", "b", 0), keyed("q", "b", 1)]).await;
+    let c = enqueue(h, vec![keyed("q", "c", 0), keyed("q", "c", 1)]).await;
+    // Something blocked, nothing headless: the check takes the turn for the hour.
+    assert_eq!(repair(100, hour).await, 0);
+    for head in [a[0], b[0], c[0]] {
+        h.delete_behind_the_stores_back(head).await;
+    }
+    assert_eq!(repair(100, hour).await, 0, "a peer's check within the hour");
+    h.age_ordering_check(hour - Duration::from_secs(60)).await;
+    assert_eq!(repair(100, hour).await, 0, "59 minutes ago still counts");
+    h.age_ordering_check(Duration::from_secs(120)).await;
+    // A check that repaired its whole limit leaves the turn free: the next call goes on.
+    assert_eq!(repair(2, hour).await, 2);
+    assert_eq!(repair(2, hour).await, 1, "the rest, at once");
+    assert_eq!(repair(2, hour).await, 0);
+    for ids in [&a, &b, &c] {
+        assert_eq!(row(h, ids[1]).await.state, Available);
+    }
+    // That last check found fewer than its limit: the turn is taken again.
+    let d = enqueue(h, vec![keyed("q", "d", 0), keyed("q", "d", 1)]).await;
+    h.delete_behind_the_stores_back(d[0]).await;
+    assert_eq!(repair(100, hour).await, 0, "checked within the hour");
+    assert_eq!(
+        repair(100, Duration::ZERO).await,
+        1,
+        "zero checks whenever it can"
+    );
+    assert_eq!(row(h, d[1]).await.state, Available);
+}
+
 /// A key left without a head by a write outside the store's functions is found by the
 /// repair, which promotes its next item and counts it; a healthy store repairs nothing. An
 /// item enqueued to the key meanwhile waits behind the item already waiting (the enqueue
@@ -406,7 +452,10 @@ pub async fn the_repair_promotes_the_next_item_of_a_key_left_without_a_head(h: &
     let ids = enqueue(h, vec![keyed("q", "k", 0), keyed("q", "k", 1)]).await;
     let repair = || async {
         h.coordinator()
-            .ordering_repair(OrderingRepairParams { limit: 100 })
+            .ordering_repair(OrderingRepairParams {
+                limit: 100,
+                every: Duration::ZERO,
+            })
             .await
             .expect("repair")
             .repaired
@@ -497,7 +546,10 @@ pub async fn enqueue_racing_completion_never_strands_a_key(h: &dyn Harness) {
     assert_eq!(done, ids, "completed in enqueue order");
     assert_eq!(
         h.coordinator()
-            .ordering_repair(OrderingRepairParams { limit: 100 })
+            .ordering_repair(OrderingRepairParams {
+                limit: 100,
+                every: Duration::ZERO,
+            })
             .await
             .expect("repair")
             .repaired,

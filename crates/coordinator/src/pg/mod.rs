@@ -1214,6 +1214,7 @@ impl WorkCoordinator for PgCoordinator {
         params.validate()?;
         let repaired: i32 = sqlx::query_scalar(&self.stmts.ordering_repair)
             .bind(params.limit as i32)
+            .bind(interval(params.every))
             .fetch_one(self.control().await?)
             .await
             .map_err(|e| {
@@ -1301,15 +1302,18 @@ impl WorkCoordinator for PgCoordinator {
         })
     }
 
-    async fn queue_depth(&self, _params: QueueDepthParams) -> Result<QueueDepthOutcome> {
+    async fn queue_depth(&self, params: QueueDepthParams) -> Result<QueueDepthOutcome> {
+        params.validate()?;
         let ctx = "counting items per queue and state";
-        let rows: Vec<(String, String, i64, f64)> = sqlx::query_as(&self.stmts.queue_depth)
+        let rows: Vec<(String, String, i64, f64, f64)> = sqlx::query_as(&self.stmts.queue_depth)
+            .bind(interval(params.max_age))
             .fetch_all(self.control().await?)
             .await
             .map_err(|e| self.db_error(ctx, e))?;
+        let sample_age = rows.first().map_or(Duration::ZERO, |r| seconds(r.4));
         let depths = rows
             .into_iter()
-            .map(|(queue, state, items, oldest_due_age)| {
+            .map(|(queue, state, items, oldest_due_age, _)| {
                 Ok(QueueDepth {
                     queue,
                     state: parse_state(&state, ctx)?,
@@ -1318,7 +1322,7 @@ impl WorkCoordinator for PgCoordinator {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(QueueDepthOutcome { depths })
+        Ok(QueueDepthOutcome { depths, sample_age })
     }
 
     async fn server_status(&self, _params: ServerStatusParams) -> Result<ServerStatusOutcome> {
