@@ -1979,6 +1979,46 @@ async fn the_sweep_finds_lapsed_leases_without_a_sequential_scan() {
     }
 }
 
+/// Whether `statement`, run on `conn` in a transaction of its own (rolled back), took a
+/// transaction id: whether it wrote, a row lock included.
+async fn takes_xid(conn: &mut PgConnection, statement: &str) -> bool {
+    let mut tx = conn.begin().await.expect("begin");
+    sqlx::query(statement)
+        .execute(&mut *tx)
+        .await
+        .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("xid");
+    tx.rollback().await.expect("rollback");
+    xid.is_some()
+}
+
+/// A session of its own for a peer's calls beside another session's open transaction; it
+/// gives up waiting for a lock after 2 s, so a call that waits fails the test, never hangs it.
+async fn impatient_peer(pool: &PgPool) -> PgConnection {
+    let mut peer = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("connection");
+    sqlx::query("SET lock_timeout = '2s'")
+        .execute(&mut peer)
+        .await
+        .expect("lock_timeout");
+    peer
+}
+
+/// `statement` is refused with WP002 and a message naming `what`.
+async fn assert_wp002(conn: &mut PgConnection, statement: &str, what: &str) {
+    let err = sqlx::query(statement)
+        .execute(conn)
+        .await
+        .expect_err("refused");
+    let db = err.as_database_error().expect("a database error");
+    assert_eq!(db.code().as_deref(), Some("WP002"), "{statement}");
+    assert!(db.message().contains(what), "{}", db.message());
+}
+
 /// The fleet's turn to look for lapsed leases is taken without waiting: while one sweep's
 /// call is looking (its transaction open), a peer's call skips the look at once instead of
 /// queueing on the `lapsed_look` row, and a look whose transaction rolls back took no turn,
@@ -1989,32 +2029,18 @@ async fn a_sweep_never_waits_for_a_peer_taking_the_lapsed_lease_turn() {
     let (_db, pool, c) = migrated().await;
     const DUE: &str = "SELECT orphans FROM workpump.maintenance_due(NULL, interval '30 s', NULL,
          NULL, interval '1 day', interval '7 days', interval '7 days', interval '1 hour')";
-    let mut peer = PgConnection::connect_with(&pool.connect_options())
-        .await
-        .expect("connection");
-    /// Whether a call, in a transaction of its own (rolled back), took a transaction id.
-    async fn writes(conn: &mut PgConnection) -> bool {
-        let mut tx = conn.begin().await.expect("begin");
-        sqlx::query(DUE).execute(&mut *tx).await.expect("due");
-        let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("xid");
-        tx.rollback().await.expect("rollback");
-        xid.is_some()
-    }
+    let mut peer = impatient_peer(&pool).await;
     let me = registered(&c).await;
     enqueue_n(&c, 2).await;
-    assert!(!writes(&mut peer).await, "nothing runs: no turn, no write");
+    assert!(
+        !takes_xid(&mut peer, DUE).await,
+        "nothing runs: no turn, no write"
+    );
     let claimed = claim(&c, me, 2, LEASE).await;
     assert!(
-        writes(&mut peer).await,
+        takes_xid(&mut peer, DUE).await,
         "a lease held: the call takes the turn"
     );
-    sqlx::query("SET lock_timeout = '2s'")
-        .execute(&mut peer)
-        .await
-        .expect("lock_timeout");
     let lapse = |id: WorkId| {
         sqlx::query("UPDATE workpump.work SET lease_expiry = now() - interval '1 s' WHERE id = $1")
             .bind(id)
@@ -2068,21 +2094,12 @@ async fn a_sweep_never_waits_for_a_peer_taking_the_lapsed_lease_turn() {
         !due(&mut peer, "the call after").await,
         "the turn was taken: no look for an hour"
     );
-    assert!(!writes(&mut peer).await, "off its turn: no write");
+    assert!(!takes_xid(&mut peer, DUE).await, "off its turn: no write");
 
     // Called directly (the Rust API cannot send these), a negative or NULL period is refused.
     for every in ["interval '-1 s'", "NULL"] {
-        let err = sqlx::query(&DUE.replace("interval '1 hour'", every))
-            .execute(&mut peer)
-            .await
-            .expect_err("refused");
-        let db = err.as_database_error().expect("a database error");
-        assert_eq!(db.code().as_deref(), Some("WP002"), "{every}");
-        assert!(
-            db.message().contains("lapsed_look_every"),
-            "{}",
-            db.message()
-        );
+        let statement = DUE.replace("interval '1 hour'", every);
+        assert_wp002(&mut peer, &statement, "lapsed_look_every").await;
     }
 }
 
@@ -2106,24 +2123,8 @@ async fn a_depth_sample_never_waits_for_a_peer_counting_and_a_read_writes_nothin
         .await
         .unwrap_or_else(|e| panic!("{when}: {e}"))
     }
-    /// Whether a call, in a transaction of its own (rolled back), took a transaction id.
-    async fn writes(conn: &mut PgConnection, max_age: &str) -> bool {
-        let mut tx = conn.begin().await.expect("begin");
-        depth(&mut tx, max_age, "in a transaction").await;
-        let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("xid");
-        tx.rollback().await.expect("rollback");
-        xid.is_some()
-    }
-    let mut peer = PgConnection::connect_with(&pool.connect_options())
-        .await
-        .expect("connection");
-    sqlx::query("SET lock_timeout = '2s'")
-        .execute(&mut peer)
-        .await
-        .expect("lock_timeout");
+    const READ_WITHIN_AN_HOUR: &str = "SELECT * FROM workpump.queue_depth(interval '1 hour')";
+    let mut peer = impatient_peer(&pool).await;
     enqueue_n(&c, 2).await;
 
     // The store's first sample, taken by a counter that has not committed: the peer does not
@@ -2141,14 +2142,14 @@ async fn a_depth_sample_never_waits_for_a_peer_counting_and_a_read_writes_nothin
     );
     counter.rollback().await.expect("rollback");
     assert!(
-        writes(&mut peer, "1 hour").await,
+        takes_xid(&mut peer, READ_WITHIN_AN_HOUR).await,
         "the count rolled back stored nothing: the next call counts"
     );
     assert_eq!(depth(&mut peer, "0", "a count").await.0, 2);
 
     enqueue_n(&c, 3).await;
     assert!(
-        !writes(&mut peer, "1 hour").await,
+        !takes_xid(&mut peer, READ_WITHIN_AN_HOUR).await,
         "a fresh sample is read: no write"
     );
     assert_eq!(
@@ -2170,13 +2171,8 @@ async fn a_depth_sample_never_waits_for_a_peer_counting_and_a_read_writes_nothin
 
     // Called directly (the Rust API cannot send these), a negative or NULL max_age is refused.
     for max_age in ["interval '-1 s'", "NULL"] {
-        let err = sqlx::query(&format!("SELECT * FROM workpump.queue_depth({max_age})"))
-            .execute(&mut peer)
-            .await
-            .expect_err("refused");
-        let db = err.as_database_error().expect("a database error");
-        assert_eq!(db.code().as_deref(), Some("WP002"), "{max_age}");
-        assert!(db.message().contains("max_age"), "{}", db.message());
+        let statement = format!("SELECT * FROM workpump.queue_depth({max_age})");
+        assert_wp002(&mut peer, &statement, "max_age").await;
     }
 }
 
@@ -2196,27 +2192,11 @@ async fn an_ordering_check_never_waits_for_a_peer_checking_and_off_its_turn_writ
         .await
         .unwrap_or_else(|e| panic!("{when}: {e}"))
     }
-    /// Whether a call, in a transaction of its own (rolled back), took a transaction id.
-    async fn writes(conn: &mut PgConnection, every: &str) -> bool {
-        let mut tx = conn.begin().await.expect("begin");
-        repair(&mut tx, every, "in a transaction").await;
-        let xid: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("xid");
-        tx.rollback().await.expect("rollback");
-        xid.is_some()
-    }
-    let mut peer = PgConnection::connect_with(&pool.connect_options())
-        .await
-        .expect("connection");
-    sqlx::query("SET lock_timeout = '2s'")
-        .execute(&mut peer)
-        .await
-        .expect("lock_timeout");
+    const CHECK_WITHIN_AN_HOUR: &str = "SELECT workpump.ordering_repair(100, interval '1 hour')";
+    let mut peer = impatient_peer(&pool).await;
     enqueue_n(&c, 2).await;
     assert!(
-        !writes(&mut peer, "1 hour").await,
+        !takes_xid(&mut peer, CHECK_WITHIN_AN_HOUR).await,
         "nothing blocked: no turn, no write"
     );
     let keyed = |k: &str| {
@@ -2226,7 +2206,7 @@ async fn an_ordering_check_never_waits_for_a_peer_checking_and_off_its_turn_writ
     };
     let a = enqueue(&c, keyed("a")).await;
     assert!(
-        writes(&mut peer, "1 hour").await,
+        takes_xid(&mut peer, CHECK_WITHIN_AN_HOUR).await,
         "something blocked: the call takes the turn"
     );
     let delete_head = |id: WorkId| {
@@ -2256,18 +2236,16 @@ async fn an_ordering_check_never_waits_for_a_peer_checking_and_off_its_turn_writ
         0,
         "the turn was taken: no check for an hour"
     );
-    assert!(!writes(&mut peer, "1 hour").await, "off its turn: no write");
+    assert!(
+        !takes_xid(&mut peer, CHECK_WITHIN_AN_HOUR).await,
+        "off its turn: no write"
+    );
     assert_eq!(repair(&mut peer, "0", "zero").await, 1);
 
     // Called directly (the Rust API cannot send these), a negative or NULL period is refused.
     for every in ["interval '-1 s'", "NULL"] {
-        let err = sqlx::query(&format!("SELECT workpump.ordering_repair(100, {every})"))
-            .execute(&mut peer)
-            .await
-            .expect_err("refused");
-        let db = err.as_database_error().expect("a database error");
-        assert_eq!(db.code().as_deref(), Some("WP002"), "{every}");
-        assert!(db.message().contains("every"), "{}", db.message());
+        let statement = format!("SELECT workpump.ordering_repair(100, {every})");
+        assert_wp002(&mut peer, &statement, "every").await;
     }
 }
 

@@ -74,9 +74,7 @@ fn worker_judging_by(
     ))
 }
 
-fn spawn_run(
-    w: &Arc<MaintenanceWorker>,
-) -> (CancellationToken, JoinHandle<Result<(), WorkerError>>) {
+fn spawn_run(w: &Arc<MaintenanceWorker>) -> Running {
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
         let w = w.clone();
@@ -91,6 +89,31 @@ async fn stop(shutdown: CancellationToken, task: JoinHandle<Result<(), WorkerErr
     task.await
         .expect("the worker task did not panic")
         .expect("run ends with Ok on shutdown");
+}
+
+/// A running worker: its shutdown token and its task.
+type Running = (CancellationToken, JoinHandle<Result<(), WorkerError>>);
+
+/// A fleet of `n` probing workers on one store with one configuration, started `stagger`
+/// apart (the call returns after the last start plus `stagger`); [`stop_fleet`] stops them.
+async fn staggered_fleet(
+    fake: &FakeCoordinator,
+    config: &MaintenanceConfig,
+    n: usize,
+    stagger: Duration,
+) -> Vec<Running> {
+    let mut running = Vec::new();
+    for _ in 0..n {
+        running.push(spawn_run(&probing_worker(fake, config.clone())));
+        tokio::time::sleep(stagger).await;
+    }
+    running
+}
+
+async fn stop_fleet(running: Vec<Running>) {
+    for (shutdown, task) in running {
+        stop(shutdown, task).await;
+    }
 }
 
 /// When each call of `method` happened, measured from `start`.
@@ -638,11 +661,7 @@ async fn a_fleet_checks_ordering_keys_in_turns_and_repairs_within_an_interval_an
     };
     let healthy = enqueue(&fake, keyed("healthy")).await;
     let start = Instant::now();
-    let mut running = Vec::new();
-    for _ in 0..5 {
-        running.push(spawn_run(&probing_worker(&fake, config.clone())));
-        tokio::time::sleep(Duration::from_millis(12_100)).await;
-    }
+    let running = staggered_fleet(&fake, &config, 5, Duration::from_millis(12_100)).await;
     // At 200 s a write behind the store's back leaves a key without a head.
     tokio::time::sleep_until(start + secs(200)).await;
     let broken = enqueue(&fake, keyed("broken")).await;
@@ -656,9 +675,7 @@ async fn a_fleet_checks_ordering_keys_in_turns_and_repairs_within_an_interval_an
             repaired = Some(Instant::now() - start);
         }
     }
-    for (shutdown, task) in running {
-        stop(shutdown, task).await;
-    }
+    stop_fleet(running).await;
     let repaired = repaired.expect("the headless key is repaired");
     assert!(
         repaired <= secs(200 + 90),
@@ -1025,11 +1042,7 @@ async fn a_fleet_looks_for_lapsed_leases_in_turns_and_still_releases_within_an_i
     let start = Instant::now();
     let lapse = Duration::from_millis(7_300);
     let ids = leases_lapsing_in(&fake, 3, lapse).await;
-    let mut running = Vec::new();
-    for _ in 0..5 {
-        running.push(spawn_run(&probing_worker(&fake, config.clone())));
-        tokio::time::sleep(Duration::from_millis(400)).await;
-    }
+    let running = staggered_fleet(&fake, &config, 5, Duration::from_millis(400)).await;
     let released = released_at(&fake, &ids, start, secs(20))
         .await
         .expect("the lapsed leases are released");
@@ -1040,9 +1053,7 @@ async fn a_fleet_looks_for_lapsed_leases_in_turns_and_still_releases_within_an_i
     // The leases are released, but nothing else lapses: keep every instance sweeping to 20 s.
     leases_lapsing_in(&fake, 1, secs(3600)).await;
     tokio::time::sleep_until(start + secs(20)).await;
-    for (shutdown, task) in running {
-        stop(shutdown, task).await;
-    }
+    stop_fleet(running).await;
     let probes = fake.calls_of(Method::MaintenanceDue).len();
     let looks = fake.lapsed_looks();
     assert!(probes >= 50, "five instances swept every 2 s: {probes}");
@@ -1097,15 +1108,9 @@ async fn a_fleet_counts_the_queue_depth_in_turns() {
         "the default interval"
     );
     let start = Instant::now();
-    let mut running = Vec::new();
-    for _ in 0..5 {
-        running.push(spawn_run(&probing_worker(&fake, config.clone())));
-        tokio::time::sleep(Duration::from_millis(3_100)).await;
-    }
+    let running = staggered_fleet(&fake, &config, 5, Duration::from_millis(3_100)).await;
     tokio::time::sleep_until(start + secs(90)).await;
-    for (shutdown, task) in running {
-        stop(shutdown, task).await;
-    }
+    stop_fleet(running).await;
     let reads = fake.calls_of(Method::QueueDepth).len();
     let counts = fake.depth_counts();
     assert!(
