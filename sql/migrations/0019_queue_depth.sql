@@ -17,8 +17,8 @@
 -- sample, anyone's, while it is younger than `p_max_age`; otherwise it takes the turn (the
 -- row's lock, FOR UPDATE SKIP LOCKED: one sampler at a time, nobody waits), counts, stores
 -- the sample and returns it. A call that finds a peer counting returns the last sample
--- instead, older than asked; a store never sampled is counted without storing. 0: count
--- unless a peer is counting. `sample_age` (seconds, the same in every row) says how old the
+-- instead, older than asked (or, beside the store's very first count, with nothing stored
+-- yet, counts without storing). 0: count unless a peer is counting. `sample_age` (seconds, the same in every row) says how old the
 -- returned sample is; every value in it is as of then. With every instance sampling every P
 -- and passing P/2, the fleet counts at most twice a P whatever its size, and a published
 -- value is at most 1.5 P old.
