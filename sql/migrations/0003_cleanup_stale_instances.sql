@@ -79,18 +79,21 @@ $$;
 -- interruption (see THE RULE above): the earlier of its lock session's lock_since (only while
 -- the session recorded as lock_pid holds the judge's lock) and the start of the calling
 -- session. NULL judge: the calling session alone.
+-- PL/pgSQL for its cached plans, as alive_lock_held_keys.
 CREATE FUNCTION judge_watch(p_judge uuid)
 RETURNS timestamptz
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
-    SELECT least(
+BEGIN
+    RETURN least(
         (SELECT i.lock_since
          FROM instances i
          JOIN alive_lock_held_keys() h ON h.key = i.alive_lock_key AND h.pid = i.lock_pid
          WHERE i.instance_id = p_judge),
         (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a),
-        now())
+        now());
+END;
 $$;
 
 -- peers_may_be_dead(judge, stale_after, dead_after, lock_grace) -> boolean: whether a sweep
@@ -100,6 +103,7 @@ $$;
 -- session but which was last seen held before the judge's watch began (the sweep records the
 -- sighting, so that the lock-lost rule can apply to it). A cheap hint (the instances table is
 -- small); true at most once per peer and watch for the last reason.
+-- PL/pgSQL for its cached plans, as alive_lock_held_keys (maintenance_due calls it every sweep).
 CREATE FUNCTION peers_may_be_dead(
     p_judge       uuid,
     p_stale_after interval,
@@ -107,9 +111,11 @@ CREATE FUNCTION peers_may_be_dead(
     p_lock_grace  interval
 )
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
+BEGIN
+    RETURN (
     WITH held AS MATERIALIZED (SELECT h.key, h.pid FROM alive_lock_held_keys() h),
          watch AS MATERIALIZED (SELECT judge_watch(p_judge) AS since)
     SELECT EXISTS (
@@ -125,7 +131,8 @@ AS $$
                                         WHERE held.key = i.alive_lock_key AND held.pid = i.lock_pid))
                    ELSE i.alive_lock
                         OR i.last_heartbeat_at < now() - greatest(p_stale_after, i.stale_after)
-              END)
+              END));
+END;
 $$;
 
 -- cleanup_stale_instances(judge, stale_after, dead_after, lock_grace)

@@ -21,14 +21,18 @@ $$;
 -- Whether rotate_history has something to do: a partition whose window ended a retention ago,
 -- or none reaching 2 windows ahead of now(). Two probes of history_partitions (a few dozen
 -- rows); maintenance_due and rotate_history ask it.
+-- PL/pgSQL for its cached plans, as alive_lock_held_keys (maintenance_due calls it every
+-- sweep).
 CREATE FUNCTION history_rotation_due(p_retention interval)
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
-    SELECT EXISTS (SELECT 1 FROM history_partitions p WHERE p.to_at <= now() - p_retention)
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM history_partitions p WHERE p.to_at <= now() - p_retention)
         OR NOT EXISTS (SELECT 1 FROM history_partitions p
-                       WHERE p.to_at >= now() + 2 * history_window(p_retention))
+                       WHERE p.to_at >= now() + 2 * history_window(p_retention));
+END;
 $$;
 
 -- rotate_history(completed_retention) -> (created, dropped, busy)

@@ -150,11 +150,14 @@ $$;
 --     runtime role (docs/privileges.md) does not, and leaves the table to autovacuum.
 -- Cost: one catalog row, one statistics entry and the progress of the running vacuums.
 -- Fencing: none (reads only).
+-- PL/pgSQL for its cached plans, as alive_lock_held_keys (maintenance_due calls it every sweep).
 CREATE FUNCTION work_vacuum_due()
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
+BEGIN
+    RETURN (
     SELECT coalesce(pg_stat_get_dead_tuples(c.oid), 0)
              > coalesce((SELECT split_part(o, '=', 2)::float8 FROM unnest(c.reloptions) o
                          WHERE o LIKE 'autovacuum\_vacuum\_threshold=%'),
@@ -170,5 +173,6 @@ AS $$
             OR CASE WHEN current_setting('server_version_num')::int >= 170000
                     THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END)
     FROM pg_class c
-    WHERE c.oid = 'work'::regclass
+    WHERE c.oid = 'work'::regclass);
+END;
 $$;

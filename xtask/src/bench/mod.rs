@@ -9,8 +9,9 @@
 //! paired with the plain one, one hot key), `fleet-limit` (a fleet-wide `max_running` of 50:
 //! the sampled running count, and the limited drain paired with the plain one), `rate` (a rate
 //! limit of 1 000/s held over 30 s), `enqueue`, `pickup`, `renewal` (with memory),
-//! `failover`, `idle`, `ops` (the operator's reads on a large store), `dashboard` (the drain
-//! with and without the dashboard open beside it).
+//! `failover`, `idle`, `upkeep` (the maintenance sweeps of a fleet of 50 over a deep store,
+//! with the fleet's turns and with every call taking its turn), `ops` (the operator's reads on
+//! a large store), `dashboard` (the drain with and without the dashboard open beside it).
 
 mod ceiling;
 mod drain;
@@ -24,6 +25,7 @@ mod pickup;
 mod renewal;
 mod report;
 mod setup;
+mod upkeep;
 mod worker;
 
 use std::path::{Path, PathBuf};
@@ -36,7 +38,7 @@ use crate::Outcome;
 pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// What `--only` can pick, in the order they run.
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "ceiling",
     "drain",
     "small-claims",
@@ -48,6 +50,7 @@ const SCENARIOS: [&str; 13] = [
     "renewal",
     "failover",
     "idle",
+    "upkeep",
     "ops",
     "dashboard",
 ];
@@ -118,6 +121,10 @@ pub(crate) struct Plan {
     /// Rate-limited drains, and the window each measures the rate over.
     pub(crate) rate_runs: usize,
     pub(crate) rate_window: Duration,
+    /// The fleet upkeep's store (available items, keyed items) and each of its two windows.
+    pub(crate) upkeep_available: usize,
+    pub(crate) upkeep_keyed: usize,
+    pub(crate) upkeep_window: Duration,
 }
 
 impl Plan {
@@ -148,6 +155,9 @@ impl Plan {
             fleet_limit_pairs: 3,
             rate_runs: 3,
             rate_window: Duration::from_secs(30),
+            upkeep_available: 1_000_000,
+            upkeep_keyed: 100_000,
+            upkeep_window: Duration::from_secs(60),
         }
     }
 
@@ -178,6 +188,9 @@ impl Plan {
             fleet_limit_pairs: 1,
             rate_runs: 1,
             rate_window: Duration::from_secs(10),
+            upkeep_available: 100_000,
+            upkeep_keyed: 20_000,
+            upkeep_window: Duration::from_secs(20),
         }
     }
 }
@@ -354,6 +367,7 @@ async fn bench(options: Options) -> BenchResult<ExitCode> {
             "renewal" => renewals(&ctx, &mut report).await,
             "failover" => failovers(&ctx, &mut report).await,
             "idle" => idles(&ctx, &mut report).await,
+            "upkeep" => upkeep::run(&ctx).await.map(|u| report.upkeep(u)),
             "ops" => ops::run(&ctx).await.map(|t| report.ops(t)),
             "dashboard" => {
                 let workers = report.best_drain_workers().unwrap_or(2);

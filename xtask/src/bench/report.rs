@@ -18,6 +18,7 @@ use super::ops::{DashboardCost, OpsTimings};
 use super::pickup::Pickup;
 use super::renewal::{Renewal, LEASE_MS};
 use super::setup;
+use super::upkeep::{Upkeep, INSTANCES as UPKEEP_INSTANCES};
 use super::SMALL_CLAIMS_CONCURRENCY;
 use super::{BenchResult, Ctx};
 
@@ -74,6 +75,7 @@ pub(crate) struct Report {
     renewals: Vec<Renewal>,
     pickup: Option<Pickup>,
     idles: Vec<Idle>,
+    upkeep: Option<Upkeep>,
     failovers: Vec<(bool, Vec<FailoverRun>)>,
     machine: Vec<(String, String)>,
     quick: bool,
@@ -125,6 +127,7 @@ impl Report {
             renewals: Vec::new(),
             pickup: None,
             idles: Vec::new(),
+            upkeep: None,
             failovers: Vec::new(),
             machine,
             quick: ctx.options.quick,
@@ -445,6 +448,14 @@ impl Report {
         self.details
             .insert(format!("idle_listener_{state}"), idle.to_json());
         self.idles.push(idle);
+    }
+
+    pub(crate) fn upkeep(&mut self, u: Upkeep) {
+        self.set("upkeep_ms_per_s", round2(u.turns.ms_per_s));
+        self.set("upkeep_every_call_ms_per_s", round2(u.every_call.ms_per_s));
+        self.set("upkeep_turns_over_every_call", round3(u.ratio()));
+        self.details.insert("upkeep".into(), u.to_json());
+        self.upkeep = Some(u);
     }
 
     pub(crate) fn ops(&mut self, t: OpsTimings) {
@@ -1002,6 +1013,20 @@ impl Report {
             String::new(),
             None,
         );
+        push(
+            &format!("upkeep_ms_per_s ({UPKEEP_INSTANCES} instances' sweeps, in turns)"),
+            self.num("upkeep_ms_per_s"),
+            "ms/s",
+            String::new(),
+            None,
+        );
+        push(
+            "upkeep_every_call_ms_per_s (every call taking its turn)",
+            self.num("upkeep_every_call_ms_per_s"),
+            "ms/s",
+            String::new(),
+            None,
+        );
         for n in super::ceiling::CLIENTS {
             push(
                 &format!("ceiling_single_{n}"),
@@ -1328,6 +1353,29 @@ impl Report {
             );
             for s in &idle.statements {
                 let _ = writeln!(out, "  {:>6}  {}", s.calls, setup::short_name(&s.query));
+            }
+        }
+        if let Some(u) = &self.upkeep {
+            let _ = writeln!(
+                out,
+                "\nupkeep: the sweeps of {UPKEEP_INSTANCES} instances over {} available and {} keyed items (server ms in each window):",
+                group(u.available as f64),
+                group(u.keyed as f64),
+            );
+            for side in [&u.every_call, &u.turns] {
+                let shown: Vec<String> = side
+                    .statements
+                    .iter()
+                    .map(|(name, calls, ms)| format!("{name} {calls} calls {ms:.0} ms"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  {:<11} {:>8.1} ms/s over {:.1} s: {}",
+                    if side.turns { "in turns" } else { "every call" },
+                    side.ms_per_s,
+                    side.window_s,
+                    shown.join(", ")
+                );
             }
         }
         for (short, runs) in &self.failovers {
