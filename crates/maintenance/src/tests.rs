@@ -1095,6 +1095,45 @@ async fn when_the_last_taker_stops_a_peer_looks_within_one_and_a_half_intervals(
     );
 }
 
+/// What an instance publishes is the fleet's last sample while it is younger than half the
+/// sampling interval (7.5 s at the default 15 s), and a count of its own once it is older —
+/// so a published depth is at most 1.5 intervals old (docs/metrics.md).
+#[tokio::test(start_paused = true)]
+async fn a_sample_under_half_an_interval_old_is_read_and_an_older_one_counted_anew() {
+    let fake = store();
+    queue(&fake, "q", 10).await;
+    let config = MaintenanceConfig::default();
+    assert_eq!(
+        config.depth_sample_interval_ms, 15_000,
+        "the default interval"
+    );
+    let available = |report: SweepReport| {
+        report
+            .depth
+            .expect("sampled")
+            .iter()
+            .find(|d| d.queue == "q" && d.state == WorkState::Available)
+            .map_or(0, |d| d.items)
+    };
+    let start = Instant::now();
+    let counter = probing_worker(&fake, config.clone());
+    assert_eq!(available(counter.run_once().await.expect("sweep")), 0);
+    enqueue(&fake, vec![NewWork::new("q", json!(1))]).await;
+    // A peer's first sample 7.4 s after the count: read, the new item not in it.
+    tokio::time::sleep_until(start + Duration::from_millis(7_400)).await;
+    let reader = probing_worker(&fake, config.clone());
+    assert_eq!(available(reader.run_once().await.expect("sweep")), 0);
+    // Another's at 7.6 s: the sample is older than half the interval, so it counts.
+    tokio::time::sleep_until(start + Duration::from_millis(7_600)).await;
+    let late = probing_worker(&fake, config.clone());
+    assert_eq!(available(late.run_once().await.expect("sweep")), 1);
+    assert_eq!(
+        fake.depth_counts(),
+        2,
+        "the first instance's and the last one's"
+    );
+}
+
 /// At the default sampling interval (15 s), five instances count the queue depth in turns —
 /// at most twice an interval between them, where each counted once an interval before — and
 /// every instance still publishes at its own interval, from the fleet's last sample.
