@@ -1009,8 +1009,19 @@ pub struct MaintenanceDueParams {
     pub lapsed_look_every: Duration,
 }
 
-/// The longest [`MaintenanceDueParams::lapsed_look_every`]: a day.
-pub const MAX_LAPSED_LOOK_EVERY: Duration = Duration::from_secs(24 * 3600);
+/// The longest period of a fleet's turn ([`MaintenanceDueParams::lapsed_look_every`],
+/// [`OrderingRepairParams::every`], [`QueueDepthParams::max_age`]): a day.
+pub const MAX_TURN_PERIOD: Duration = Duration::from_secs(24 * 3600);
+
+/// Refuses a fleet's turn period longer than [`MAX_TURN_PERIOD`], naming the call and field.
+fn validate_turn_period(call: &str, field: &str, period: Duration) -> crate::Result<()> {
+    if period > MAX_TURN_PERIOD {
+        return Err(crate::Error::InvalidArgument(format!(
+            "{call}: {field} must be at most 24 h, got {period:?}"
+        )));
+    }
+    Ok(())
+}
 
 /// Which maintenance steps have work (hints: a step that finds nothing is harmless).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1054,9 +1065,6 @@ pub struct OrderingRepairParams {
     pub every: Duration,
 }
 
-/// The longest [`OrderingRepairParams::every`]: a day.
-pub const MAX_ORDERING_CHECK_EVERY: Duration = Duration::from_secs(24 * 3600);
-
 impl OrderingRepairParams {
     pub(crate) fn validate(&self) -> crate::Result<()> {
         if !(1..=MAX_SWEEP_BATCH).contains(&self.limit) {
@@ -1065,13 +1073,7 @@ impl OrderingRepairParams {
                 self.limit
             )));
         }
-        if self.every > MAX_ORDERING_CHECK_EVERY {
-            return Err(crate::Error::InvalidArgument(format!(
-                "ordering_repair: every must be at most 24 h, got {:?}",
-                self.every
-            )));
-        }
-        Ok(())
+        validate_turn_period("ordering_repair", "every", self.every)
     }
 }
 
@@ -1141,18 +1143,9 @@ pub struct QueueDepthParams {
     pub max_age: Duration,
 }
 
-/// The longest [`QueueDepthParams::max_age`]: a day.
-pub const MAX_DEPTH_SAMPLE_AGE: Duration = Duration::from_secs(24 * 3600);
-
 impl QueueDepthParams {
     pub(crate) fn validate(&self) -> crate::Result<()> {
-        if self.max_age > MAX_DEPTH_SAMPLE_AGE {
-            return Err(crate::Error::InvalidArgument(format!(
-                "queue_depth: max_age must be at most 24 h, got {:?}",
-                self.max_age
-            )));
-        }
-        Ok(())
+        validate_turn_period("queue_depth", "max_age", self.max_age)
     }
 }
 
@@ -1358,13 +1351,11 @@ impl MaintenanceDueParams {
             "evicted_retention",
             self.evicted_retention,
         )?;
-        if self.lapsed_look_every > MAX_LAPSED_LOOK_EVERY {
-            return Err(crate::Error::InvalidArgument(format!(
-                "maintenance_due: lapsed_look_every must be at most 24 h, got {:?}",
-                self.lapsed_look_every
-            )));
-        }
-        Ok(())
+        validate_turn_period(
+            "maintenance_due",
+            "lapsed_look_every",
+            self.lapsed_look_every,
+        )
     }
 }
 

@@ -694,7 +694,7 @@ pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness)
     );
     let err = c
         .maintenance_due(MaintenanceDueParams {
-            lapsed_look_every: MAX_LAPSED_LOOK_EVERY + Duration::from_secs(1),
+            lapsed_look_every: MAX_TURN_PERIOD + Duration::from_secs(1),
             ..due_params(None)
         })
         .await
@@ -704,14 +704,14 @@ pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness)
         "{err}"
     );
     c.maintenance_due(MaintenanceDueParams {
-        lapsed_look_every: MAX_LAPSED_LOOK_EVERY,
+        lapsed_look_every: MAX_TURN_PERIOD,
         ..due_params(None)
     })
     .await
     .expect("a day is accepted");
     let err = c
         .queue_depth(QueueDepthParams {
-            max_age: MAX_DEPTH_SAMPLE_AGE + Duration::from_secs(1),
+            max_age: MAX_TURN_PERIOD + Duration::from_secs(1),
         })
         .await
         .unwrap_err();
@@ -720,14 +720,14 @@ pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness)
         "{err}"
     );
     c.queue_depth(QueueDepthParams {
-        max_age: MAX_DEPTH_SAMPLE_AGE,
+        max_age: MAX_TURN_PERIOD,
     })
     .await
     .expect("a day is accepted");
     let err = c
         .ordering_repair(OrderingRepairParams {
             limit: 1,
-            every: MAX_ORDERING_CHECK_EVERY + Duration::from_secs(1),
+            every: MAX_TURN_PERIOD + Duration::from_secs(1),
         })
         .await
         .unwrap_err();
@@ -737,7 +737,7 @@ pub async fn maintenance_calls_refuse_bad_limits_and_retentions(h: &dyn Harness)
     );
     c.ordering_repair(OrderingRepairParams {
         limit: 1,
-        every: MAX_ORDERING_CHECK_EVERY,
+        every: MAX_TURN_PERIOD,
     })
     .await
     .expect("a day is accepted");
